@@ -1,0 +1,3 @@
+from localui.cli import main
+
+raise SystemExit(main())

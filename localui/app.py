@@ -1,0 +1,112 @@
+"""``create_app``: the Starlette app, built from routes, middleware and a lifespan."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from localui.errors import LocalUIError, NotFound
+from localui.paths import static_dir, templates_dir
+from localui.registry import Registry
+from localui.security import GuardMiddleware
+from localui.settings import Settings
+from localui.store import open_store
+from localui.store.base import Store
+from localui.views import run as run_views
+from localui.views import runs as runs_views
+from localui.views.common import AppContext, error_response
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def as_json(endpoint: Endpoint) -> Endpoint:
+    """The same endpoint, answering JSON: serves the ``.json`` twin of a page URL."""
+
+    async def json_endpoint(request: Request) -> Response:
+        request.scope["localui.format"] = "json"
+        return await endpoint(request)
+
+    json_endpoint.__name__ = f"{endpoint.__name__}_json"
+    return json_endpoint
+
+
+def page_routes(path: str, endpoint: Endpoint, name: str) -> list[Route]:
+    """A page and its ``.json`` twin; the twin comes first so ``x.json`` is not an id."""
+    return [
+        Route(f"{path}.json", as_json(endpoint), name=f"{name}_json"),
+        Route(path, endpoint, name=name),
+    ]
+
+
+async def runs_redirect(request: Request) -> Response:
+    return RedirectResponse("/" + (f"?{request.url.query}" if request.url.query else ""), 308)
+
+
+def build_routes() -> list[Route | Mount]:
+    return [
+        Route("/", runs_views.runs_list, name="runs"),
+        Route("/runs.json", as_json(runs_views.runs_list), name="runs_json"),
+        Route("/runs", runs_views.runs_list, name="runs_alias"),
+        *page_routes(
+            "/runs/{execution_id}/rows/{checkpoint_id}", run_views.row_detail, "row_detail"
+        ),
+        *page_routes("/runs/{execution_id}", run_views.run_page, "run"),
+        Mount("/static", app=StaticFiles(directory=static_dir()), name="static"),
+    ]
+
+
+async def _typed_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, LocalUIError)
+    return error_response(request, exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return error_response(request, NotFound(f"nothing at {request.url.path}"))
+    error = LocalUIError(exc.detail)
+    error.status_code = exc.status_code
+    error.title = exc.detail
+    return error_response(request, error)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    agents: Iterable[Any] = (),
+    store: Store | None = None,
+) -> Starlette:
+    """The app for one store. ``agents`` are those this process may resume; they must
+    already be bound to the store (``localui.registry``)."""
+    templates = Jinja2Templates(directory=str(templates_dir()))
+    templates.env.globals["static"] = "/static"
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        owned = store is None
+        opened = store if store is not None else open_store(settings)
+        ctx = AppContext(settings=settings, store=opened, templates=templates)
+        ctx.extensions["registry"] = Registry(agents={a.name: a for a in agents})
+        app.state.localui = ctx
+        try:
+            yield
+        finally:
+            if owned:
+                opened.close()
+
+    return Starlette(
+        routes=build_routes(),
+        middleware=[Middleware(GuardMiddleware, host_names=settings.host_names)],
+        exception_handlers={LocalUIError: _typed_error, HTTPException: _http_error},
+        lifespan=lifespan,
+    )

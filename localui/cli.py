@@ -1,0 +1,189 @@
+"""``localui serve`` and ``localui demo``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from localui.errors import LocalUIError
+from localui.registry import Registry, RegistryError, StoreTarget, load_spec
+from localui.settings import Settings
+
+DEFAULT_PORT = 8765
+
+
+def default_store() -> str:
+    """The SDK's own default: ``FASTAIAGENT_LOCAL_DB``, else ``.fastaiagent/local.db``."""
+    return os.environ.get("FASTAIAGENT_LOCAL_DB") or ".fastaiagent/local.db"
+
+
+def _add_server_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="Interface to listen on. Loopback by default: the app can approve and resume "
+        "runs, so expose it to a network only behind your own authentication.",
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="Another Host header name to answer to (loopback names always are).",
+    )
+    parser.add_argument("--read-only", action="store_true", help="Show everything, change nothing.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="localui",
+        description="See, trust and act on the durable runs of FastAIAgent agents.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="Serve the UI for a checkpoint store.")
+    serve.add_argument(
+        "--store",
+        default=None,
+        help="The store: a SQLite file (default: $FASTAIAGENT_LOCAL_DB or .fastaiagent/local.db).",
+    )
+    serve.add_argument(
+        "--agents",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="SPEC",
+        help="Agents this process may resume: MODULE:ATTR or FILE.py:ATTR (an Agent, a "
+        "list of them, or a function returning either).",
+    )
+    _add_server_options(serve)
+
+    demo = sub.add_parser(
+        "demo", help="Make a fresh store of demo runs (every durability case) and serve it."
+    )
+    demo.add_argument(
+        "--store", default=None, help="Where to write the demo store (default: a temp dir)."
+    )
+    demo.add_argument(
+        "--seed-only", action="store_true", help="Write the store, print its path, and stop."
+    )
+    _add_server_options(demo)
+    return parser
+
+
+def fail(message: str) -> int:
+    print(f"localui: {message}", file=sys.stderr)
+    return 2
+
+
+def serve(settings: Settings, agents: Sequence[Any]) -> int:
+    """Open the store, bind the agents, and serve until interrupted."""
+    import uvicorn
+
+    from localui.app import create_app
+    from localui.store import open_store
+
+    try:
+        store = open_store(settings)
+    except LocalUIError as exc:
+        return fail(str(exc))
+    try:
+        registry = Registry.build(agents, StoreTarget(sqlite_path=Path(settings.store)))
+    except RegistryError as exc:
+        store.close()
+        return fail(str(exc))
+    app = create_app(settings, agents=registry.agents.values(), store=store)
+    shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    print(f"localui: serving {settings.store} at http://{shown_host}:{settings.port}/", flush=True)
+    if registry.agents:
+        print(f"localui: agents that can be resumed here: {', '.join(registry.names())}")
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        # Open streams must not hold a stopping server for long.
+        timeout_graceful_shutdown=2,
+    )
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        store.close()
+    return 0
+
+
+def _settings(args: argparse.Namespace, store: str) -> Settings:
+    return Settings(
+        store=store,
+        host=args.host,
+        port=args.port,
+        read_only=args.read_only,
+        allowed_hosts=tuple(args.allow_host),
+    )
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    store = args.store or default_store()
+    # The SDK resolves its own default store from this variable, and caches its
+    # config on first use: set it before any agent module is imported.
+    os.environ.setdefault("FASTAIAGENT_LOCAL_DB", store)
+    if not Path(store).is_file():
+        return fail(f"no store at {store} (pass --store or set FASTAIAGENT_LOCAL_DB)")
+    agents: list[Any] = []
+    try:
+        for spec in args.agents:
+            agents.extend(load_spec(spec))
+    except RegistryError as exc:
+        return fail(str(exc))
+    return serve(_settings(args, store), agents)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    temp_dir: str | None = None
+    if args.store:
+        store = Path(args.store).resolve()
+        if store.exists():
+            return fail(f"{store} exists; the demo writes a fresh store (pick a new path)")
+        store.parent.mkdir(parents=True, exist_ok=True)
+    else:
+        temp_dir = tempfile.mkdtemp(prefix="localui-demo-")
+        store = Path(temp_dir) / "local.db"
+    os.environ["FASTAIAGENT_LOCAL_DB"] = str(store)
+    os.environ["FASTAIAGENT_TRACE_ENABLED"] = "false"
+
+    from localui.demo.scenarios import SeedError, seed
+
+    print(f"localui: seeding demo runs into {store}", flush=True)
+    try:
+        report = seed(store, progress=lambda line: print(f"  {line}", flush=True))
+    except SeedError as exc:
+        return fail(f"seeding the demo failed: {exc}")
+    print(f"localui: {len(report.runs)} runs seeded in {report.seconds:.1f} s", flush=True)
+    if args.seed_only:
+        print(store)
+        return 0
+
+    from fastaiagent.checkpointers import SQLiteCheckpointer
+
+    from localui.demo.agent import build_agent
+
+    agent = build_agent(SQLiteCheckpointer(str(store)))
+    try:
+        return serve(_settings(args, str(store)), [agent])
+    finally:
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return run_serve(args)
+    return run_demo(args)

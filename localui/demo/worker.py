@@ -1,0 +1,118 @@
+"""Run one demo scenario in this process: ``python -m localui.demo.worker``.
+
+``localui.demo.scenarios.seed`` starts one of these per scenario. The execution
+id is the last line of stdout, printed and flushed before the run starts, since
+the crash scenarios end the process with ``os._exit`` and flush nothing.
+Exit status: 0 when the run ended as its scenario says, 17/18 for the seeded
+crashes, 1 when it ended any other way, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from localui.demo.scenarios import Scenario
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    # The SDK caches its configuration on first use, so these go in before
+    # anything imports it: no traces, and nothing defaults to ./.fastaiagent.
+    os.environ["FASTAIAGENT_TRACE_ENABLED"] = "false"
+    os.environ["FASTAIAGENT_LOCAL_DB"] = str(args.store)
+
+    from localui.demo.scenarios import get_scenario
+
+    try:
+        scenario = get_scenario(args.scenario)
+    except KeyError as exc:
+        print(exc.args[0], file=sys.stderr)
+        return 2
+    if scenario.fork and args.source is None:
+        print(f"scenario {scenario.name!r} forks a run: pass --source ID", file=sys.stderr)
+        return 2
+    try:
+        outcome = asyncio.run(_run(scenario, args.store, args.ledger, args.source))
+    except Exception as exc:
+        print(f"scenario {scenario.name!r} raised {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if outcome != scenario.ends:
+        print(
+            f"scenario {scenario.name!r} ended {outcome}, expected {scenario.ends}", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m localui.demo.worker", description="Run one demo scenario."
+    )
+    parser.add_argument("--store", type=Path, required=True, help="the SQLite store to write")
+    parser.add_argument("--scenario", required=True, help="the scenario's name")
+    parser.add_argument("--ledger", type=Path, help="append one JSON line per side effect here")
+    parser.add_argument("--source", help="the execution id a fork scenario branches from")
+    return parser
+
+
+def _announce(execution_id: str) -> None:
+    print(execution_id, flush=True)
+
+
+async def _run(scenario: Scenario, store: Path, ledger: Path | None, source: str | None) -> str:
+    """Run the scenario; return how its run ended (``completed``, ``paused``, ``failed``)."""
+    from fastaiagent import Resume, SQLiteCheckpointer
+
+    from localui.demo.agent import build_agent
+
+    checkpointer = SQLiteCheckpointer(str(store))
+    agent = build_agent(
+        checkpointer,
+        ledger=ledger,
+        model_fails_once=scenario.model_fails_once,
+        die_in_tool=scenario.die_in_tool,
+        die_waiting_on_model=scenario.die_waiting_on_model,
+    )
+    try:
+        if scenario.fork:
+            assert source is not None  # checked by main
+            # The fork's id is made inside afork, so it is known only afterwards;
+            # no fork scenario crashes, so that is soon enough.
+            result = await agent.afork(source, input=scenario.prompt)
+            _announce(result.execution_id)
+            return result.status
+        assert scenario.prompt is not None
+        execution_id = str(uuid.uuid4())
+        _announce(execution_id)
+        try:
+            result = await agent.arun(scenario.prompt, execution_id=execution_id)
+        except RuntimeError:
+            # The SDK has written the ``failed`` run-end row by now.
+            if scenario.ends == "failed":
+                return "failed"
+            raise
+        if scenario.approve_after_pause:
+            if result.status != "paused":
+                return result.status
+            result = await agent.aresume(
+                execution_id,
+                resume_value=Resume(
+                    approved=True,
+                    metadata={"approver": "demo-seed", "reason": "seeded approval"},
+                ),
+            )
+        return result.status
+    finally:
+        checkpointer.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Typed errors, each mapped once to an HTTP status by the app."""
+
+from __future__ import annotations
+
+
+class LocalUIError(Exception):
+    """Base for errors that a person should read; ``str(exc)`` is the message."""
+
+    status_code = 500
+    title = "Something went wrong"
+
+
+class BadRequest(LocalUIError):
+    status_code = 400
+    title = "Bad request"
+
+
+class NotFound(LocalUIError):
+    status_code = 404
+    title = "Not found"
+
+
+class ReadOnly(LocalUIError):
+    status_code = 403
+    title = "Read-only"
+
+
+class Forbidden(LocalUIError):
+    status_code = 403
+    title = "Refused"
+
+
+class Conflict(LocalUIError):
+    status_code = 409
+    title = "Conflict"
+
+
+class Unavailable(LocalUIError):
+    """The store cannot be read right now: missing, locked, or its server is down."""
+
+    status_code = 503
+    title = "Store unavailable"
+
+
+class StoreMissing(LocalUIError):
+    """The store named at start-up does not exist; the CLI prints this in one line."""
+
+    status_code = 503
+    title = "Store not found"

@@ -1,0 +1,138 @@
+"""The agents this process may resume, each bound to the store being served.
+
+``--agents`` names them as ``package.module:attr`` or ``path/to/file.py:attr``;
+the attribute is an ``Agent``, a list of them, or a function of no arguments
+returning either. A resume writes through the agent's own checkpointer, so an
+agent that writes elsewhere than the store on screen would resume a run nobody
+is looking at: such an agent is refused at start-up. An agent with no
+checkpointer is bound to the served store (without one it would not checkpoint
+its own continued run at all).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class RegistryError(Exception):
+    """An ``--agents`` entry that cannot be loaded or bound; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreTarget:
+    """What a registered agent must write to: a SQLite file or a PostgreSQL schema."""
+
+    sqlite_path: Path | None = None
+    pg_dsn: str | None = None
+    pg_schema: str = "fastaiagent"
+
+    def describe(self) -> str:
+        if self.sqlite_path is not None:
+            return str(self.sqlite_path)
+        return f"PostgreSQL schema {self.pg_schema}"
+
+
+def load_spec(spec: str) -> list[Any]:
+    """The agents named by one ``--agents`` value."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise RegistryError(f"--agents {spec!r}: expected MODULE:ATTR or FILE.py:ATTR")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise RegistryError(f"--agents {spec!r}: no file {path}")
+        name = f"localui_agents_{abs(hash(path.resolve()))}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise RegistryError(f"--agents {spec!r}: cannot import {path}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            raise RegistryError(f"--agents {spec!r}: importing {path} failed: {exc}") from exc
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as exc:
+            raise RegistryError(f"--agents {spec!r}: cannot import {target}: {exc}") from exc
+    try:
+        value = getattr(module, attr)
+    except AttributeError as exc:
+        raise RegistryError(f"--agents {spec!r}: {target} has no attribute {attr!r}") from exc
+    if callable(value) and not _is_agent(value):
+        value = value()
+    agents = list(value) if isinstance(value, list | tuple) else [value]
+    for agent in agents:
+        if not _is_agent(agent):
+            raise RegistryError(
+                f"--agents {spec!r}: {type(agent).__name__} is not a fastaiagent Agent"
+            )
+    return agents
+
+
+def _is_agent(value: Any) -> bool:
+    from fastaiagent import Agent
+
+    return isinstance(value, Agent)
+
+
+def bind(agent: Any, target: StoreTarget) -> None:
+    """Make ``agent`` write to ``target``, or refuse when it writes somewhere else."""
+    from fastaiagent.checkpointers import SQLiteCheckpointer
+
+    checkpointer = agent._checkpointer  # the SDK keeps it here and offers no accessor
+    if checkpointer is None:
+        if target.sqlite_path is not None:
+            agent._checkpointer = SQLiteCheckpointer(str(target.sqlite_path))
+        elif target.pg_dsn is not None:
+            from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
+            agent._checkpointer = PostgresCheckpointer(target.pg_dsn, schema=target.pg_schema)
+        return
+    if isinstance(checkpointer, SQLiteCheckpointer):
+        written = Path(str(checkpointer.db_path)).resolve()
+        if target.sqlite_path is not None and written == target.sqlite_path.resolve():
+            return
+        raise RegistryError(
+            f"agent {agent.name!r} writes to {written}, but this server shows "
+            f"{target.describe()}: build it with SQLiteCheckpointer({str(target.sqlite_path)!r})"
+            " or without a checkpointer, or serve its store instead"
+        )
+    schema = getattr(checkpointer, "schema", None)
+    if target.pg_dsn is not None and schema is not None:
+        if schema.strip('"') == target.pg_schema:
+            return
+    raise RegistryError(
+        f"agent {agent.name!r} writes through {type(checkpointer).__name__}, which is not "
+        f"the store this server shows ({target.describe()})"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Registry:
+    """Registered agents by name (the ``chain_name`` their runs carry)."""
+
+    agents: Mapping[str, Any]
+
+    @classmethod
+    def build(cls, agents: Iterable[Any], target: StoreTarget) -> Registry:
+        by_name: dict[str, Any] = {}
+        for agent in agents:
+            if agent.name in by_name and by_name[agent.name] is not agent:
+                raise RegistryError(f"two agents are registered as {agent.name!r}")
+            bind(agent, target)
+            by_name[agent.name] = agent
+        return cls(agents=by_name)
+
+    def get(self, name: str) -> Any | None:
+        return self.agents.get(name)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.agents))

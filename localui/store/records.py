@@ -1,0 +1,180 @@
+"""What the store hands back: frozen records of rows as the SDK wrote them.
+
+Records carry facts, never HTTP or presentation. JSON columns arrive parsed,
+or as :class:`Unreadable` when the text in the store is not valid JSON, so a
+corrupt row is something a page can show rather than an exception.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The SDK's node id and ``step_type`` of the row that opens a fork.
+FORK_ORIGIN_NODE = "__fork_origin__"
+FORK_ORIGIN_STEP = "fork_origin"
+#: The SDK's ``step_type`` of the terminal row (``fastaiagent.chain.checkpoint.RUN_END``).
+RUN_END_STEP = "run_end"
+#: ``@idempotent`` results are stored as ``{"__fa_idem__": value}`` since SDK 1.92.
+IDEMPOTENT_ENVELOPE = "__fa_idem__"
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A JSON column whose text could not be parsed; ``raw`` keeps a prefix of it."""
+
+    error: str
+    raw: str
+
+
+def parse_json(text: str | None, default: Any) -> Any:
+    """Parse a JSON column, turning damage into :class:`Unreadable` instead of raising."""
+    if text is None or text == "":
+        return default
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError) as exc:
+        return Unreadable(error=str(exc), raw=str(text)[:2000])
+
+
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """One execution as the runs list needs it: counts, times, and its newest row."""
+
+    execution_id: str
+    agent: str
+    row_count: int
+    first_at: str
+    last_at: str
+    last_checkpoint_id: str
+    last_node_id: str
+    last_step_type: str | None
+    last_status: str
+    has_pending: bool
+    pending_reason: str | None
+    fork_parent_checkpoint_id: str | None
+    rows_waiting: int
+    rows_quarantined: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunQuery:
+    """Filters and the keyset position for one page of the runs list."""
+
+    state: str | None = None
+    agent: str | None = None
+    text: str | None = None
+    after: tuple[str, str] | None = None
+    limit: int = 50
+    outbox: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunFactsPage:
+    runs: tuple[RunFacts, ...]
+    #: ``(last_at, execution_id)`` of the last run on this page when more follow.
+    next_key: tuple[str, str] | None
+    counts: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RowHeader:
+    """A checkpoint row without its JSON payloads: cheap enough for 2,000 at once."""
+
+    checkpoint_id: str
+    execution_id: str
+    parent_checkpoint_id: str | None
+    agent: str
+    node_id: str
+    node_index: int
+    step_type: str | None
+    status: str
+    interrupt_reason: str | None
+    agent_path: str | None
+    created_at: str
+    synced: int | None
+    sync_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RowDetail:
+    """A checkpoint row with its payloads parsed (each may be :class:`Unreadable`)."""
+
+    header: RowHeader
+    state_snapshot: Any
+    node_input: Any
+    node_output: Any
+    interrupt_context: Any
+    iteration: int
+    #: The column texts as stored, for the raw view.
+    raw: Mapping[str, str | None] = field(default_factory=dict)
+
+    @property
+    def unreadable(self) -> tuple[str, ...]:
+        """Names of the payload columns that could not be parsed."""
+        cols = {
+            "state_snapshot": self.state_snapshot,
+            "node_input": self.node_input,
+            "node_output": self.node_output,
+            "interrupt_context": self.interrupt_context,
+        }
+        return tuple(name for name, value in cols.items() if isinstance(value, Unreadable))
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A ``pending_interrupts`` row: a run waiting for a person."""
+
+    execution_id: str
+    agent: str
+    node_id: str
+    reason: str
+    context: Any
+    agent_path: str | None
+    created_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPage:
+    items: tuple[Pending, ...]
+    next_key: tuple[str, str] | None
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """An ``idempotency_cache`` row with its value unwrapped from the SDK's envelope."""
+
+    execution_id: str
+    function_key: str
+    value: Any
+    enveloped: bool
+    created_at: str
+
+
+def unwrap_cached(stored: Any) -> tuple[Any, bool]:
+    """``(value, enveloped)``: the SDK wraps results since 1.92, older rows hold them bare."""
+    if isinstance(stored, dict) and stored.keys() == {IDEMPOTENT_ENVELOPE}:
+        return stored[IDEMPOTENT_ENVELOPE], True
+    return stored, False
+
+
+@dataclass(frozen=True, slots=True)
+class ForkLink:
+    """A fork: the new run, and the row of the source run it branched from."""
+
+    execution_id: str
+    source_execution_id: str | None
+    source_checkpoint_id: str
+    source_node_id: str | None
+    created_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoreTotals:
+    rows: int
+    rows_waiting: int
+    rows_quarantined: int
+    pending: int

@@ -1,0 +1,527 @@
+"""The SQLite store: the SDK's unified ``local.db``, opened read-only.
+
+Connections are opened with ``mode=ro`` and ``query_only`` so nothing here can
+write, one per thread because views run queries in a thread pool, each with a
+busy timeout so an agent process writing at the same moment delays a read
+instead of failing it. Stores written by older SDKs lack columns; the schema is
+read on open (and again whenever SQLite says it changed) and a missing column
+reads as NULL.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from localui.errors import StoreMissing, Unavailable
+from localui.store.records import (
+    FORK_ORIGIN_NODE,
+    CacheEntry,
+    ForkLink,
+    Pending,
+    PendingPage,
+    RowDetail,
+    RowHeader,
+    RunFacts,
+    RunFactsPage,
+    RunQuery,
+    StoreTotals,
+    parse_json,
+    unwrap_cached,
+)
+
+#: Run state in SQL, the same rules as ``localui.runs.run_state`` (a test holds
+#: the two together): the newest row decides, a pause needs its pending row.
+STATE_SQL = """CASE
+    WHEN l.step_type = 'run_end' AND l.status = 'failed' THEN 'failed'
+    WHEN l.step_type = 'run_end' THEN 'completed'
+    WHEN l.status = 'interrupted' AND p.execution_id IS NOT NULL THEN 'paused'
+    WHEN l.status = 'interrupted' THEN 'orphaned'
+    ELSE 'unfinished'
+END"""
+
+_OPTIONAL_CHECKPOINT_COLUMNS = (
+    "checkpoint_id",
+    "parent_checkpoint_id",
+    "interrupt_reason",
+    "interrupt_context",
+    "agent_path",
+    "synced",
+    "sync_error",
+    "step_type",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Schema:
+    """What this store's tables look like: which exist and which columns they have."""
+
+    version: int
+    checkpoint_columns: frozenset[str]
+    has_pending: bool
+    has_cache: bool
+
+    @property
+    def has_checkpoints(self) -> bool:
+        return bool(self.checkpoint_columns)
+
+    def col(self, name: str, alias: str = "") -> str:
+        """A checkpoint column as SQL, or NULL when this store predates it."""
+        prefix = f"{alias}." if alias else ""
+        if name == "checkpoint_id":
+            if "checkpoint_id" in self.checkpoint_columns:
+                return f"COALESCE({prefix}checkpoint_id, {prefix}id)"
+            return f"{prefix}id"
+        if name in self.checkpoint_columns:
+            return f"{prefix}{name}"
+        return "NULL"
+
+
+def _like(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+class SQLiteStore:
+    """:class:`localui.store.base.Store` over a SQLite file."""
+
+    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
+        self.path = Path(path)
+        self.location = str(self.path)
+        if not self.path.is_file():
+            raise StoreMissing(f"no store at {self.path} (check --store or FASTAIAGENT_LOCAL_DB)")
+        self._busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []
+        self._schema: _Schema | None = None
+        with self._read() as conn:
+            self._check_is_sqlite(conn)
+
+    # --- connections --------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA query_only = 1")
+        with self._lock:
+            self._connections.append(conn)
+        return conn
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        try:
+            if conn is None:
+                conn = self._connect()
+                self._local.conn = conn
+            yield conn
+        except sqlite3.OperationalError as exc:
+            message = str(exc)
+            if "locked" in message or "busy" in message:
+                raise Unavailable(
+                    f"the store {self.path} is locked by another process; try again"
+                ) from exc
+            if "unable to open" in message or "disk I/O" in message:
+                raise Unavailable(f"the store {self.path} cannot be opened: {message}") from exc
+            raise
+        except sqlite3.DatabaseError as exc:
+            raise Unavailable(f"the store {self.path} cannot be read: {exc}") from exc
+
+    def _check_is_sqlite(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StoreMissing(f"{self.path} is not a SQLite store: {exc}") from exc
+
+    def _schema_for(self, conn: sqlite3.Connection) -> _Schema:
+        version = int(conn.execute("PRAGMA schema_version").fetchone()[0])
+        schema = self._schema
+        if schema is not None and schema.version == version:
+            return schema
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        columns: frozenset[str] = frozenset()
+        if "checkpoints" in tables:
+            columns = frozenset(r[1] for r in conn.execute("PRAGMA table_info(checkpoints)"))
+        schema = _Schema(
+            version=version,
+            checkpoint_columns=columns,
+            has_pending="pending_interrupts" in tables,
+            has_cache="idempotency_cache" in tables,
+        )
+        self._schema = schema
+        return schema
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    # --- runs ---------------------------------------------------------
+
+    def _runs_sql(self, s: _Schema, *, one_run: bool = False) -> str:
+        """The ``r`` CTE: one row per run with its facts; ``one_run`` binds an execution id."""
+        pending_join = (
+            "LEFT JOIN pending_interrupts p ON p.execution_id = a.execution_id"
+            if s.has_pending
+            else "LEFT JOIN (SELECT NULL AS execution_id, NULL AS reason) p ON 0"
+        )
+        waiting = (
+            "SUM(CASE WHEN synced = 0 THEN 1 ELSE 0 END)"
+            if "synced" in s.checkpoint_columns
+            else "0"
+        )
+        quarantined = (
+            "SUM(CASE WHEN sync_error IS NOT NULL THEN 1 ELSE 0 END)"
+            if "sync_error" in s.checkpoint_columns
+            else "0"
+        )
+        fork_parent = (
+            f"MAX(CASE WHEN node_id = '{FORK_ORIGIN_NODE}' THEN parent_checkpoint_id END)"
+            if "parent_checkpoint_id" in s.checkpoint_columns
+            else "NULL"
+        )
+        return f"""
+            WITH a AS (
+                SELECT execution_id,
+                       COUNT(*) AS row_count,
+                       MIN(created_at) AS first_at,
+                       MAX(created_at) AS last_at,
+                       {fork_parent} AS fork_parent,
+                       {waiting} AS rows_waiting,
+                       {quarantined} AS rows_quarantined,
+                       (SELECT x.rowid FROM checkpoints x
+                         WHERE x.execution_id = c.execution_id
+                         ORDER BY x.created_at DESC, x.rowid DESC LIMIT 1) AS last_rowid
+                FROM checkpoints c
+                {"WHERE c.execution_id = ?" if one_run else ""}
+                GROUP BY execution_id
+            ),
+            r AS (
+                SELECT a.*, l.chain_name AS agent, {s.col("checkpoint_id", "l")} AS last_cid,
+                       l.node_id AS last_node_id, {s.col("step_type", "l")} AS last_step_type,
+                       COALESCE(l.status, 'completed') AS last_status,
+                       p.execution_id IS NOT NULL AS has_pending, p.reason AS pending_reason,
+                       {STATE_SQL.replace("l.step_type", s.col("step_type", "l"))} AS state
+                FROM a
+                JOIN checkpoints l ON l.rowid = a.last_rowid
+                {pending_join}
+            )
+        """
+
+    @staticmethod
+    def _facts(row: sqlite3.Row) -> RunFacts:
+        return RunFacts(
+            execution_id=row["execution_id"],
+            agent=row["agent"] or "",
+            row_count=int(row["row_count"]),
+            first_at=row["first_at"] or "",
+            last_at=row["last_at"] or "",
+            last_checkpoint_id=row["last_cid"] or "",
+            last_node_id=row["last_node_id"] or "",
+            last_step_type=row["last_step_type"],
+            last_status=row["last_status"],
+            has_pending=bool(row["has_pending"]),
+            pending_reason=row["pending_reason"],
+            fork_parent_checkpoint_id=row["fork_parent"],
+            rows_waiting=int(row["rows_waiting"] or 0),
+            rows_quarantined=int(row["rows_quarantined"] or 0),
+        )
+
+    def list_runs(self, query: RunQuery) -> RunFactsPage:
+        with self._read() as conn:
+            s = self._schema_for(conn)
+            if not s.has_checkpoints:
+                return RunFactsPage(runs=(), next_key=None, counts={})
+            where: list[str] = []
+            params: list[Any] = []
+            if query.agent:
+                where.append("agent = ?")
+                params.append(query.agent)
+            if query.text:
+                pattern = _like(query.text)
+                clauses = [
+                    "execution_id LIKE ? ESCAPE '\\'",
+                    "agent LIKE ? ESCAPE '\\'",
+                    "COALESCE(pending_reason, '') LIKE ? ESCAPE '\\'",
+                    "EXISTS (SELECT 1 FROM checkpoints t WHERE t.execution_id = r.execution_id"
+                    " AND t.node_input LIKE ? ESCAPE '\\')",
+                ]
+                where.append("(" + " OR ".join(clauses) + ")")
+                params.extend([pattern] * len(clauses))
+            if query.outbox == "waiting":
+                where.append("rows_waiting > 0")
+            elif query.outbox == "quarantined":
+                where.append("rows_quarantined > 0")
+            base_where = " AND ".join(where) or "1"
+            counts_sql = (
+                f"{self._runs_sql(s)} SELECT state, COUNT(*) FROM r"
+                f" WHERE {base_where} GROUP BY state"
+            )
+            counts = {row[0]: int(row[1]) for row in conn.execute(counts_sql, params)}
+
+            page_where = list(where)
+            page_params = list(params)
+            if query.state:
+                page_where.append("state = ?")
+                page_params.append(query.state)
+            if query.after is not None:
+                page_where.append("(last_at, execution_id) < (?, ?)")
+                page_params.extend(query.after)
+            sql = (
+                f"{self._runs_sql(s)} SELECT * FROM r WHERE {' AND '.join(page_where) or '1'}"
+                " ORDER BY last_at DESC, execution_id DESC LIMIT ?"
+            )
+            rows = conn.execute(sql, [*page_params, query.limit + 1]).fetchall()
+        facts = tuple(self._facts(row) for row in rows[: query.limit])
+        next_key = None
+        if len(rows) > query.limit and facts:
+            next_key = (facts[-1].last_at, facts[-1].execution_id)
+        return RunFactsPage(runs=facts, next_key=next_key, counts=counts)
+
+    def get_run(self, execution_id: str) -> RunFacts | None:
+        with self._read() as conn:
+            s = self._schema_for(conn)
+            if not s.has_checkpoints:
+                return None
+            row = conn.execute(
+                f"{self._runs_sql(s, one_run=True)} SELECT * FROM r", (execution_id,)
+            ).fetchone()
+        return self._facts(row) if row is not None else None
+
+    # --- rows ---------------------------------------------------------
+
+    def _header_columns(self, s: _Schema, alias: str = "") -> str:
+        p = f"{alias}." if alias else ""
+        return ", ".join(
+            [
+                f"{s.col('checkpoint_id', alias)} AS checkpoint_id",
+                f"{p}execution_id AS execution_id",
+                f"{s.col('parent_checkpoint_id', alias)} AS parent_checkpoint_id",
+                f"{p}chain_name AS chain_name",
+                f"{p}node_id AS node_id",
+                f"{p}node_index AS node_index",
+                f"{s.col('step_type', alias)} AS step_type",
+                f"{p}status AS status",
+                f"{s.col('interrupt_reason', alias)} AS interrupt_reason",
+                f"{s.col('agent_path', alias)} AS agent_path",
+                f"{p}created_at AS created_at",
+                f"{s.col('synced', alias)} AS synced",
+                f"{s.col('sync_error', alias)} AS sync_error",
+            ]
+        )
+
+    @staticmethod
+    def _header(row: sqlite3.Row) -> RowHeader:
+        return RowHeader(
+            checkpoint_id=row["checkpoint_id"] or "",
+            execution_id=row["execution_id"],
+            parent_checkpoint_id=row["parent_checkpoint_id"],
+            agent=row["chain_name"] or "",
+            node_id=row["node_id"] or "",
+            node_index=int(row["node_index"] or 0),
+            step_type=row["step_type"],
+            status=row["status"] or "completed",
+            interrupt_reason=row["interrupt_reason"],
+            agent_path=row["agent_path"],
+            created_at=row["created_at"] or "",
+            synced=row["synced"],
+            sync_error=row["sync_error"],
+        )
+
+    def list_rows(self, execution_id: str) -> tuple[RowHeader, ...]:
+        with self._read() as conn:
+            s = self._schema_for(conn)
+            if not s.has_checkpoints:
+                return ()
+            rows = conn.execute(
+                f"SELECT {self._header_columns(s)} FROM checkpoints WHERE execution_id = ?"
+                " ORDER BY created_at ASC, rowid ASC",
+                (execution_id,),
+            ).fetchall()
+        return tuple(self._header(r) for r in rows)
+
+    def get_row(self, checkpoint_id: str) -> RowDetail | None:
+        with self._read() as conn:
+            s = self._schema_for(conn)
+            if not s.has_checkpoints:
+                return None
+            match = (
+                "checkpoint_id = ? OR id = ?"
+                if "checkpoint_id" in s.checkpoint_columns
+                else "id = ? OR id = ?"
+            )
+            row = conn.execute(
+                f"SELECT {self._header_columns(s)}, state_snapshot, node_input, node_output,"
+                f" {s.col('interrupt_context')} AS interrupt_context, iteration"
+                f" FROM checkpoints WHERE {match} LIMIT 1",
+                (checkpoint_id, checkpoint_id),
+            ).fetchone()
+        if row is None:
+            return None
+        raw = {
+            name: row[name]
+            for name in ("state_snapshot", "node_input", "node_output", "interrupt_context")
+        }
+        return RowDetail(
+            header=self._header(row),
+            state_snapshot=parse_json(row["state_snapshot"], {}),
+            node_input=parse_json(row["node_input"], {}),
+            node_output=parse_json(row["node_output"], {}),
+            interrupt_context=parse_json(row["interrupt_context"], {}),
+            iteration=int(row["iteration"] or 0),
+            raw=raw,
+        )
+
+    # --- pauses -------------------------------------------------------
+
+    @staticmethod
+    def _pending(row: sqlite3.Row) -> Pending:
+        return Pending(
+            execution_id=row["execution_id"],
+            agent=row["chain_name"] or "",
+            node_id=row["node_id"] or "",
+            reason=row["reason"] or "",
+            context=parse_json(row["context"], {}),
+            agent_path=row["agent_path"],
+            created_at=row["created_at"] or "",
+        )
+
+    _PENDING_COLUMNS = "execution_id, chain_name, node_id, reason, context, agent_path, created_at"
+
+    def get_pending(self, execution_id: str) -> Pending | None:
+        with self._read() as conn:
+            if not self._schema_for(conn).has_pending:
+                return None
+            row = conn.execute(
+                f"SELECT {self._PENDING_COLUMNS} FROM pending_interrupts WHERE execution_id = ?",
+                (execution_id,),
+            ).fetchone()
+        return self._pending(row) if row is not None else None
+
+    def list_pending(
+        self, *, after: tuple[str, str] | None = None, limit: int = 50, newest_first: bool = False
+    ) -> PendingPage:
+        with self._read() as conn:
+            if not self._schema_for(conn).has_pending:
+                return PendingPage(items=(), next_key=None, total=0)
+            total = int(conn.execute("SELECT COUNT(*) FROM pending_interrupts").fetchone()[0])
+            order = "DESC" if newest_first else "ASC"
+            where = "1"
+            params: list[Any] = []
+            if after is not None:
+                where = f"(created_at, execution_id) {'<' if newest_first else '>'} (?, ?)"
+                params.extend(after)
+            rows = conn.execute(
+                f"SELECT {self._PENDING_COLUMNS} FROM pending_interrupts WHERE {where}"
+                f" ORDER BY created_at {order}, execution_id {order} LIMIT ?",
+                [*params, limit + 1],
+            ).fetchall()
+        items = tuple(self._pending(r) for r in rows[:limit])
+        next_key = None
+        if len(rows) > limit and items:
+            next_key = (items[-1].created_at, items[-1].execution_id)
+        return PendingPage(items=items, next_key=next_key, total=total)
+
+    # --- idempotency cache -------------------------------------------
+
+    def list_cache(self, execution_id: str) -> tuple[CacheEntry, ...]:
+        with self._read() as conn:
+            if not self._schema_for(conn).has_cache:
+                return ()
+            rows = conn.execute(
+                "SELECT execution_id, function_key, result, created_at FROM idempotency_cache"
+                " WHERE execution_id = ? ORDER BY created_at ASC",
+                (execution_id,),
+            ).fetchall()
+        return tuple(self._cache_entry(r) for r in rows)
+
+    @staticmethod
+    def _cache_entry(row: sqlite3.Row) -> CacheEntry:
+        value, enveloped = unwrap_cached(parse_json(row["result"], None))
+        return CacheEntry(
+            execution_id=row["execution_id"],
+            function_key=row["function_key"],
+            value=value,
+            enveloped=enveloped,
+            created_at=row["created_at"] or "",
+        )
+
+    # --- lineage ------------------------------------------------------
+
+    def _fork_links(
+        self, conn: sqlite3.Connection, where: str, params: Sequence[Any]
+    ) -> tuple[ForkLink, ...]:
+        s = self._schema_for(conn)
+        if "parent_checkpoint_id" not in s.checkpoint_columns:
+            return ()
+        # The bare column, not the COALESCE, so the lookup uses the SDK's index.
+        cid = "checkpoint_id" if "checkpoint_id" in s.checkpoint_columns else "id"
+        rows = conn.execute(
+            f"""SELECT f.execution_id AS execution_id, f.parent_checkpoint_id AS parent,
+                       f.created_at AS created_at, src.execution_id AS source_execution_id,
+                       src.node_id AS source_node_id
+                FROM checkpoints f
+                LEFT JOIN checkpoints src ON src.{cid} = f.parent_checkpoint_id
+                WHERE f.node_id = '{FORK_ORIGIN_NODE}' AND {where}
+                ORDER BY f.created_at ASC""",
+            tuple(params),
+        ).fetchall()
+        return tuple(
+            ForkLink(
+                execution_id=r["execution_id"],
+                source_execution_id=r["source_execution_id"],
+                source_checkpoint_id=r["parent"] or "",
+                source_node_id=r["source_node_id"],
+                created_at=r["created_at"] or "",
+            )
+            for r in rows
+        )
+
+    def get_fork_origin(self, execution_id: str) -> ForkLink | None:
+        with self._read() as conn:
+            if not self._schema_for(conn).has_checkpoints:
+                return None
+            links = self._fork_links(conn, "f.execution_id = ?", (execution_id,))
+        return links[0] if links else None
+
+    def list_forks(self, execution_id: str) -> tuple[ForkLink, ...]:
+        with self._read() as conn:
+            if not self._schema_for(conn).has_checkpoints:
+                return ()
+            return self._fork_links(conn, "src.execution_id = ?", (execution_id,))
+
+    # --- totals -------------------------------------------------------
+
+    def totals(self) -> StoreTotals:
+        with self._read() as conn:
+            s = self._schema_for(conn)
+            if not s.has_checkpoints:
+                return StoreTotals(rows=0, rows_waiting=0, rows_quarantined=0, pending=0)
+            rows = int(conn.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0])
+            waiting = quarantined = 0
+            if "synced" in s.checkpoint_columns:
+                waiting = int(
+                    conn.execute("SELECT COUNT(*) FROM checkpoints WHERE synced = 0").fetchone()[0]
+                )
+            if "sync_error" in s.checkpoint_columns:
+                quarantined = int(
+                    conn.execute(
+                        "SELECT COUNT(*) FROM checkpoints WHERE sync_error IS NOT NULL"
+                    ).fetchone()[0]
+                )
+            pending = 0
+            if s.has_pending:
+                pending = int(conn.execute("SELECT COUNT(*) FROM pending_interrupts").fetchone()[0])
+        return StoreTotals(
+            rows=rows, rows_waiting=waiting, rows_quarantined=quarantined, pending=pending
+        )

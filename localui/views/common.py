@@ -1,0 +1,160 @@
+"""What every endpoint shares: the app context, HTML-or-JSON responses, errors.
+
+A view builds one view model (a frozen dataclass) and hands it to
+:func:`respond`, which renders it into the page template, into the partial
+for an htmx request, or into JSON for ``.json`` URLs and
+``Accept: application/json``. Fields marked ``hidden_from_json`` are
+presentation only (grouping, pre-formatted text) and stay out of the JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.templating import Jinja2Templates
+
+from localui.errors import BadRequest, LocalUIError
+from localui.settings import Settings
+from localui.store.base import Store
+from localui.store.records import Unreadable
+
+T = TypeVar("T")
+
+#: ``field(metadata=HIDDEN)`` keeps a view-model field out of the JSON.
+HIDDEN: Mapping[str, bool] = {"hidden_from_json": True}
+
+
+def html_only(default: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field that the HTML needs and the JSON leaves out."""
+    if default is dataclasses.MISSING:
+        return field(metadata=HIDDEN)
+    return field(default=default, metadata=HIDDEN)
+
+
+@dataclass(slots=True)
+class AppContext:
+    """What one app process owns; built by ``create_app`` and reached from requests."""
+
+    settings: Settings
+    store: Store
+    templates: Jinja2Templates
+    #: Extra objects later parts hang here (the action service, the change feed).
+    extensions: dict[str, Any] = field(default_factory=dict)
+
+
+def context(request: Request) -> AppContext:
+    ctx: AppContext = request.app.state.localui
+    return ctx
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """Run blocking store work in the thread pool, never on the event loop."""
+    return await run_in_threadpool(fn, *args)
+
+
+def to_jsonable(value: Any) -> Any:
+    """A view model as plain JSON data, leaving out presentation-only fields."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if isinstance(value, Unreadable):
+            return {"unreadable": value.error}
+        return {
+            f.name: to_jsonable(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if not f.metadata.get("hidden_from_json")
+        }
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def wants_json(request: Request) -> bool:
+    """``.json`` routes set ``format``; otherwise the Accept header decides."""
+    if request.scope.get("localui.format") == "json":
+        return True
+    accept = request.headers.get("accept", "")
+    return "application/json" in accept and "text/html" not in accept
+
+
+def is_htmx(request: Request) -> bool:
+    return request.headers.get("hx-request") == "true"
+
+
+def respond(
+    request: Request,
+    template: str,
+    page: Any,
+    *,
+    partial: str | None = None,
+    status_code: int = 200,
+) -> Response:
+    """Render ``page`` as JSON, as the htmx partial, or as the full page."""
+    if wants_json(request):
+        return JSONResponse(to_jsonable(page), status_code=status_code)
+    ctx = context(request)
+    name = partial if partial is not None and is_htmx(request) else template
+    response = ctx.templates.TemplateResponse(
+        request,
+        name,
+        {"page": page, "settings": ctx.settings},
+        status_code=status_code,
+    )
+    # One URL answers a full page or a fragment, so caches must key on the header.
+    response.headers["Vary"] = "HX-Request, Accept"
+    return response
+
+
+def error_response(request: Request, exc: LocalUIError) -> Response:
+    """The one place typed errors become responses: JSON, an htmx fragment, or a page."""
+    body = {"status": exc.status_code, "title": exc.title, "message": str(exc)}
+    extra = getattr(exc, "details", None)
+    if extra:
+        body["details"] = to_jsonable(extra)
+    if wants_json(request):
+        return JSONResponse({"error": body}, status_code=exc.status_code)
+    ctx: AppContext | None = getattr(request.app.state, "localui", None)
+    if ctx is None:
+        return HTMLResponse(str(exc), status_code=exc.status_code)
+    name = "partials/_error.html" if is_htmx(request) else "pages/error.html"
+    return ctx.templates.TemplateResponse(
+        request,
+        name,
+        {"error": body, "settings": ctx.settings},
+        status_code=exc.status_code,
+    )
+
+
+def encode_cursor(key: tuple[str, str]) -> str:
+    raw = json.dumps(list(key), separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str, name: str = "after") -> tuple[str, str]:
+    """A cursor from ``next``; anything else is a 400 that says what was wrong."""
+    try:
+        padded = text + "=" * (-len(text) % 4)
+        value = json.loads(base64.urlsafe_b64decode(padded.encode()))
+    except (ValueError, TypeError) as exc:
+        raise BadRequest(f"{name}={text!r} is not a cursor this server gave out") from exc
+    if not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, str) for v in value):
+        raise BadRequest(f"{name}={text!r} is not a cursor this server gave out")
+    return value[0], value[1]
+
+
+def pretty_json(value: Any) -> str:
+    """Indented JSON for a ``<pre>``; the template escapes it."""
+    if isinstance(value, Unreadable):
+        return value.raw
+    return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)

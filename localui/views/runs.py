@@ -1,0 +1,182 @@
+"""``/`` and ``/runs``: every execution in the store, newest activity first."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from localui import runs
+from localui.errors import BadRequest
+from localui.store.base import STATES, Store
+from localui.store.records import RunFacts, RunQuery, StoreTotals
+from localui.views.common import (
+    context,
+    decode_cursor,
+    encode_cursor,
+    html_only,
+    off_loop,
+    respond,
+)
+
+OUTBOX_FILTERS = ("waiting", "quarantined")
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    execution_id: str
+    state: str
+    agent: str
+    rows: int
+    first_at: str
+    last_at: str
+    pending_reason: str | None
+    #: For ``unfinished`` runs: ``tool`` or ``turn``, where it stopped.
+    stopped_at: str | None
+    last_node_id: str
+    #: The checkpoint id this run was forked from, when it is a fork.
+    fork_of: str | None
+    rows_waiting: int
+    rows_quarantined: int
+    url: str
+    last_ago: str = html_only("")
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilters:
+    state: str | None
+    agent: str | None
+    q: str | None
+    outbox: str | None
+
+    def query_string(self, **changes: str | None) -> str:
+        values = {
+            "state": self.state,
+            "agent": self.agent,
+            "q": self.q,
+            "outbox": self.outbox,
+            **changes,
+        }
+        return urlencode({k: v for k, v in values.items() if v})
+
+
+@dataclass(frozen=True, slots=True)
+class StateTab:
+    state: str | None
+    label: str
+    count: int
+    url: str
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunsPage:
+    runs: tuple[RunRow, ...]
+    #: The cursor for the next page (``?after=``), or null on the last page.
+    next: str | None
+    next_url: str | None
+    #: Runs per state under the current agent, text and outbox filters.
+    counts: Mapping[str, int]
+    totals: StoreTotals
+    filters: RunFilters
+    tabs: tuple[StateTab, ...] = html_only(())
+
+
+def run_row(facts: RunFacts, now: datetime) -> RunRow:
+    state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+    stopped_at = None
+    if state == runs.UNFINISHED:
+        stopped_at = "tool" if runs.parse_node(facts.last_node_id).tool is not None else "turn"
+    return RunRow(
+        execution_id=facts.execution_id,
+        state=state,
+        agent=facts.agent,
+        rows=facts.row_count,
+        first_at=facts.first_at,
+        last_at=facts.last_at,
+        pending_reason=facts.pending_reason,
+        stopped_at=stopped_at,
+        last_node_id=facts.last_node_id,
+        fork_of=facts.fork_parent_checkpoint_id,
+        rows_waiting=facts.rows_waiting,
+        rows_quarantined=facts.rows_quarantined,
+        url=f"/runs/{facts.execution_id}",
+        last_ago=runs.age_words(facts.last_at, now),
+    )
+
+
+def parse_filters(request: Request) -> tuple[RunFilters, tuple[str, str] | None]:
+    params = request.query_params
+    state = params.get("state") or None
+    if state is not None and state not in STATES:
+        raise BadRequest(f"state={state!r} is not one of {', '.join(STATES)}")
+    outbox = params.get("outbox") or None
+    if outbox is not None and outbox not in OUTBOX_FILTERS:
+        raise BadRequest(f"outbox={outbox!r} is not one of {', '.join(OUTBOX_FILTERS)}")
+    q = (params.get("q") or "").strip() or None
+    if q is not None and len(q) > 200:
+        raise BadRequest("q is longer than 200 characters")
+    after_text = params.get("after")
+    after = decode_cursor(after_text) if after_text else None
+    filters = RunFilters(state=state, agent=params.get("agent") or None, q=q, outbox=outbox)
+    return filters, after
+
+
+def build_runs_page(
+    store: Store, filters: RunFilters, after: tuple[str, str] | None, limit: int
+) -> RunsPage:
+    query = RunQuery(
+        state=filters.state,
+        agent=filters.agent,
+        text=filters.q,
+        after=after,
+        limit=limit,
+        outbox=filters.outbox,
+    )
+    page = store.list_runs(query)
+    totals = store.totals()
+    now = datetime.now(UTC)
+    next_cursor = encode_cursor(page.next_key) if page.next_key else None
+    next_url = None
+    if next_cursor:
+        next_url = "/?" + filters.query_string(after=next_cursor)
+    counts = {state: page.counts.get(state, 0) for state in STATES}
+    tabs = [
+        StateTab(
+            state=None,
+            label="All",
+            count=sum(counts.values()),
+            url="/?" + filters.query_string(state=None),
+            active=filters.state is None,
+        )
+    ]
+    tabs.extend(
+        StateTab(
+            state=state,
+            label=state.capitalize(),
+            count=counts[state],
+            url="/?" + filters.query_string(state=state),
+            active=filters.state == state,
+        )
+        for state in STATES
+    )
+    return RunsPage(
+        runs=tuple(run_row(f, now) for f in page.runs),
+        next=next_cursor,
+        next_url=next_url,
+        counts=counts,
+        totals=totals,
+        filters=filters,
+        tabs=tuple(tabs),
+    )
+
+
+async def runs_list(request: Request) -> Response:
+    ctx = context(request)
+    filters, after = parse_filters(request)
+    page = await off_loop(build_runs_page, ctx.store, filters, after, ctx.settings.page_size)
+    return respond(request, "pages/runs.html", page, partial="partials/_runs_table.html")
