@@ -10,6 +10,7 @@ reads as NULL.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -26,6 +27,8 @@ from localui.store.records import (
     ForkLink,
     Pending,
     PendingPage,
+    PrunePreview,
+    PruneRun,
     RowDetail,
     RowHeader,
     RunFacts,
@@ -97,10 +100,12 @@ class SQLiteStore:
         if not self.path.is_file():
             raise StoreMissing(f"no store at {self.path} (check --store or FASTAIAGENT_LOCAL_DB)")
         self._busy_timeout = busy_timeout
+        self._identity = self._file_identity()
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._schema: _Schema | None = None
+        self._generation = 0
         with self._read() as conn:
             self._check_is_sqlite(conn)
 
@@ -115,13 +120,36 @@ class SQLiteStore:
             self._connections.append(conn)
         return conn
 
+    def _file_identity(self) -> tuple[int, int]:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError as exc:
+            raise Unavailable(f"the store {self.path} is gone: the file was deleted") from exc
+        return st.st_dev, st.st_ino
+
+    def _check_file(self) -> None:
+        """An open connection keeps reading a deleted or replaced file; notice both."""
+        identity = self._file_identity()
+        if identity != self._identity:
+            # Each thread reopens on its next read; a query running now finishes first.
+            with self._lock:
+                self._identity = identity
+                self._generation += 1
+
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
+        self._check_file()
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "generation", -1) != self._generation:
+            with self._lock:
+                self._connections.remove(conn)
+            conn.close()
+            conn = None
         try:
             if conn is None:
                 conn = self._connect()
                 self._local.conn = conn
+                self._local.generation = self._generation
             yield conn
         except sqlite3.OperationalError as exc:
             message = str(exc)
@@ -387,6 +415,7 @@ class SQLiteStore:
     @staticmethod
     def _pending(row: sqlite3.Row) -> Pending:
         return Pending(
+            checkpoint_id=row["checkpoint_id"],
             execution_id=row["execution_id"],
             agent=row["chain_name"] or "",
             node_id=row["node_id"] or "",
@@ -396,14 +425,23 @@ class SQLiteStore:
             created_at=row["created_at"] or "",
         )
 
-    _PENDING_COLUMNS = "execution_id, chain_name, node_id, reason, context, agent_path, created_at"
+    def _pending_columns(self, s: _Schema) -> str:
+        # The interrupted row a resume would answer: newest first, as Agent.aresume picks it.
+        cid = s.col("checkpoint_id", "i")
+        return f"""p.execution_id, p.chain_name, p.node_id, p.reason, p.context, p.agent_path,
+            p.created_at,
+            (SELECT {cid} FROM checkpoints i
+              WHERE i.execution_id = p.execution_id AND i.status = 'interrupted'
+              ORDER BY i.created_at DESC, i.rowid DESC LIMIT 1) AS checkpoint_id"""
 
     def get_pending(self, execution_id: str) -> Pending | None:
         with self._read() as conn:
-            if not self._schema_for(conn).has_pending:
+            s = self._schema_for(conn)
+            if not s.has_pending or not s.has_checkpoints:
                 return None
             row = conn.execute(
-                f"SELECT {self._PENDING_COLUMNS} FROM pending_interrupts WHERE execution_id = ?",
+                f"SELECT {self._pending_columns(s)} FROM pending_interrupts p"
+                " WHERE p.execution_id = ?",
                 (execution_id,),
             ).fetchone()
         return self._pending(row) if row is not None else None
@@ -412,18 +450,19 @@ class SQLiteStore:
         self, *, after: tuple[str, str] | None = None, limit: int = 50, newest_first: bool = False
     ) -> PendingPage:
         with self._read() as conn:
-            if not self._schema_for(conn).has_pending:
+            s = self._schema_for(conn)
+            if not s.has_pending or not s.has_checkpoints:
                 return PendingPage(items=(), next_key=None, total=0)
             total = int(conn.execute("SELECT COUNT(*) FROM pending_interrupts").fetchone()[0])
             order = "DESC" if newest_first else "ASC"
             where = "1"
             params: list[Any] = []
             if after is not None:
-                where = f"(created_at, execution_id) {'<' if newest_first else '>'} (?, ?)"
+                where = f"(p.created_at, p.execution_id) {'<' if newest_first else '>'} (?, ?)"
                 params.extend(after)
             rows = conn.execute(
-                f"SELECT {self._PENDING_COLUMNS} FROM pending_interrupts WHERE {where}"
-                f" ORDER BY created_at {order}, execution_id {order} LIMIT ?",
+                f"SELECT {self._pending_columns(s)} FROM pending_interrupts p WHERE {where}"
+                f" ORDER BY p.created_at {order}, p.execution_id {order} LIMIT ?",
                 [*params, limit + 1],
             ).fetchall()
         items = tuple(self._pending(r) for r in rows[:limit])
@@ -500,7 +539,74 @@ class SQLiteStore:
                 return ()
             return self._fork_links(conn, "src.execution_id = ?", (execution_id,))
 
+    # --- actions' helpers ---------------------------------------------
+
+    def get_project_id(self, execution_id: str) -> str | None:
+        """The SDK project the run's rows are stamped with, so a resume stamps the same."""
+        with self._read() as conn:
+            s = self._schema_for(conn)
+            if "project_id" not in s.checkpoint_columns:
+                return None
+            row = conn.execute(
+                "SELECT project_id FROM checkpoints WHERE execution_id = ?"
+                " ORDER BY created_at DESC, rowid DESC LIMIT 1",
+                (execution_id,),
+            ).fetchone()
+        return str(row[0]) if row is not None and row[0] is not None else None
+
+    def prune_preview(self, cutoff: str) -> PrunePreview:
+        """Count what ``SQLiteCheckpointer.prune`` deletes, with its own predicate."""
+        with self._read() as conn:
+            s = self._schema_for(conn)
+            if not s.has_checkpoints:
+                return PrunePreview(cutoff, 0, 0, (), 0)
+            rows = conn.execute(
+                """SELECT execution_id, MAX(chain_name) AS agent,
+                          SUM(CASE WHEN created_at < ? AND status IN ('completed', 'failed')
+                              THEN 1 ELSE 0 END) AS gone,
+                          COUNT(*) AS total
+                   FROM checkpoints GROUP BY execution_id HAVING gone > 0
+                   ORDER BY MAX(created_at) ASC""",
+                (cutoff,),
+            ).fetchall()
+            pauses = int(
+                conn.execute(
+                    "SELECT COUNT(*) FROM checkpoints WHERE created_at < ?"
+                    " AND status = 'interrupted'",
+                    (cutoff,),
+                ).fetchone()[0]
+            )
+            cache = 0
+            if s.has_cache:
+                cache = int(
+                    conn.execute(
+                        "SELECT COUNT(*) FROM idempotency_cache WHERE created_at < ?", (cutoff,)
+                    ).fetchone()[0]
+                )
+        runs = tuple(
+            PruneRun(
+                execution_id=r["execution_id"],
+                agent=r["agent"] or "",
+                rows_deleted=int(r["gone"]),
+                rows_kept=int(r["total"]) - int(r["gone"]),
+            )
+            for r in rows
+        )
+        return PrunePreview(
+            cutoff=cutoff,
+            checkpoint_rows=sum(r.rows_deleted for r in runs),
+            cache_rows=cache,
+            runs=runs,
+            pauses_kept=pauses,
+        )
+
     # --- totals -------------------------------------------------------
+
+    def count_pending(self) -> int:
+        with self._read() as conn:
+            if not self._schema_for(conn).has_pending:
+                return 0
+            return int(conn.execute("SELECT COUNT(*) FROM pending_interrupts").fetchone()[0])
 
     def totals(self) -> StoreTotals:
         with self._read() as conn:

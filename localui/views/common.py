@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -77,6 +78,10 @@ def to_jsonable(value: Any) -> Any:
         return [to_jsonable(v) for v in value]
     if isinstance(value, datetime):
         return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        # The SDK stores NaN and Infinity as Python's json writes them; strict JSON has
+        # no such numbers, so they travel as the words.
+        return str(value)
     return value
 
 
@@ -92,7 +97,7 @@ def is_htmx(request: Request) -> bool:
     return request.headers.get("hx-request") == "true"
 
 
-def respond(
+async def respond(
     request: Request,
     template: str,
     page: Any,
@@ -100,20 +105,33 @@ def respond(
     partial: str | None = None,
     status_code: int = 200,
 ) -> Response:
-    """Render ``page`` as JSON, as the htmx partial, or as the full page."""
+    """Render ``page`` as JSON, as the htmx partial, or as the full page with its nav."""
     if wants_json(request):
         return JSONResponse(to_jsonable(page), status_code=status_code)
     ctx = context(request)
-    name = partial if partial is not None and is_htmx(request) else template
-    response = ctx.templates.TemplateResponse(
-        request,
-        name,
-        {"page": page, "settings": ctx.settings},
-        status_code=status_code,
-    )
+    fragment = partial is not None and is_htmx(request)
+    name = partial if fragment and partial is not None else template
+    values: dict[str, Any] = {"page": page, "settings": ctx.settings}
+    if not fragment:
+        values["nav"] = await off_loop(nav_counts, ctx.store)
+    response = ctx.templates.TemplateResponse(request, name, values, status_code=status_code)
     # One URL answers a full page or a fragment, so caches must key on the header.
     response.headers["Vary"] = "HX-Request, Accept"
     return response
+
+
+@dataclass(frozen=True, slots=True)
+class Nav:
+    """What the navigation bar shows on every page: the approvals badge."""
+
+    pending: int
+
+
+def nav_counts(store: Store) -> Nav:
+    try:
+        return Nav(pending=store.count_pending())
+    except LocalUIError:
+        return Nav(pending=0)
 
 
 def error_response(request: Request, exc: LocalUIError) -> Response:
@@ -131,7 +149,7 @@ def error_response(request: Request, exc: LocalUIError) -> Response:
     return ctx.templates.TemplateResponse(
         request,
         name,
-        {"error": body, "settings": ctx.settings},
+        {"error": body, "settings": ctx.settings, "nav": None},
         status_code=exc.status_code,
     )
 
@@ -143,10 +161,12 @@ def encode_cursor(key: tuple[str, str]) -> str:
 
 def decode_cursor(text: str, name: str = "after") -> tuple[str, str]:
     """A cursor from ``next``; anything else is a 400 that says what was wrong."""
+    if len(text) > 1024:
+        raise BadRequest(f"{name} is longer than any cursor this server gives out")
     try:
         padded = text + "=" * (-len(text) % 4)
         value = json.loads(base64.urlsafe_b64decode(padded.encode()))
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise BadRequest(f"{name}={text!r} is not a cursor this server gave out") from exc
     if not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, str) for v in value):
         raise BadRequest(f"{name}={text!r} is not a cursor this server gave out")

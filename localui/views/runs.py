@@ -179,4 +179,4 @@ async def runs_list(request: Request) -> Response:
     ctx = context(request)
     filters, after = parse_filters(request)
     page = await off_loop(build_runs_page, ctx.store, filters, after, ctx.settings.page_size)
-    return respond(request, "pages/runs.html", page, partial="partials/_runs_table.html")
+    return await respond(request, "pages/runs.html", page, partial="partials/_runs_table.html")

@@ -1,0 +1,193 @@
+"""``localui serve`` and ``localui demo`` as real processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+
+from localui.demo.scenarios import SCENARIO_NAMES
+from localui.store.records import RunQuery
+from localui.store.sqlite import SQLiteStore
+
+if TYPE_CHECKING:
+    from conftest import Seeded
+
+#: The console script installed beside this interpreter, as a user would type it.
+LOCALUI = str(Path(sys.executable).with_name("localui"))
+
+
+def child_env() -> dict[str, str]:
+    env = {**os.environ, "FASTAIAGENT_TRACE_ENABLED": "false"}
+    env.pop("FASTAIAGENT_LOCAL_DB", None)
+    return env
+
+
+def run_cli(
+    args: Sequence[str], cwd: Path, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(args),
+        cwd=cwd,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert lines[0].startswith("localui: ")
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def cwd(tmp_path: Path) -> Path:
+    """An empty working directory for the child, checked by tests that care."""
+    path = tmp_path / "cwd"
+    path.mkdir()
+    return path
+
+
+def test_serve_a_missing_store(cwd: Path) -> None:
+    done = run_cli([sys.executable, "-m", "localui", "serve", "--store", "/nonexistent.db"], cwd)
+    assert done.returncode == 2
+    assert_one_line_error(done, "/nonexistent.db")
+    assert done.stdout == ""
+
+
+def test_serve_an_agent_module_that_does_not_exist(cwd: Path, seeded: Seeded) -> None:
+    done = run_cli(
+        [LOCALUI, "serve", "--store", str(seeded.path), "--agents", "nosuchmodule:x"], cwd
+    )
+    assert_one_line_error(done, "nosuchmodule")
+
+
+def test_serve_a_malformed_agent_spec(cwd: Path, seeded: Seeded) -> None:
+    done = run_cli([LOCALUI, "serve", "--store", str(seeded.path), "--agents", "justaname"], cwd)
+    assert_one_line_error(done, "MODULE:ATTR")
+
+
+def test_serve_refuses_an_agent_bound_to_another_store(
+    cwd: Path, tmp_path: Path, store_copy: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere" / "other.db"
+    agent_file = tmp_path / "my_agents.py"
+    agent_file.write_text(
+        "from fastaiagent.checkpointers import SQLiteCheckpointer\n"
+        "from localui.demo.agent import build_agent\n\n"
+        f"agent = build_agent(SQLiteCheckpointer({str(elsewhere)!r}))\n"
+    )
+    done = run_cli(
+        [LOCALUI, "serve", "--store", str(store_copy), "--agents", f"{agent_file}:agent"], cwd
+    )
+    line = assert_one_line_error(done, str(elsewhere), str(store_copy), "refund-bot")
+    assert line.count(str(store_copy)) >= 1
+    assert not elsewhere.exists()
+
+
+@contextmanager
+def serving(args: Sequence[str], cwd: Path, port: int) -> Iterator[subprocess.Popen[str]]:
+    """A real server process, answering on ``port``; always stopped on the way out."""
+    child = subprocess.Popen(
+        list(args),
+        cwd=cwd,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if child.poll() is not None:
+                out, err = child.communicate()
+                pytest.fail(f"server exited with {child.returncode}: {out}\n{err}")
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/runs.json", timeout=1)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    pytest.fail("server did not answer within 30 s")
+                time.sleep(0.05)
+        yield child
+    finally:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.communicate()
+        else:
+            child.communicate()
+
+
+def test_serve_answers_loopback_and_refuses_a_foreign_host(
+    cwd: Path, store_copy: Path, seeded: Seeded
+) -> None:
+    port = free_port()
+    args = [LOCALUI, "serve", "--store", str(store_copy), "--port", str(port)]
+    with serving(args, cwd, port) as child:
+        base = f"http://127.0.0.1:{port}"
+        page = httpx.get(f"{base}/", timeout=10)
+        assert page.status_code == 200
+        assert seeded.id("crashed-in-tool") in page.text
+        listed = httpx.get(f"{base}/runs.json", timeout=10).json()
+        assert len(listed["runs"]) == len(SCENARIO_NAMES)
+        by_name = httpx.get(f"http://localhost:{port}/runs.json", timeout=10)
+        assert by_name.status_code == 200
+        foreign = httpx.get(f"{base}/", headers={"Host": "evil.example"}, timeout=10)
+        assert foreign.status_code == 400
+        cross = httpx.post(f"{base}/", headers={"Origin": "http://evil.example"}, timeout=10)
+        assert cross.status_code == 403
+        assert child.poll() is None
+    assert os.listdir(cwd) == []
+
+
+def test_demo_seed_only_leaves_the_cwd_clean(cwd: Path, tmp_path: Path) -> None:
+    target = tmp_path / "demo" / "local.db"
+    done = run_cli([LOCALUI, "demo", "--store", str(target), "--seed-only"], cwd)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == str(target)
+    assert f"{len(SCENARIO_NAMES)} runs seeded" in done.stdout
+    assert os.listdir(cwd) == []
+    seeded = SQLiteStore(target)
+    try:
+        page = seeded.list_runs(RunQuery(limit=100))
+    finally:
+        seeded.close()
+    assert len(page.runs) == len(SCENARIO_NAMES)
+    assert dict(page.counts) == {"completed": 3, "paused": 4, "failed": 1, "unfinished": 2}
+
+
+def test_demo_refuses_an_existing_store(cwd: Path, store_copy: Path) -> None:
+    before = store_copy.stat().st_size, store_copy.stat().st_mtime_ns
+    done = run_cli([LOCALUI, "demo", "--store", str(store_copy), "--seed-only"], cwd)
+    assert done.returncode == 2
+    assert_one_line_error(done, str(store_copy), "exists")
+    assert (store_copy.stat().st_size, store_copy.stat().st_mtime_ns) == before
+    assert os.listdir(cwd) == []
