@@ -1,0 +1,85 @@
+"""What a person does with the demo: find the run that died, read why, open a row."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from playwright.sync_api import Page, expect
+
+DEMO_RUNS = 10
+
+
+def test_find_the_run_that_died_in_its_tool_and_read_why(
+    page: Page, page_errors: list[str], screenshot: Callable[[str], Path]
+) -> None:
+    page.goto("/")
+    runs = page.locator("table.runs tbody tr")
+    expect(page.locator("#runs-table .tab.state-all")).to_have_text(
+        re.compile(rf"^\s*All\s+{DEMO_RUNS}\s*$")
+    )
+    expect(runs).to_have_count(DEMO_RUNS)
+    for state in ("paused", "unfinished", "completed", "failed"):
+        expect(runs.locator(f"span.state.state-{state}").first).to_have_text(state)
+    screenshot("1-runs")
+
+    page.get_by_label("Search").fill("A-1006")
+    expect(runs).to_have_count(1)
+    expect(page).to_have_url(re.compile(r"q=A-1006"))
+    crashed = runs.first
+    expect(crashed.locator("td").first).to_have_text(re.compile(r"^\s*unfinished\s+at a tool\s*$"))
+    expect(crashed).to_contain_text("turn:0/tool:refund")
+    screenshot("2-search")
+
+    crashed.get_by_role("link").click()
+    expect(page).to_have_url(re.compile(r"/runs/[0-9a-f-]{36}$"))
+    verdict = page.locator("#verdict")
+    expect(verdict).to_contain_text("No end marker")
+    expect(verdict).to_contain_text(re.compile(r"\btool\W+refund\b"))
+    expect(verdict).to_contain_text("the model is not called again")
+    screenshot("3-run")
+
+    # The first model call: its saved messages start with what the user asked.
+    first_turn = page.locator("details.row").filter(
+        has=page.locator("code.node", has_text=re.compile(r"^turn:0$"))
+    )
+    expect(first_turn).to_have_count(1)
+    first_turn.locator("summary").click()
+    detail = first_turn.locator(".row-body .row-detail")
+    expect(detail).to_be_visible()
+    expect(detail).to_contain_text("Messages")
+    expect(detail.locator(".msg.role-user")).to_contain_text("Refund order A-1006 for 80.00")
+    screenshot("4-row")
+
+    assert page_errors == []
+
+
+def test_runs_json_and_page_agree(
+    page: Page, base_url: str, screenshot: Callable[[str], Path]
+) -> None:
+    with urllib.request.urlopen(base_url + "runs.json", timeout=10) as response:
+        listing = json.load(response)
+    assert listing["next"] is None, "the demo's runs should fit on one page"
+    assert len(listing["runs"]) == DEMO_RUNS
+    assert sum(listing["counts"].values()) == DEMO_RUNS
+
+    page.goto("/")
+    runs = page.locator("table.runs tbody tr")
+    expect(runs).to_have_count(len(listing["runs"]))
+    expect(page.locator("#runs-table .tab.state-all .count")).to_have_text(str(DEMO_RUNS))
+    for state, count in listing["counts"].items():
+        expect(page.locator(f"#runs-table .tab.state-{state} .count")).to_have_text(str(count))
+        expect(runs.locator(f"span.state.state-{state}")).to_have_count(count)
+    page_ids = [
+        row_id.removeprefix("run-") for row_id in runs.evaluate_all("rs => rs.map(r => r.id)")
+    ]
+    assert page_ids == [run["execution_id"] for run in listing["runs"]]
+    screenshot("runs")
+
+
+def test_demo_writes_nothing_into_its_working_directory(demo_workdir: Path) -> None:
+    # The SDK writes traces into ./.fastaiagent of the working directory unless told not to.
+    assert list(demo_workdir.iterdir()) == []
