@@ -15,6 +15,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from localui.actions import ActionService
+from localui.decisions import DecisionLog, SQLiteDecisionLog
 from localui.errors import LocalUIError, NotFound
 from localui.paths import static_dir, templates_dir
 from localui.registry import Registry
@@ -22,6 +24,9 @@ from localui.security import GuardMiddleware
 from localui.settings import Settings
 from localui.store import open_store
 from localui.store.base import Store
+from localui.views import actions as action_views
+from localui.views import approvals as approval_views
+from localui.views import diff as diff_views
 from localui.views import run as run_views
 from localui.views import runs as runs_views
 from localui.views.common import AppContext, error_response
@@ -60,7 +65,35 @@ def build_routes() -> list[Route | Mount]:
         *page_routes(
             "/runs/{execution_id}/rows/{checkpoint_id}", run_views.row_detail, "row_detail"
         ),
+        *page_routes("/runs/{execution_id}/diff", diff_views.run_diff, "run_diff"),
+        *page_routes("/diff", diff_views.rows_diff, "diff"),
         *page_routes("/runs/{execution_id}", run_views.run_page, "run"),
+        Route(
+            "/runs/{execution_id}/resume",
+            action_views.resume_run,
+            methods=["POST"],
+            name="resume_run",
+        ),
+        Route(
+            "/runs/{execution_id}/fork", action_views.fork_run, methods=["POST"], name="fork_run"
+        ),
+        *page_routes("/approvals", approval_views.approvals_list, "approvals"),
+        *page_routes("/approvals/{execution_id}", approval_views.approval_detail, "approval"),
+        Route(
+            "/approvals/{execution_id}/approve",
+            approval_views.approve,
+            methods=["POST"],
+            name="approve",
+        ),
+        Route(
+            "/approvals/{execution_id}/reject",
+            approval_views.reject,
+            methods=["POST"],
+            name="reject",
+        ),
+        Route("/prune.json", as_json(action_views.prune_preview), name="prune_json"),
+        Route("/prune", action_views.prune_preview, methods=["GET"], name="prune"),
+        Route("/prune", action_views.prune_now, methods=["POST"], name="prune_now"),
         Mount("/static", app=StaticFiles(directory=static_dir()), name="static"),
     ]
 
@@ -80,6 +113,18 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(request, error)
 
 
+def open_decisions(settings: Settings) -> DecisionLog:
+    """The decision record, in the store's own database (read-only mode never writes it)."""
+    return SQLiteDecisionLog(settings.store, writable=not settings.read_only)
+
+
+def sdk_checkpointer(settings: Settings) -> Any:
+    """An SDK checkpointer on the served store: prune goes through the SDK, never our SQL."""
+    from fastaiagent.checkpointers import SQLiteCheckpointer
+
+    return SQLiteCheckpointer(settings.store)
+
+
 def create_app(
     settings: Settings,
     *,
@@ -96,11 +141,21 @@ def create_app(
         owned = store is None
         opened = store if store is not None else open_store(settings)
         ctx = AppContext(settings=settings, store=opened, templates=templates)
-        ctx.extensions["registry"] = Registry(agents={a.name: a for a in agents})
+        registry = Registry(agents={a.name: a for a in agents})
+        decisions = open_decisions(settings)
+        ctx.extensions["registry"] = registry
+        ctx.extensions["actions"] = ActionService(
+            settings=settings,
+            store=opened,
+            registry=registry,
+            decisions=decisions,
+            checkpointer=sdk_checkpointer(settings),
+        )
         app.state.localui = ctx
         try:
             yield
         finally:
+            decisions.close()
             if owned:
                 opened.close()
 

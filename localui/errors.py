@@ -47,3 +47,10 @@ class StoreMissing(LocalUIError):
 
     status_code = 503
     title = "Store not found"
+
+
+class Refused(LocalUIError):
+    """The action cannot work here, and was not tried: nothing was claimed or changed."""
+
+    status_code = 422
+    title = "Cannot do that here"

@@ -13,6 +13,7 @@ from localui.store.records import (
     ForkLink,
     Pending,
     PendingPage,
+    PrunePreview,
     RowDetail,
     RowHeader,
     RunFacts,
@@ -65,5 +66,13 @@ class Store(Protocol):
         ...
 
     def totals(self) -> StoreTotals: ...
+
+    def count_pending(self) -> int: ...
+
+    def get_project_id(self, execution_id: str) -> str | None: ...
+
+    def prune_preview(self, cutoff: str) -> PrunePreview:
+        """What the SDK's ``prune`` would delete for rows older than ``cutoff``."""
+        ...
 
     def close(self) -> None: ...

@@ -134,6 +134,9 @@ class Pending:
     context: Any
     agent_path: str | None
     created_at: str
+    #: The newest ``interrupted`` row of the run: the row a resume answers (the
+    #: SDK's ``aresume`` picks it the same way). None if the store lost it.
+    checkpoint_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,3 +181,30 @@ class StoreTotals:
     rows_waiting: int
     rows_quarantined: int
     pending: int
+
+
+@dataclass(frozen=True, slots=True)
+class PruneRun:
+    """One run a prune would touch: how many of its rows go, and whether any stay."""
+
+    execution_id: str
+    agent: str
+    rows_deleted: int
+    rows_kept: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrunePreview:
+    """What ``Checkpointer.prune`` would delete before ``cutoff``, by the SDK's predicate:
+    ``completed``/``failed`` rows and cache rows older than the cutoff, never a pause."""
+
+    cutoff: str
+    checkpoint_rows: int
+    cache_rows: int
+    runs: tuple[PruneRun, ...]
+    #: ``interrupted`` rows older than the cutoff, which prune keeps.
+    pauses_kept: int
+
+    @property
+    def would_delete(self) -> int:
+        return self.checkpoint_rows + self.cache_rows

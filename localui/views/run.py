@@ -11,9 +11,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localui import runs
+from localui.actions import RECENT_SECONDS, ActionService, seconds_since
 from localui.errors import NotFound
 from localui.store.base import Store
 from localui.store.records import CacheEntry, ForkLink, RowDetail, RowHeader, Unreadable
+from localui.views.approvals import (
+    ApprovalItem,
+    DecisionView,
+    approval_item,
+    decisions_for_run,
+)
 from localui.views.common import context, html_only, off_loop, pretty_json, respond
 
 #: How many forks of forks the lineage walks before it stops listing.
@@ -132,10 +139,17 @@ class RunPage:
     idempotency: tuple[CacheView, ...]
     fork_of: ForkView | None
     forks: tuple[ForkView, ...]
-    #: Approvals and rejections recorded by localui for this run.
-    decisions: tuple[Any, ...]
+    #: Approvals, rejections and resumes recorded by localui for this run.
+    decisions: tuple[DecisionView, ...]
     outbox: OutboxSummary
     groups: tuple[GroupView, ...] = html_only(())
+    #: Why this process cannot resume the run (agent or tool not registered).
+    resume_problem: str | None = html_only(None)
+    #: The newest row is recent: the run may be alive elsewhere, so ask first.
+    resume_needs_confirm: bool = html_only(False)
+    forkable: tuple[RowView, ...] = html_only(())
+    fork_problem: str | None = html_only(None)
+    approval: ApprovalItem | None = html_only(None)
 
 
 def row_view(execution_id: str, row: RowHeader, now: datetime) -> RowView:
@@ -206,7 +220,9 @@ def _run_error(detail: RowDetail | None) -> str | None:
     return str(error) if error else None
 
 
-def build_run_page(store: Store, execution_id: str) -> RunPage:
+def build_run_page(
+    store: Store, execution_id: str, actions: ActionService | None = None
+) -> RunPage:
     facts = store.get_run(execution_id)
     if facts is None:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
@@ -242,6 +258,18 @@ def build_run_page(store: Store, execution_id: str) -> RunPage:
     )
     outbox = [r.outbox for r in rows]
     origin = store.get_fork_origin(execution_id)
+    decisions: tuple[DecisionView, ...] = ()
+    resume_problem = fork_problem = None
+    approval = None
+    if actions is not None:
+        decisions = decisions_for_run(actions, execution_id)
+        fork_problem = actions.agent_problem(facts.agent, None)
+        if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
+            tool = actions.tool_of(plan.checkpoint_id, plan.node_id) if plan.tool else None
+            resume_problem = actions.agent_problem(facts.agent, tool)
+        if pending is not None:
+            approval = approval_item(actions, pending, now)
+    age = seconds_since(last.created_at)
     return RunPage(
         execution_id=execution_id,
         state=state,
@@ -282,7 +310,7 @@ def build_run_page(store: Store, execution_id: str) -> RunPage:
         idempotency=tuple(cache_view(e) for e in cache),
         fork_of=fork_view(origin) if origin is not None else None,
         forks=lineage(store, execution_id),
-        decisions=(),
+        decisions=decisions,
         outbox=OutboxSummary(
             synced=outbox.count("synced"),
             waiting=outbox.count("waiting"),
@@ -290,6 +318,13 @@ def build_run_page(store: Store, execution_id: str) -> RunPage:
             unknown=outbox.count("unknown"),
         ),
         groups=groups,
+        resume_problem=resume_problem,
+        resume_needs_confirm=age is not None and age < RECENT_SECONDS,
+        forkable=tuple(
+            r for r, h in zip(rows, headers, strict=True) if runs.fork_refusal(h) is None
+        ),
+        fork_problem=fork_problem,
+        approval=approval,
     )
 
 
@@ -302,8 +337,8 @@ def _jsonable(value: Any) -> Any:
 async def run_page(request: Request) -> Response:
     ctx = context(request)
     execution_id = request.path_params["execution_id"]
-    page = await off_loop(build_run_page, ctx.store, execution_id)
-    return respond(request, "pages/run.html", page)
+    page = await off_loop(build_run_page, ctx.store, execution_id, ctx.extensions.get("actions"))
+    return await respond(request, "pages/run.html", page)
 
 
 # --- one row, opened -------------------------------------------------------
@@ -379,7 +414,8 @@ def transcript(snapshot: Any) -> tuple[MessageView, ...] | None:
             views.append(MessageView(role="?", text=str(message), tool_calls=(), tool_call_id=None))
             continue
         calls = []
-        for call in message.get("tool_calls") or []:
+        raw_calls = message.get("tool_calls")
+        for call in raw_calls if isinstance(raw_calls, list) else []:
             if isinstance(call, dict):
                 arguments = call.get("arguments")
                 calls.append(
@@ -441,4 +477,4 @@ async def row_detail(request: Request) -> Response:
         request.path_params["execution_id"],
         request.path_params["checkpoint_id"],
     )
-    return respond(request, "pages/row.html", page, partial="partials/_row_detail.html")
+    return await respond(request, "pages/row.html", page, partial="partials/_row_detail.html")

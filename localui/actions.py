@@ -1,0 +1,421 @@
+"""The only writer: approve, reject, resume, fork and prune, through the SDK, in process.
+
+Every action checks, before it asks the SDK for anything, that it can finish:
+the run's agent is registered here, it has the tool the run stopped in, and
+the row the person saw is still the one the action would act on. That order
+matters because ``Agent.aresume`` claims the pending row *first* and looks the
+tool up *after*: a resume that fails its lookup has already lost the pause.
+
+Exactly-once comes from the decision record (``localui.decisions``): a claim on
+``(kind, execution_id, checkpoint_id)`` that one request in one process wins,
+with the SDK's own atomic claim behind it as the second guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from localui import runs
+from localui.decisions import APPROVAL, RESUME, Decision, DecisionLog
+from localui.errors import BadRequest, Conflict, NotFound, ReadOnly, Refused
+from localui.registry import Registry
+from localui.settings import Settings
+from localui.store.base import Store
+from localui.store.records import Pending, PrunePreview, RowHeader
+
+#: A newest row younger than this may belong to a run that is still alive.
+RECENT_SECONDS = 120.0
+#: "database is locked" while the SDK claims is waited out for at most this long.
+CLAIM_RETRY_SECONDS = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How an action ended, for the person who clicked."""
+
+    execution_id: str
+    action: str
+    #: ``completed``, ``paused``, ``failed`` or ``forked``.
+    status: str
+    output: str | None
+    error: str | None
+    decision: Decision | None
+    #: For a fork: the new run.
+    new_execution_id: str | None = None
+
+
+class AlreadyDecided(Conflict):
+    """409 with who decided and when."""
+
+    def __init__(self, message: str, decision: Decision | None) -> None:
+        super().__init__(message)
+        self.details = {"decision": decision} if decision is not None else None
+        self.decision = decision
+
+
+class StaleCard(Conflict):
+    """409: the person saw another row than the one now waiting."""
+
+    def __init__(self, message: str, current_checkpoint_id: str | None) -> None:
+        super().__init__(message)
+        self.details = {"current_checkpoint_id": current_checkpoint_id}
+        self.current_checkpoint_id = current_checkpoint_id
+
+
+class NeedsConfirmation(Conflict):
+    """409: the run's newest row is recent, so it may still be running elsewhere."""
+
+
+def _decided_words(decision: Decision) -> str:
+    if decision.outcome is None:
+        return f"being {decision.verb} by {decision.actor} since {decision.decided_at}"
+    return f"already {decision.verb} by {decision.actor} at {decision.decided_at}"
+
+
+@contextlib.contextmanager
+def project_scope(project_id: str | None) -> Iterator[None]:
+    """Stamp what the SDK writes with the run's own project, as the run's process did.
+
+    Without it the SDK resolves a project from this process's working directory,
+    creating ``.fastaiagent/config.toml`` there, and the resumed rows would carry
+    another project than the run's, out of reach of that project's outbox drain.
+    """
+    from fastaiagent._internal.scope import scoped_project_id
+
+    token = scoped_project_id.set(project_id) if project_id is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            scoped_project_id.reset(token)
+
+
+def _result_text(output: Any) -> str | None:
+    if output is None:
+        return None
+    return output if isinstance(output, str) else repr(output)
+
+
+class ActionService:
+    """Everything that changes a store, behind preflight checks and the decision record."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: Store,
+        registry: Registry,
+        decisions: DecisionLog,
+        checkpointer: Any,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.registry = registry
+        self.decisions = decisions
+        #: An SDK checkpointer on the served store, for prune.
+        self.checkpointer = checkpointer
+
+    # --- checks -------------------------------------------------------
+
+    def ensure_writable(self) -> None:
+        if self.settings.read_only:
+            raise ReadOnly("this server is read-only: it shows runs and changes nothing")
+
+    def agent_problem(self, agent_name: str, tool: str | None) -> str | None:
+        """Why this process cannot run ``tool`` of ``agent_name``, or None when it can."""
+        agent = self.registry.get(agent_name)
+        if agent is None:
+            known = ", ".join(self.registry.names()) or "none"
+            return (
+                f"No agent named {agent_name!r} is registered in this localui process "
+                f"(registered: {known}). Restart it with --agents MODULE:ATTR (or FILE.py:ATTR)"
+                f" naming the code that builds {agent_name!r}, bound to this store."
+            )
+        if tool is not None:
+            names = [t.name for t in agent._run_tools()]  # the tools a resume searches
+            if tool not in names:
+                return (
+                    f"Agent {agent_name!r} here has no tool {tool!r} (it has: "
+                    f"{', '.join(names) or 'none'}). Register the agent built with the same "
+                    "tool list the run used; resuming without it would lose the pause."
+                )
+        return None
+
+    def tool_of(self, checkpoint_id: str, node_id: str) -> str | None:
+        """The tool a resume re-invokes: ``state_snapshot.tool_name``, as the SDK reads it."""
+        detail = self.store.get_row(checkpoint_id)
+        if detail is not None and isinstance(detail.state_snapshot, dict):
+            name = detail.state_snapshot.get("tool_name")
+            if isinstance(name, str) and name:
+                return name
+        return runs.parse_node(node_id).tool
+
+    def approval_problem(self, pending: Pending) -> str | None:
+        """The preflight refusal for a pending approval, shown before anyone clicks."""
+        if pending.checkpoint_id is None:
+            return (
+                "The store has the pending row but not the paused row it belongs to: "
+                "the SDK cannot resume this run."
+            )
+        return self.agent_problem(
+            pending.agent, self.tool_of(pending.checkpoint_id, pending.node_id)
+        )
+
+    # --- approve / reject --------------------------------------------
+
+    async def decide(
+        self,
+        execution_id: str,
+        *,
+        approved: bool,
+        approver: str,
+        reason: str,
+        checkpoint_id: str,
+    ) -> Outcome:
+        self.ensure_writable()
+        approver = approver.strip()
+        reason = reason.strip()
+        if not approver:
+            raise BadRequest("say who you are: approver is required")
+        if not approved and not reason:
+            raise BadRequest("a reason is required to reject")
+        if not checkpoint_id:
+            raise BadRequest("checkpoint_id (the paused row you saw) is required")
+
+        pending = await asyncio.to_thread(self.store.get_pending, execution_id)
+        if pending is None:
+            await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
+            raise NotFound(f"run {execution_id!r} is not waiting for an approval")
+        if pending.checkpoint_id != checkpoint_id:
+            raise StaleCard(
+                f"the run now waits at row {pending.checkpoint_id}, not the row "
+                f"{checkpoint_id} you saw: look at the current pause before deciding",
+                pending.checkpoint_id,
+            )
+        problem = await asyncio.to_thread(self.approval_problem, pending)
+        if problem is not None:
+            raise Refused(problem)
+
+        claim = await asyncio.to_thread(
+            lambda: self.decisions.claim(
+                kind=APPROVAL,
+                execution_id=execution_id,
+                checkpoint_id=checkpoint_id,
+                approved=approved,
+                actor=approver,
+                reason=reason,
+                still_pending=lambda: self.store.get_pending(execution_id) is not None,
+            )
+        )
+        if not claim.won:
+            raise AlreadyDecided(
+                f"This pause was {_decided_words(claim.decision)}.", claim.decision
+            )
+        from fastaiagent import Resume
+
+        resume_value = Resume(approved=approved, metadata={"approver": approver, "reason": reason})
+        return await self._run_resume(
+            execution_id, claim.decision, "approve" if approved else "reject", resume_value
+        )
+
+    async def _raise_decided(self, execution_id: str, checkpoint_id: str, kind: str) -> None:
+        for decision in await asyncio.to_thread(self.decisions.list_for_run, execution_id):
+            if decision.kind == kind and decision.checkpoint_id == checkpoint_id:
+                raise AlreadyDecided(f"This pause was {_decided_words(decision)}.", decision)
+        if await asyncio.to_thread(self.store.get_run, execution_id) is None:
+            raise NotFound(f"no run with execution id {execution_id!r} in this store")
+
+    # --- resume a crashed or failed run ------------------------------
+
+    def resume_target(self, execution_id: str) -> tuple[str, runs.ResumePlan, RowHeader]:
+        """The run's state, its resume plan and newest row, or why it cannot resume."""
+        facts = self.store.get_run(execution_id)
+        if facts is None:
+            raise NotFound(f"no run with execution id {execution_id!r} in this store")
+        rows = self.store.list_rows(execution_id)
+        state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+        plan = runs.resume_plan(state, rows)
+        if isinstance(plan, runs.Refusal):
+            raise Refused(plan.reason)
+        if plan.shape == "approval":
+            raise Refused("This run waits for a person: approve or reject it instead.")
+        return state, plan, rows[-1]
+
+    async def resume(
+        self, execution_id: str, *, checkpoint_id: str, actor: str, confirm: bool
+    ) -> Outcome:
+        self.ensure_writable()
+        if not checkpoint_id:
+            raise BadRequest("checkpoint_id (the row the resume re-enters at) is required")
+        _, plan, last = await asyncio.to_thread(self.resume_target, execution_id)
+        if plan.checkpoint_id != checkpoint_id:
+            raise StaleCard(
+                f"the run would now re-enter at row {plan.checkpoint_id}, not the row "
+                f"{checkpoint_id} you saw: reload the run first",
+                plan.checkpoint_id,
+            )
+        age = seconds_since(last.created_at)
+        if not confirm and age is not None and age < RECENT_SECONDS:
+            raise NeedsConfirmation(
+                f"The newest row is only {int(age)} s old: the run may still be alive in another "
+                "process, and resuming it here would run it twice. Confirm to resume anyway."
+            )
+        facts = await asyncio.to_thread(self.store.get_run, execution_id)
+        if facts is None:
+            raise NotFound(f"no run with execution id {execution_id!r} in this store")
+        tool = (
+            await asyncio.to_thread(self.tool_of, plan.checkpoint_id, plan.node_id)
+            if plan.shape == "tool"
+            else None
+        )
+        problem = self.agent_problem(facts.agent, tool)
+        if problem is not None:
+            raise Refused(problem)
+        claim = await asyncio.to_thread(
+            lambda: self.decisions.claim(
+                kind=RESUME,
+                execution_id=execution_id,
+                checkpoint_id=checkpoint_id,
+                approved=None,
+                actor=actor.strip() or "someone",
+                reason="",
+                still_pending=lambda: False,
+            )
+        )
+        if not claim.won:
+            raise AlreadyDecided(f"This run was {_decided_words(claim.decision)}.", claim.decision)
+        return await self._run_resume(execution_id, claim.decision, "resume", None)
+
+    # --- the SDK call, shared ----------------------------------------
+
+    async def _run_resume(
+        self, execution_id: str, decision: Decision, action: str, resume_value: Any
+    ) -> Outcome:
+        from fastaiagent.chain.interrupt import AlreadyResumed
+
+        facts = await asyncio.to_thread(self.store.get_run, execution_id)
+        agent = self.registry.get(facts.agent if facts else "")
+        if agent is None:
+            await asyncio.to_thread(self.decisions.release, decision.id)
+            raise Refused(f"no agent is registered for run {execution_id!r}")
+        project = await asyncio.to_thread(self.store.get_project_id, execution_id)
+        deadline = asyncio.get_running_loop().time() + CLAIM_RETRY_SECONDS
+        delay = 0.05
+        while True:
+            try:
+                with project_scope(project):
+                    result = await agent.aresume(execution_id, resume_value=resume_value)
+                break
+            except AlreadyResumed as exc:
+                finished = await asyncio.to_thread(
+                    self.decisions.finish, decision.id, "already_resumed", str(exc)
+                )
+                raise AlreadyDecided(
+                    f"This run was resumed outside this app before it could be: {exc}",
+                    finished,
+                ) from exc
+            except Exception as exc:
+                if _is_locked(exc) and resume_value is not None:
+                    # Only a claim that did not happen may be tried again.
+                    still = await asyncio.to_thread(self.store.get_pending, execution_id)
+                    if still is not None and asyncio.get_running_loop().time() < deadline:
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 0.5)
+                        continue
+                error = f"{type(exc).__name__}: {exc}"
+                finished = await asyncio.to_thread(
+                    self.decisions.finish, decision.id, "failed", error
+                )
+                return Outcome(execution_id, action, "failed", None, error, finished)
+        status = "paused" if result.status == "paused" else "completed"
+        output = _result_text(result.output)
+        if status == "paused" and result.pending_interrupt:
+            output = f"paused again for {result.pending_interrupt.get('reason')}"
+        finished = await asyncio.to_thread(self.decisions.finish, decision.id, status, output)
+        return Outcome(execution_id, action, status, output, None, finished)
+
+    # --- fork ----------------------------------------------------------
+
+    async def fork(
+        self, execution_id: str, *, checkpoint_id: str | None, new_input: str | None
+    ) -> Outcome:
+        self.ensure_writable()
+        facts = await asyncio.to_thread(self.store.get_run, execution_id)
+        if facts is None:
+            raise NotFound(f"no run with execution id {execution_id!r} in this store")
+        if checkpoint_id:
+            detail = await asyncio.to_thread(self.store.get_row, checkpoint_id)
+            if detail is None or detail.header.execution_id != execution_id:
+                raise NotFound(f"run {execution_id!r} has no row {checkpoint_id!r}")
+            refusal = runs.fork_refusal(detail.header)
+            if refusal is not None:
+                raise Refused(refusal.reason)
+        problem = self.agent_problem(facts.agent, None)
+        if problem is not None:
+            raise Refused(problem)
+        agent = self.registry.get(facts.agent)
+        if agent is None:
+            raise Refused(f"no agent named {facts.agent!r} is registered here")
+        project = await asyncio.to_thread(self.store.get_project_id, execution_id)
+        try:
+            with project_scope(project):
+                result = await agent.afork(
+                    execution_id, checkpoint_id=checkpoint_id or None, input=new_input or None
+                )
+        except Exception as exc:
+            return Outcome(
+                execution_id, "fork", "failed", None, f"{type(exc).__name__}: {exc}", None
+            )
+        return Outcome(
+            execution_id,
+            "fork",
+            "forked",
+            _result_text(result.output),
+            None,
+            None,
+            new_execution_id=result.execution_id,
+        )
+
+    # --- prune -------------------------------------------------------
+
+    def prune_preview(self, older_than: timedelta) -> PrunePreview:
+        cutoff = (datetime.now(UTC) - older_than).isoformat()
+        return self.store.prune_preview(cutoff)
+
+    def prune(self, cutoff: datetime) -> int:
+        """Prune through the SDK, as of the cutoff the person previewed."""
+        self.ensure_writable()
+        older_than = datetime.now(UTC) - cutoff
+        if older_than < timedelta(0):
+            raise BadRequest("the cutoff is in the future")
+        deleted: int = self.checkpointer.prune(older_than)
+        return deleted
+
+
+def _is_locked(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "database is locked" in text or "database is busy" in text
+
+
+def seconds_since(value: str) -> float | None:
+    then = runs.parse_time(value)
+    if then is None:
+        return None
+    return (datetime.now(UTC) - then).total_seconds()
+
+
+def parse_age(text: str) -> timedelta:
+    """``7d``, ``12h``, ``30m``, ``90s`` or ``2w`` as a timedelta; anything else is a 400."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    value = text.strip().lower()
+    if len(value) < 2 or value[-1] not in units or not value[:-1].isdigit():
+        raise BadRequest(f"older_than={text!r}: give a number and a unit, like 7d, 12h or 30m")
+    amount = int(value[:-1])
+    if amount > 100_000:
+        raise BadRequest(f"older_than={text!r} is too large")
+    return timedelta(seconds=amount * units[value[-1]])

@@ -1,0 +1,125 @@
+"""The run actions: ``POST /runs/{id}/resume``, ``POST /runs/{id}/fork``, and prune.
+
+Each answers a plain form with a 303 to the page that shows the result, htmx
+with a redirect header to it, and ``Accept: application/json`` with the outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+
+from localui.actions import parse_age
+from localui.errors import BadRequest
+from localui.store.records import PruneRun
+from localui.views.approvals import actions_of, outcome_view
+from localui.views.common import html_only, is_htmx, off_loop, respond, to_jsonable, wants_json
+
+
+def _answer(request: Request, payload: object, location: str) -> Response:
+    if wants_json(request):
+        return JSONResponse(to_jsonable(payload))
+    if is_htmx(request):
+        return Response(status_code=204, headers={"HX-Redirect": location})
+    return RedirectResponse(location, status_code=303)
+
+
+async def resume_run(request: Request) -> Response:
+    execution_id = request.path_params["execution_id"]
+    form = await request.form()
+    outcome = await actions_of(request).resume(
+        execution_id,
+        checkpoint_id=str(form.get("checkpoint_id") or ""),
+        actor=str(form.get("actor") or request.cookies.get("localui_approver", "")),
+        confirm=str(form.get("confirm") or "") in ("yes", "on", "true", "1"),
+    )
+    return _answer(request, outcome_view(outcome), f"/runs/{execution_id}#outcome")
+
+
+async def fork_run(request: Request) -> Response:
+    execution_id = request.path_params["execution_id"]
+    form = await request.form()
+    new_input = str(form.get("input") or "").strip()
+    if len(new_input) > 20_000:
+        raise BadRequest("input is longer than 20,000 characters")
+    outcome = await actions_of(request).fork(
+        execution_id,
+        checkpoint_id=str(form.get("checkpoint_id") or "") or None,
+        new_input=new_input or None,
+    )
+    view = outcome_view(outcome)
+    if outcome.new_execution_id is None:
+        # The SDK refused or failed before a branch existed: show why on the source run.
+        if wants_json(request):
+            return JSONResponse(to_jsonable(view), status_code=422)
+        raise BadRequest(f"the fork failed: {outcome.error}")
+    return _answer(request, view, f"/runs/{outcome.new_execution_id}")
+
+
+@dataclass(frozen=True, slots=True)
+class PrunePage:
+    older_than: str
+    #: Rows older than this instant are pruned; POST it back to prune what was previewed.
+    cutoff: str
+    would_delete: int
+    checkpoint_rows: int
+    cache_rows: int
+    runs: tuple[PruneRun, ...]
+    pauses_kept: int
+    deleted: int | None = None
+    read_only: bool = html_only(False)
+
+
+def _older_than(text: str | None) -> str:
+    return (text or "7d").strip()
+
+
+async def prune_preview(request: Request) -> Response:
+    actions = actions_of(request)
+    older_than = _older_than(request.query_params.get("older_than"))
+    preview = await off_loop(actions.prune_preview, parse_age(older_than))
+    page = PrunePage(
+        older_than=older_than,
+        cutoff=preview.cutoff,
+        would_delete=preview.would_delete,
+        checkpoint_rows=preview.checkpoint_rows,
+        cache_rows=preview.cache_rows,
+        runs=preview.runs,
+        pauses_kept=preview.pauses_kept,
+        read_only=actions.settings.read_only,
+    )
+    return await respond(request, "pages/prune.html", page)
+
+
+async def prune_now(request: Request) -> Response:
+    actions = actions_of(request)
+    actions.ensure_writable()
+    form = await request.form()
+    older_than = _older_than(str(form.get("older_than") or "") or None)
+    cutoff_text = str(form.get("cutoff") or "")
+    if cutoff_text:
+        try:
+            cutoff = datetime.fromisoformat(cutoff_text)
+        except ValueError as exc:
+            raise BadRequest(f"cutoff={cutoff_text!r} is not a timestamp") from exc
+        if cutoff.tzinfo is None:
+            raise BadRequest("cutoff must carry its time zone, as the preview gives it")
+    else:
+        cutoff = datetime.now(UTC) - parse_age(older_than)
+    deleted = await off_loop(actions.prune, cutoff)
+    page = PrunePage(
+        older_than=older_than,
+        cutoff=cutoff.isoformat(),
+        would_delete=0,
+        checkpoint_rows=0,
+        cache_rows=0,
+        runs=(),
+        pauses_kept=0,
+        deleted=deleted,
+    )
+    if wants_json(request):
+        return JSONResponse({"deleted": deleted, "cutoff": page.cutoff, "older_than": older_than})
+    return await respond(request, "pages/prune.html", page)

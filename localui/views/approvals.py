@@ -1,0 +1,307 @@
+"""``/approvals``: every run waiting for a person, oldest first; and the decisions.
+
+A card shows the frozen context the run paused with, the row it paused at (the
+form posts that ``checkpoint_id`` back, so a decision binds to what was seen),
+and, before anyone clicks, whether this process can carry the decision out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+
+from localui import runs
+from localui.actions import ActionService, Outcome
+from localui.decisions import APPROVAL, Decision
+from localui.errors import BadRequest, NotFound
+from localui.store.records import Pending, Unreadable
+from localui.views.common import (
+    context,
+    decode_cursor,
+    encode_cursor,
+    html_only,
+    is_htmx,
+    off_loop,
+    respond,
+    to_jsonable,
+    wants_json,
+)
+
+APPROVER_COOKIE = "localui_approver"
+
+
+@dataclass(frozen=True, slots=True)
+class ContextEntry:
+    """One key of a frozen context: a leaf with its text, or a branch with children."""
+
+    key: str
+    text: str | None
+    children: tuple[ContextEntry, ...] = ()
+
+
+def _leaf_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return runs.short_json(value, limit=500)
+
+
+def context_entries(value: Any) -> tuple[ContextEntry, ...]:
+    if isinstance(value, dict):
+        items: list[tuple[str, Any]] = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, list):
+        items = [(f"[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return (ContextEntry(key="value", text=_leaf_text(value)),)
+    return tuple(
+        ContextEntry(key=k, text=None, children=context_entries(v))
+        if isinstance(v, dict | list) and v
+        else ContextEntry(key=k, text=_leaf_text(v))
+        for k, v in items
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionView:
+    kind: str
+    checkpoint_id: str
+    approved: bool | None
+    approver: str
+    reason: str
+    decided_at: str
+    outcome: str | None
+    detail: str | None
+    finished_at: str | None
+    words: str = html_only("")
+
+
+def decision_view(d: Decision) -> DecisionView:
+    if d.outcome is None:
+        words = f"{d.actor} {d.verb} it at {d.decided_at}; the run is still going."
+    elif d.outcome == "already_resumed":
+        words = f"{d.actor} {d.verb} it at {d.decided_at}, but it was resumed elsewhere first."
+    else:
+        words = f"{d.actor} {d.verb} it at {d.decided_at}: the run {d.outcome}."
+    return DecisionView(
+        kind=d.kind,
+        checkpoint_id=d.checkpoint_id,
+        approved=d.approved,
+        approver=d.actor,
+        reason=d.reason,
+        decided_at=d.decided_at,
+        outcome=d.outcome,
+        detail=d.detail,
+        finished_at=d.finished_at,
+        words=words,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalItem:
+    execution_id: str
+    agent: str
+    node_id: str
+    #: The paused row; the decision form posts it back.
+    checkpoint_id: str | None
+    reason: str
+    context: Any
+    created_at: str
+    run_url: str
+    url: str
+    #: Why this process cannot carry out a decision, or null when it can.
+    problem: str | None
+    age: str = html_only("")
+    flat: bool = html_only(True)
+    entries: tuple[ContextEntry, ...] = html_only(())
+
+
+def approval_item(actions: ActionService, pending: Pending, now: datetime) -> ApprovalItem:
+    context_value = pending.context
+    if isinstance(context_value, Unreadable):
+        context_value = {"unreadable": context_value.error}
+    entries = context_entries(context_value)
+    return ApprovalItem(
+        execution_id=pending.execution_id,
+        agent=pending.agent,
+        node_id=pending.node_id,
+        checkpoint_id=pending.checkpoint_id,
+        reason=pending.reason,
+        context=context_value,
+        created_at=pending.created_at,
+        run_url=f"/runs/{pending.execution_id}",
+        url=f"/approvals/{pending.execution_id}",
+        problem=actions.approval_problem(pending),
+        age=runs.age_words(pending.created_at, now),
+        flat=all(not e.children for e in entries),
+        entries=entries,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalsPage:
+    approvals: tuple[ApprovalItem, ...]
+    next: str | None
+    total: int
+    order: str
+    next_url: str | None = html_only(None)
+    approver: str = html_only("")
+
+
+def build_approvals_page(
+    actions: ActionService, after: tuple[str, str] | None, newest_first: bool, limit: int
+) -> ApprovalsPage:
+    page = actions.store.list_pending(after=after, limit=limit, newest_first=newest_first)
+    now = datetime.now(UTC)
+    cursor = encode_cursor(page.next_key) if page.next_key else None
+    order = "newest" if newest_first else "oldest"
+    next_url = None
+    if cursor:
+        next_url = f"/approvals?after={cursor}" + ("&order=newest" if newest_first else "")
+    return ApprovalsPage(
+        approvals=tuple(approval_item(actions, p, now) for p in page.items),
+        next=cursor,
+        total=page.total,
+        order=order,
+        next_url=next_url,
+    )
+
+
+def actions_of(request: Request) -> ActionService:
+    service: ActionService = context(request).extensions["actions"]
+    return service
+
+
+async def approvals_list(request: Request) -> Response:
+    ctx = context(request)
+    order = request.query_params.get("order", "oldest")
+    if order not in ("oldest", "newest"):
+        raise BadRequest(f"order={order!r} is not oldest or newest")
+    after_text = request.query_params.get("after")
+    after = decode_cursor(after_text) if after_text else None
+    page = await off_loop(
+        build_approvals_page, actions_of(request), after, order == "newest", ctx.settings.page_size
+    )
+    page = _with_approver(request, page)
+    return await respond(request, "pages/approvals.html", page, partial="partials/_queue.html")
+
+
+def _with_approver(request: Request, page: ApprovalsPage) -> ApprovalsPage:
+    return ApprovalsPage(
+        approvals=page.approvals,
+        next=page.next,
+        total=page.total,
+        order=page.order,
+        next_url=page.next_url,
+        approver=request.cookies.get(APPROVER_COOKIE, ""),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalPage:
+    """One run's approval: the card while it waits, then the decisions taken on it."""
+
+    execution_id: str
+    pending: ApprovalItem | None
+    decisions: tuple[DecisionView, ...]
+    run_url: str
+    approver: str = html_only("")
+
+
+def build_approval_page(actions: ActionService, execution_id: str) -> ApprovalPage:
+    pending = actions.store.get_pending(execution_id)
+    decisions = tuple(
+        decision_view(d) for d in actions.decisions.list_for_run(execution_id) if d.kind == APPROVAL
+    )
+    if pending is None and not decisions and actions.store.get_run(execution_id) is None:
+        raise NotFound(f"no run with execution id {execution_id!r} in this store")
+    return ApprovalPage(
+        execution_id=execution_id,
+        pending=approval_item(actions, pending, datetime.now(UTC)) if pending else None,
+        decisions=decisions,
+        run_url=f"/runs/{execution_id}",
+    )
+
+
+async def approval_detail(request: Request) -> Response:
+    execution_id = request.path_params["execution_id"]
+    page = await off_loop(build_approval_page, actions_of(request), execution_id)
+    page = ApprovalPage(
+        execution_id=page.execution_id,
+        pending=page.pending,
+        decisions=page.decisions,
+        run_url=page.run_url,
+        approver=request.cookies.get(APPROVER_COOKIE, ""),
+    )
+    return await respond(request, "pages/approval.html", page)
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeView:
+    execution_id: str
+    action: str
+    status: str
+    output: str | None
+    error: str | None
+    decision: DecisionView | None
+    new_execution_id: str | None
+    run_url: str
+
+
+def outcome_view(outcome: Outcome) -> OutcomeView:
+    return OutcomeView(
+        execution_id=outcome.execution_id,
+        action=outcome.action,
+        status=outcome.status,
+        output=outcome.output,
+        error=outcome.error,
+        decision=decision_view(outcome.decision) if outcome.decision else None,
+        new_execution_id=outcome.new_execution_id,
+        run_url=f"/runs/{outcome.new_execution_id or outcome.execution_id}",
+    )
+
+
+async def answer_outcome(request: Request, outcome: Outcome, redirect_to: str) -> Response:
+    """JSON for scripts, the outcome fragment for htmx, a 303 for a plain form."""
+    view = outcome_view(outcome)
+    if wants_json(request):
+        return JSONResponse(to_jsonable(view))
+    if is_htmx(request):
+        ctx = context(request)
+        return ctx.templates.TemplateResponse(
+            request, "partials/_outcome.html", {"page": view, "settings": ctx.settings}
+        )
+    return RedirectResponse(redirect_to, status_code=303)
+
+
+async def _decide(request: Request, approved: bool) -> Response:
+    execution_id = request.path_params["execution_id"]
+    form = await request.form()
+    approver = str(form.get("approver") or "")
+    outcome = await actions_of(request).decide(
+        execution_id,
+        approved=approved,
+        approver=approver,
+        reason=str(form.get("reason") or ""),
+        checkpoint_id=str(form.get("checkpoint_id") or ""),
+    )
+    response = await answer_outcome(request, outcome, f"/approvals/{execution_id}")
+    # No accounts here: remember who this browser's approver is, for the next card.
+    response.set_cookie(
+        APPROVER_COOKIE, approver.strip(), max_age=365 * 86400, httponly=True, samesite="strict"
+    )
+    return response
+
+
+async def approve(request: Request) -> Response:
+    return await _decide(request, True)
+
+
+async def reject(request: Request) -> Response:
+    return await _decide(request, False)
+
+
+def decisions_for_run(actions: ActionService, execution_id: str) -> tuple[DecisionView, ...]:
+    return tuple(decision_view(d) for d in actions.decisions.list_for_run(execution_id))
