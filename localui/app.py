@@ -26,6 +26,7 @@ from localui.store import open_store
 from localui.store.base import Store
 from localui.views import actions as action_views
 from localui.views import approvals as approval_views
+from localui.views import cache as cache_views
 from localui.views import diff as diff_views
 from localui.views import run as run_views
 from localui.views import runs as runs_views
@@ -91,6 +92,7 @@ def build_routes() -> list[Route | Mount]:
             methods=["POST"],
             name="reject",
         ),
+        *page_routes("/cache", cache_views.store_cache, "cache"),
         Route("/prune.json", as_json(action_views.prune_preview), name="prune_json"),
         Route("/prune", action_views.prune_preview, methods=["GET"], name="prune"),
         Route("/prune", action_views.prune_now, methods=["POST"], name="prune_now"),

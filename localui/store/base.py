@@ -10,6 +10,7 @@ from typing import Protocol
 
 from localui.store.records import (
     CacheEntry,
+    CachePage,
     ForkLink,
     Pending,
     PendingPage,
@@ -56,6 +57,12 @@ class Store(Protocol):
         ...
 
     def list_cache(self, execution_id: str) -> tuple[CacheEntry, ...]: ...
+
+    def list_cache_before(
+        self, cutoff: str, *, after: tuple[str, str] | None = None, limit: int = 50
+    ) -> CachePage:
+        """Cache entries written before ``cutoff``, oldest first: what prune would remove."""
+        ...
 
     def get_fork_origin(self, execution_id: str) -> ForkLink | None:
         """The row this run was forked from, when it is a fork."""

@@ -208,3 +208,10 @@ class PrunePreview:
     @property
     def would_delete(self) -> int:
         return self.checkpoint_rows + self.cache_rows
+
+
+@dataclass(frozen=True, slots=True)
+class CachePage:
+    entries: tuple[CacheEntry, ...]
+    next_key: tuple[str, str] | None
+    total: int

@@ -24,6 +24,7 @@ from localui.errors import StoreMissing, Unavailable
 from localui.store.records import (
     FORK_ORIGIN_NODE,
     CacheEntry,
+    CachePage,
     ForkLink,
     Pending,
     PendingPage,
@@ -483,6 +484,35 @@ class SQLiteStore:
                 (execution_id,),
             ).fetchall()
         return tuple(self._cache_entry(r) for r in rows)
+
+    def list_cache_before(
+        self, cutoff: str, *, after: tuple[str, str] | None = None, limit: int = 50
+    ) -> CachePage:
+        with self._read() as conn:
+            if not self._schema_for(conn).has_cache:
+                return CachePage(entries=(), next_key=None, total=0)
+            total = int(
+                conn.execute(
+                    "SELECT COUNT(*) FROM idempotency_cache WHERE created_at < ?", (cutoff,)
+                ).fetchone()[0]
+            )
+            where = "created_at < ?"
+            params: list[Any] = [cutoff]
+            if after is not None:
+                where += " AND (created_at, execution_id || ':' || function_key) > (?, ?)"
+                params.extend(after)
+            rows = conn.execute(
+                "SELECT execution_id, function_key, result, created_at FROM idempotency_cache"
+                f" WHERE {where} ORDER BY created_at ASC, execution_id || ':' || function_key ASC"
+                " LIMIT ?",
+                [*params, limit + 1],
+            ).fetchall()
+        entries = tuple(self._cache_entry(r) for r in rows[:limit])
+        next_key = None
+        if len(rows) > limit and entries:
+            last = entries[-1]
+            next_key = (last.created_at, f"{last.execution_id}:{last.function_key}")
+        return CachePage(entries=entries, next_key=next_key, total=total)
 
     @staticmethod
     def _cache_entry(row: sqlite3.Row) -> CacheEntry:
