@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -145,6 +146,10 @@ def run_serve(args: argparse.Namespace) -> int:
     return serve(_settings(args, store), agents)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def run_demo(args: argparse.Namespace) -> int:
     temp_dir: str | None = None
     if args.store:
@@ -175,6 +180,10 @@ def run_demo(args: argparse.Namespace) -> int:
     from localui.demo.agent import build_agent
 
     agent = build_agent(SQLiteCheckpointer(str(store)))
+    if temp_dir is not None:
+        # uvicorn re-raises the SIGTERM it caught once it has stopped; as an exception
+        # rather than the default action, it lets the temporary store be removed.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         return serve(_settings(args, str(store)), [agent])
     finally:
