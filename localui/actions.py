@@ -155,16 +155,24 @@ class ActionService:
                 return name
         return runs.parse_node(node_id).tool
 
-    def approval_problem(self, pending: Pending) -> str | None:
-        """The preflight refusal for a pending approval, shown before anyone clicks."""
+    def approval_problem(self, pending: Pending, *, exact: bool = True) -> str | None:
+        """The preflight refusal for a pending approval, shown before anyone clicks.
+
+        ``exact`` reads the tool name from the paused row's snapshot, as the SDK does;
+        a queue of cards reads it from the node id, which names the same tool, rather
+        than parse every card's snapshot. The decision itself always checks exactly.
+        """
         if pending.checkpoint_id is None:
             return (
                 "The store has the pending row but not the paused row it belongs to: "
                 "the SDK cannot resume this run."
             )
-        return self.agent_problem(
-            pending.agent, self.tool_of(pending.checkpoint_id, pending.node_id)
+        tool = (
+            self.tool_of(pending.checkpoint_id, pending.node_id)
+            if exact
+            else runs.parse_node(pending.node_id).tool
         )
+        return self.agent_problem(pending.agent, tool)
 
     # --- approve / reject --------------------------------------------
 

@@ -444,3 +444,255 @@ def text_of(html: str, element_id: str | None = None) -> str:
 @pytest.fixture
 def page_text() -> Callable[..., str]:
     return text_of
+
+
+# --- acting on a store: the demo agent registered, its side effects in a ledger ---
+
+
+class Ledger:
+    """The demo agent's side-effect ledger: one JSON line per real effect
+    (``{"effect": "charge_back" | "notify_customer", "order_id": ...}``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def effects(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def count(self, effect: str | None = None, order_id: str | None = None) -> int:
+        return sum(
+            1
+            for e in self.effects()
+            if (effect is None or e["effect"] == effect)
+            and (order_id is None or e["order_id"] == order_id)
+        )
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    """A fresh, empty ledger for the agent an app serves: the seed's own effects are
+    not in it, so every line is an effect the app caused."""
+    return Ledger(tmp_path / "ledger.jsonl")
+
+
+ActingClientFactory = Callable[..., TestClient]
+
+
+@pytest.fixture
+def make_acting_client() -> Iterator[ActingClientFactory]:
+    """``make_acting_client(store_path, ledger, agents=None, raise_server_exceptions=True,
+    **settings)``: a TestClient over ``store_path`` with the demo refund-bot registered,
+    bound to that store and writing its side effects to ``ledger``. ``agents=[...]``
+    registers those instead (``[]`` for none)."""
+    from fastaiagent.checkpointers import SQLiteCheckpointer
+
+    from localui.demo.agent import build_agent
+
+    with ExitStack() as stack:
+
+        def make(
+            store_path: Path,
+            ledger: Ledger | None = None,
+            *,
+            agents: Sequence[Any] | None = None,
+            raise_server_exceptions: bool = True,
+            **settings: Any,
+        ) -> TestClient:
+            if agents is None:
+                checkpointer = SQLiteCheckpointer(str(store_path))
+                stack.callback(checkpointer.close)
+                agents = [
+                    build_agent(checkpointer, ledger=ledger.path if ledger is not None else None)
+                ]
+            app = create_app(Settings(store=str(store_path), **settings), agents=agents)
+            client = TestClient(
+                app, base_url=BASE_URL, raise_server_exceptions=raise_server_exceptions
+            )
+            return stack.enter_context(client)
+
+        yield make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _runs_index_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The runs index files of this session's stores go to a temporary cache, not ~/.cache;
+    servers started as child processes inherit it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
+# --- PostgreSQL: the seeded runs in a fleet's kind of store (issue 6) ---
+
+#: The test command (scripts/test.sh) starts a throwaway server and sets this.
+PG_DSN_VARIABLE = "LOCALUI_TEST_PG_DSN"
+PG_TABLES = ("checkpoints", "pending_interrupts", "idempotency_cache")
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    """The test server; missing is a failure, never a skip (in CI or not)."""
+    import os
+
+    dsn = os.environ.get(PG_DSN_VARIABLE, "")
+    if not dsn:
+        why = "CI=true needs it" if os.environ.get("CI") == "true" else "it is not set"
+        pytest.fail(
+            f"{PG_DSN_VARIABLE}: {why}; run the tests with scripts/test.sh, which starts a "
+            "throwaway PostgreSQL and sets it",
+            pytrace=False,
+        )
+    return dsn
+
+
+def pg_name(prefix: str) -> str:
+    import uuid
+
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+class PgRaw:
+    """Plain psycopg on one schema (``{s}`` in SQL): the PostgreSQL tests' ground truth."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.dsn, self.schema = dsn, schema
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row) as conn:
+            conn.execute("SET TIME ZONE 'UTC'")
+            return conn.execute(sql.replace("{s}", self.schema), tuple(params)).fetchall()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            return conn.execute(sql.replace("{s}", self.schema), tuple(params)).rowcount
+
+    def rows(self, execution_id: str) -> list[dict[str, Any]]:
+        """A run's rows in the order written (``PostgresCheckpointer.list``'s order)."""
+        return self.query(
+            "SELECT * FROM {s}.checkpoints WHERE execution_id = %s"
+            " ORDER BY created_at, node_index, checkpoint_id",
+            (execution_id,),
+        )
+
+    def drop(self) -> None:
+        self.execute("DROP SCHEMA IF EXISTS {s} CASCADE")
+
+
+def copy_pg_store(source_dsn: str, source: str, target_dsn: str, target: str) -> None:
+    """The SDK's tables of ``source`` into a new schema, made by the SDK's own setup."""
+    import psycopg
+    from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
+    sdk = PostgresCheckpointer(target_dsn, schema=target, max_pool_size=1)
+    try:
+        sdk.setup()
+    finally:
+        sdk.close()
+    with psycopg.connect(source_dsn) as src, psycopg.connect(target_dsn) as dst:
+        for table in PG_TABLES:
+            with (
+                src.cursor().copy(f"COPY {source}.{table} TO STDOUT") as out,
+                dst.cursor().copy(f"COPY {target}.{table} FROM STDIN") as into,
+            ):
+                for data in out:
+                    into.write(data)
+
+
+@dataclass(frozen=True, slots=True)
+class PgSeeded:
+    """The session's seeded PostgreSQL store: never written to, copied by ``pg_store``."""
+
+    report: SeedReport
+    dsn: str
+    schema: str
+
+    def id(self, scenario: str) -> str:
+        return self.report.run_id(scenario)
+
+    def ids(self, state: str) -> set[str]:
+        return {self.id(name) for name, s in Seeded.STATES.items() if s == state}
+
+
+@pytest.fixture(scope="session")
+def pg_seeded(pg_dsn: str) -> Iterator[PgSeeded]:
+    """Every demo scenario run by the real SDK into ``PostgresCheckpointer`` tables."""
+    schema = pg_name("fastaiagent_seed")
+    try:
+        yield PgSeeded(report=seed(pg_dsn, pg_schema=schema), dsn=pg_dsn, schema=schema)
+    finally:
+        PgRaw(pg_dsn, schema).drop()
+
+
+@dataclass(frozen=True, slots=True)
+class PgStore:
+    """A test's own copy of the seeded runs: the SDK's schema and the app's, both fresh."""
+
+    dsn: str
+    schema: str
+    app_schema: str
+
+    @property
+    def raw(self) -> PgRaw:
+        return PgRaw(self.dsn, self.schema)
+
+    @property
+    def app_raw(self) -> PgRaw:
+        return PgRaw(self.dsn, self.app_schema)
+
+    def settings(self, **changes: Any) -> Settings:
+        return Settings(
+            store=self.dsn, pg_schema=self.schema, pg_app_schema=self.app_schema, **changes
+        )
+
+
+@pytest.fixture
+def pg_store(pg_seeded: PgSeeded) -> Iterator[PgStore]:
+    """A fresh copy of the seeded runs in schemas named for this test, dropped after it."""
+    made = PgStore(pg_seeded.dsn, pg_name("fastaiagent"), pg_name("localui"))
+    try:
+        copy_pg_store(pg_seeded.dsn, pg_seeded.schema, made.dsn, made.schema)
+        yield made
+    finally:
+        made.raw.drop()
+        made.app_raw.drop()
+
+
+@pytest.fixture
+def make_pg_client() -> Iterator[Callable[..., TestClient]]:
+    """``make_pg_client(pg_store, ledger=None, *, agents=None, raise_server_exceptions=True,
+    **settings)``: the app over a PostgreSQL store with the refund-bot registered, bound
+    to it through ``PostgresCheckpointer`` (``agents=[]`` for none)."""
+    from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
+    from localui.demo.agent import build_agent
+
+    with ExitStack() as stack:
+
+        def make(
+            store: PgStore,
+            ledger: Ledger | None = None,
+            *,
+            agents: Sequence[Any] | None = None,
+            raise_server_exceptions: bool = True,
+            **settings: Any,
+        ) -> TestClient:
+            if agents is None:
+                checkpointer = PostgresCheckpointer(store.dsn, schema=store.schema)
+                stack.callback(checkpointer.close)
+                agents = [
+                    build_agent(checkpointer, ledger=ledger.path if ledger is not None else None)
+                ]
+            app = create_app(store.settings(**settings), agents=agents)
+            client = TestClient(
+                app, base_url=BASE_URL, raise_server_exceptions=raise_server_exceptions
+            )
+            return stack.enter_context(client)
+
+        yield make

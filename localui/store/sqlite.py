@@ -39,16 +39,7 @@ from localui.store.records import (
     parse_json,
     unwrap_cached,
 )
-
-#: Run state in SQL, the same rules as ``localui.runs.run_state`` (a test holds
-#: the two together): the newest row decides, a pause needs its pending row.
-STATE_SQL = """CASE
-    WHEN l.step_type = 'run_end' AND l.status = 'failed' THEN 'failed'
-    WHEN l.step_type = 'run_end' THEN 'completed'
-    WHEN l.status = 'interrupted' AND p.execution_id IS NOT NULL THEN 'paused'
-    WHEN l.status = 'interrupted' THEN 'orphaned'
-    ELSE 'unfinished'
-END"""
+from localui.store.run_index import RunIndex, StoreColumns
 
 _OPTIONAL_CHECKPOINT_COLUMNS = (
     "checkpoint_id",
@@ -95,7 +86,9 @@ def _like(text: str) -> str:
 class SQLiteStore:
     """:class:`localui.store.base.Store` over a SQLite file."""
 
-    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
+    def __init__(
+        self, path: str | Path, *, busy_timeout: float = 5.0, index_dir: Path | None = None
+    ) -> None:
         self.path = Path(path)
         self.location = str(self.path)
         if not self.path.is_file():
@@ -109,6 +102,7 @@ class SQLiteStore:
         self._generation = 0
         with self._read() as conn:
             self._check_is_sqlite(conn)
+        self._index = RunIndex(self.path, columns=self._index_columns, index_dir=index_dir)
 
     # --- connections --------------------------------------------------
 
@@ -189,6 +183,7 @@ class SQLiteStore:
         return schema
 
     def close(self) -> None:
+        self._index.close()
         with self._lock:
             for conn in self._connections:
                 conn.close()
@@ -197,23 +192,55 @@ class SQLiteStore:
 
     # --- runs ---------------------------------------------------------
 
-    def _runs_sql(self, s: _Schema, *, one_run: bool = False) -> str:
-        """The ``r`` CTE: one row per run with its facts; ``one_run`` binds an execution id."""
-        pending_join = (
-            "LEFT JOIN pending_interrupts p ON p.execution_id = a.execution_id"
+    def _index_columns(self) -> StoreColumns | None:
+        """How the runs index reads this store's checkpoints (None: it has none)."""
+        with self._read() as conn:
+            s = self._schema_for(conn)
+        if not s.has_checkpoints:
+            return None
+        select = ", ".join(
+            [
+                "rowid",
+                "execution_id",
+                "chain_name",
+                s.col("checkpoint_id"),
+                "node_id",
+                s.col("step_type"),
+                "status",
+                "created_at",
+                s.col("parent_checkpoint_id"),
+                s.col("synced"),
+                s.col("sync_error"),
+            ]
+        )
+        return StoreColumns(select=select, synced=s.col("synced"), sync_error=s.col("sync_error"))
+
+    def list_runs(self, query: RunQuery) -> RunFactsPage:
+        try:
+            return self._index.list_runs(query)
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise Unavailable(
+                    f"the runs index for {self.path} is locked by another process; try again"
+                ) from exc
+            raise
+        except sqlite3.DatabaseError as exc:
+            raise Unavailable(f"the store {self.path} cannot be read: {exc}") from exc
+
+    def _one_run_sql(self, s: _Schema) -> str:
+        """One run's facts, straight from the store (it uses the SDK's execution_id index)."""
+        pending = (
+            "(SELECT reason FROM pending_interrupts p WHERE p.execution_id = l.execution_id)"
             if s.has_pending
-            else "LEFT JOIN (SELECT NULL AS execution_id, NULL AS reason) p ON 0"
+            else "NULL"
         )
-        waiting = (
-            "SUM(CASE WHEN synced = 0 THEN 1 ELSE 0 END)"
-            if "synced" in s.checkpoint_columns
+        has_pending = (
+            "EXISTS (SELECT 1 FROM pending_interrupts p WHERE p.execution_id = l.execution_id)"
+            if s.has_pending
             else "0"
         )
-        quarantined = (
-            "SUM(CASE WHEN sync_error IS NOT NULL THEN 1 ELSE 0 END)"
-            if "sync_error" in s.checkpoint_columns
-            else "0"
-        )
+        waiting = "SUM(synced = 0)" if "synced" in s.checkpoint_columns else "0"
+        quarantined = "SUM(sync_error IS NOT NULL)" if "sync_error" in s.checkpoint_columns else "0"
         fork_parent = (
             f"MAX(CASE WHEN node_id = '{FORK_ORIGIN_NODE}' THEN parent_checkpoint_id END)"
             if "parent_checkpoint_id" in s.checkpoint_columns
@@ -221,34 +248,29 @@ class SQLiteStore:
         )
         return f"""
             WITH a AS (
-                SELECT execution_id,
-                       COUNT(*) AS row_count,
-                       MIN(created_at) AS first_at,
-                       MAX(created_at) AS last_at,
-                       {fork_parent} AS fork_parent,
-                       {waiting} AS rows_waiting,
-                       {quarantined} AS rows_quarantined,
-                       (SELECT x.rowid FROM checkpoints x
-                         WHERE x.execution_id = c.execution_id
-                         ORDER BY x.created_at DESC, x.rowid DESC LIMIT 1) AS last_rowid
-                FROM checkpoints c
-                {"WHERE c.execution_id = ?" if one_run else ""}
-                GROUP BY execution_id
-            ),
-            r AS (
-                SELECT a.*, l.chain_name AS agent, {s.col("checkpoint_id", "l")} AS last_cid,
-                       l.node_id AS last_node_id, {s.col("step_type", "l")} AS last_step_type,
-                       COALESCE(l.status, 'completed') AS last_status,
-                       p.execution_id IS NOT NULL AS has_pending, p.reason AS pending_reason,
-                       {STATE_SQL.replace("l.step_type", s.col("step_type", "l"))} AS state
-                FROM a
-                JOIN checkpoints l ON l.rowid = a.last_rowid
-                {pending_join}
+                SELECT execution_id, COUNT(*) AS row_count, MIN(created_at) AS first_at,
+                       {fork_parent} AS fork_parent, {waiting} AS rows_waiting,
+                       {quarantined} AS rows_quarantined
+                FROM checkpoints WHERE execution_id = ?1 GROUP BY execution_id
             )
+            SELECT a.*, l.created_at AS last_at, l.chain_name AS agent,
+                   {s.col("checkpoint_id", "l")} AS last_cid, l.node_id AS last_node_id,
+                   {s.col("step_type", "l")} AS last_step_type,
+                   COALESCE(l.status, 'completed') AS last_status,
+                   {has_pending} AS has_pending, {pending} AS pending_reason
+            FROM a JOIN checkpoints l ON l.rowid = (
+                SELECT x.rowid FROM checkpoints x WHERE x.execution_id = ?1
+                ORDER BY x.created_at DESC, x.rowid DESC LIMIT 1)
         """
 
-    @staticmethod
-    def _facts(row: sqlite3.Row) -> RunFacts:
+    def get_run(self, execution_id: str) -> RunFacts | None:
+        with self._read() as conn:
+            s = self._schema_for(conn)
+            if not s.has_checkpoints:
+                return None
+            row = conn.execute(self._one_run_sql(s), (execution_id,)).fetchone()
+        if row is None:
+            return None
         return RunFacts(
             execution_id=row["execution_id"],
             agent=row["agent"] or "",
@@ -265,67 +287,6 @@ class SQLiteStore:
             rows_waiting=int(row["rows_waiting"] or 0),
             rows_quarantined=int(row["rows_quarantined"] or 0),
         )
-
-    def list_runs(self, query: RunQuery) -> RunFactsPage:
-        with self._read() as conn:
-            s = self._schema_for(conn)
-            if not s.has_checkpoints:
-                return RunFactsPage(runs=(), next_key=None, counts={})
-            where: list[str] = []
-            params: list[Any] = []
-            if query.agent:
-                where.append("agent = ?")
-                params.append(query.agent)
-            if query.text:
-                pattern = _like(query.text)
-                clauses = [
-                    "execution_id LIKE ? ESCAPE '\\'",
-                    "agent LIKE ? ESCAPE '\\'",
-                    "COALESCE(pending_reason, '') LIKE ? ESCAPE '\\'",
-                    "EXISTS (SELECT 1 FROM checkpoints t WHERE t.execution_id = r.execution_id"
-                    " AND t.node_input LIKE ? ESCAPE '\\')",
-                ]
-                where.append("(" + " OR ".join(clauses) + ")")
-                params.extend([pattern] * len(clauses))
-            if query.outbox == "waiting":
-                where.append("rows_waiting > 0")
-            elif query.outbox == "quarantined":
-                where.append("rows_quarantined > 0")
-            base_where = " AND ".join(where) or "1"
-            counts_sql = (
-                f"{self._runs_sql(s)} SELECT state, COUNT(*) FROM r"
-                f" WHERE {base_where} GROUP BY state"
-            )
-            counts = {row[0]: int(row[1]) for row in conn.execute(counts_sql, params)}
-
-            page_where = list(where)
-            page_params = list(params)
-            if query.state:
-                page_where.append("state = ?")
-                page_params.append(query.state)
-            if query.after is not None:
-                page_where.append("(last_at, execution_id) < (?, ?)")
-                page_params.extend(query.after)
-            sql = (
-                f"{self._runs_sql(s)} SELECT * FROM r WHERE {' AND '.join(page_where) or '1'}"
-                " ORDER BY last_at DESC, execution_id DESC LIMIT ?"
-            )
-            rows = conn.execute(sql, [*page_params, query.limit + 1]).fetchall()
-        facts = tuple(self._facts(row) for row in rows[: query.limit])
-        next_key = None
-        if len(rows) > query.limit and facts:
-            next_key = (facts[-1].last_at, facts[-1].execution_id)
-        return RunFactsPage(runs=facts, next_key=next_key, counts=counts)
-
-    def get_run(self, execution_id: str) -> RunFacts | None:
-        with self._read() as conn:
-            s = self._schema_for(conn)
-            if not s.has_checkpoints:
-                return None
-            row = conn.execute(
-                f"{self._runs_sql(s, one_run=True)} SELECT * FROM r", (execution_id,)
-            ).fetchone()
-        return self._facts(row) if row is not None else None
 
     # --- rows ---------------------------------------------------------
 
@@ -564,10 +525,18 @@ class SQLiteStore:
         return links[0] if links else None
 
     def list_forks(self, execution_id: str) -> tuple[ForkLink, ...]:
-        with self._read() as conn:
-            if not self._schema_for(conn).has_checkpoints:
-                return ()
-            return self._fork_links(conn, "src.execution_id = ?", (execution_id,))
+        # The runs index knows each fork's parent row, so no scan of the SDK's table.
+        rows = {r.checkpoint_id: r for r in self.list_rows(execution_id)}
+        return tuple(
+            ForkLink(
+                execution_id=fork_id,
+                source_execution_id=execution_id,
+                source_checkpoint_id=parent,
+                source_node_id=rows[parent].node_id,
+                created_at=first_at,
+            )
+            for fork_id, parent, first_at in self._index.forks_of(rows)
+        )
 
     # --- actions' helpers ---------------------------------------------
 
@@ -639,25 +608,11 @@ class SQLiteStore:
             return int(conn.execute("SELECT COUNT(*) FROM pending_interrupts").fetchone()[0])
 
     def totals(self) -> StoreTotals:
-        with self._read() as conn:
-            s = self._schema_for(conn)
-            if not s.has_checkpoints:
-                return StoreTotals(rows=0, rows_waiting=0, rows_quarantined=0, pending=0)
-            rows = int(conn.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0])
-            waiting = quarantined = 0
-            if "synced" in s.checkpoint_columns:
-                waiting = int(
-                    conn.execute("SELECT COUNT(*) FROM checkpoints WHERE synced = 0").fetchone()[0]
-                )
-            if "sync_error" in s.checkpoint_columns:
-                quarantined = int(
-                    conn.execute(
-                        "SELECT COUNT(*) FROM checkpoints WHERE sync_error IS NOT NULL"
-                    ).fetchone()[0]
-                )
-            pending = 0
-            if s.has_pending:
-                pending = int(conn.execute("SELECT COUNT(*) FROM pending_interrupts").fetchone()[0])
+        # Kept by the runs index: counting the outbox marks in the SDK's table is a scan.
+        rows, waiting, quarantined = self._index.totals()
         return StoreTotals(
-            rows=rows, rows_waiting=waiting, rows_quarantined=quarantined, pending=pending
+            rows=rows,
+            rows_waiting=waiting,
+            rows_quarantined=quarantined,
+            pending=self.count_pending(),
         )

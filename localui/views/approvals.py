@@ -118,7 +118,9 @@ class ApprovalItem:
     entries: tuple[ContextEntry, ...] = html_only(())
 
 
-def approval_item(actions: ActionService, pending: Pending, now: datetime) -> ApprovalItem:
+def approval_item(
+    actions: ActionService, pending: Pending, now: datetime, *, exact: bool = True
+) -> ApprovalItem:
     context_value = pending.context
     if isinstance(context_value, Unreadable):
         context_value = {"unreadable": context_value.error}
@@ -133,7 +135,7 @@ def approval_item(actions: ActionService, pending: Pending, now: datetime) -> Ap
         created_at=pending.created_at,
         run_url=f"/runs/{pending.execution_id}",
         url=f"/approvals/{pending.execution_id}",
-        problem=actions.approval_problem(pending),
+        problem=actions.approval_problem(pending, exact=exact),
         age=runs.age_words(pending.created_at, now),
         flat=all(not e.children for e in entries),
         entries=entries,
@@ -161,7 +163,7 @@ def build_approvals_page(
     if cursor:
         next_url = f"/approvals?after={cursor}" + ("&order=newest" if newest_first else "")
     return ApprovalsPage(
-        approvals=tuple(approval_item(actions, p, now) for p in page.items),
+        approvals=tuple(approval_item(actions, p, now, exact=False) for p in page.items),
         next=cursor,
         total=page.total,
         order=order,

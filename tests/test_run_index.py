@@ -1,0 +1,125 @@
+"""The runs index keeps up with the store: new runs, pauses claimed, prune, outbox marks."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from fastaiagent.checkpointers import SQLiteCheckpointer
+
+from localui.store.records import RunQuery
+from localui.store.sqlite import SQLiteStore
+
+
+def states(store: SQLiteStore) -> dict[str, str]:
+    from localui.runs import run_state
+
+    page = store.list_runs(RunQuery(limit=500))
+    return {
+        f.execution_id: run_state(f.last_step_type, f.last_status, f.has_pending) for f in page.runs
+    }
+
+
+def direct_states(store: SQLiteStore) -> dict[str, str]:
+    """The same, one run at a time from the SDK's tables, bypassing the index."""
+    from localui.runs import run_state
+
+    with sqlite3.connect(store.path) as conn:
+        ids = [r[0] for r in conn.execute("SELECT DISTINCT execution_id FROM checkpoints")]
+    result = {}
+    for eid in ids:
+        facts = store.get_run(eid)
+        assert facts is not None
+        result[eid] = run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+    return result
+
+
+def test_a_run_written_by_another_process_is_indexed(store_copy: Path, tmp_path: Path) -> None:
+    store = SQLiteStore(store_copy, index_dir=tmp_path / "index")
+    before = states(store)
+    env = {
+        **os.environ,
+        "FASTAIAGENT_TRACE_ENABLED": "false",
+        "FASTAIAGENT_LOCAL_DB": str(store_copy),
+    }
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "localui.demo.worker",
+            "--store",
+            str(store_copy),
+            "--scenario",
+            "paused-1",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    new_id = out.stdout.strip().splitlines()[-1]
+    after = states(store)
+    assert set(after) - set(before) == {new_id}
+    assert after[new_id] == "paused"
+    page = store.list_runs(RunQuery(limit=1))
+    assert page.runs[0].execution_id == new_id  # newest activity first
+    assert page.counts["paused"] == list(before.values()).count("paused") + 1
+    assert after == direct_states(store)
+    store.close()
+
+
+def test_a_claimed_pause_turns_orphaned(store_copy: Path, tmp_path: Path, seeded: Any) -> None:
+    store = SQLiteStore(store_copy, index_dir=tmp_path / "index")
+    run = seeded.id("paused-2")
+    assert states(store)[run] == "paused"
+    SQLiteCheckpointer(str(store_copy)).delete_pending_interrupt_atomic(run)
+    assert states(store)[run] == "orphaned"
+    assert store.list_runs(RunQuery(state="orphaned")).counts["orphaned"] == 1
+    store.close()
+
+
+def test_prune_and_outbox_marks_are_seen(store_copy: Path, tmp_path: Path, seeded: Any) -> None:
+    store = SQLiteStore(store_copy, index_dir=tmp_path / "index")
+    assert store.totals().rows_quarantined == 0
+    sdk = SQLiteCheckpointer(str(store_copy))
+    rows = sdk.list(seeded.id("completed"))
+    sdk.mark_quarantined({rows[0].checkpoint_id: "too large for the plane"})
+    sdk.mark_synced([r.checkpoint_id for r in rows[1:]])
+    facts = {f.execution_id: f for f in store.list_runs(RunQuery(limit=500)).runs}
+    completed = facts[seeded.id("completed")]
+    assert (completed.rows_waiting, completed.rows_quarantined) == (0, 1)
+    assert store.totals().rows_quarantined == 1
+
+    total_before = store.totals().rows
+    deleted = sdk.prune(timedelta(seconds=0))
+    assert deleted > 0
+    left = states(store)
+    assert left == direct_states(store)
+    assert store.totals().rows < total_before
+    # Prune keeps the paused rows, so every paused run is still listed as paused.
+    assert {eid for eid, st in left.items() if st == "paused"} == seeded.ids("paused")
+    store.close()
+
+
+def test_an_index_of_another_version_is_rebuilt(
+    copy_store: Callable[[], Path], tmp_path: Path
+) -> None:
+    path = copy_store()
+    store = SQLiteStore(path, index_dir=tmp_path / "index")
+    expected = states(store)
+    index_file = store._index.path
+    store.close()
+    with sqlite3.connect(index_file) as conn:
+        conn.execute("UPDATE meta SET value = 'old' WHERE key = 'version'")
+        conn.execute("DELETE FROM runs")
+    reopened = SQLiteStore(path, index_dir=tmp_path / "index")
+    assert states(reopened) == expected
+    reopened.close()
