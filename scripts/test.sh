@@ -122,9 +122,14 @@ stop_postgres() {
     PG_DIR=""
 }
 
+# The runs index files of the stores the tests make go to a cache of this run's own.
+INDEX_CACHE=$(mktemp -d)
+export XDG_CACHE_HOME=$INDEX_CACHE
+
 on_exit() {
     local status=$?
     stop_postgres
+    rm -rf "$INDEX_CACHE"
     if ((status != 0)); then
         printf '\ntest.sh: FAILED at step "%s" (exit %d)\n' "${CURRENT_STEP:-?}" "$status" >&2
     fi
