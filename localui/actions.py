@@ -200,6 +200,8 @@ class ActionService:
             await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
             raise NotFound(f"run {execution_id!r} is not waiting for an approval")
         if pending.checkpoint_id != checkpoint_id:
+            # The pause this card showed may have been decided, and the run paused again.
+            await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
             raise StaleCard(
                 f"the run now waits at row {pending.checkpoint_id}, not the row "
                 f"{checkpoint_id} you saw: look at the current pause before deciding",

@@ -102,17 +102,17 @@ def build_routes() -> list[Route | Mount]:
 
 async def _typed_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, LocalUIError)
-    return error_response(request, exc)
+    return await error_response(request, exc)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        return error_response(request, NotFound(f"nothing at {request.url.path}"))
+        return await error_response(request, NotFound(f"nothing at {request.url.path}"))
     error = LocalUIError(exc.detail)
     error.status_code = exc.status_code
     error.title = exc.detail
-    return error_response(request, error)
+    return await error_response(request, error)
 
 
 def open_decisions(settings: Settings) -> DecisionLog:

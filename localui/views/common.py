@@ -134,7 +134,7 @@ def nav_counts(store: Store) -> Nav:
         return Nav(pending=0)
 
 
-def error_response(request: Request, exc: LocalUIError) -> Response:
+async def error_response(request: Request, exc: LocalUIError) -> Response:
     """The one place typed errors become responses: JSON, an htmx fragment, or a page."""
     body = {"status": exc.status_code, "title": exc.title, "message": str(exc)}
     extra = getattr(exc, "details", None)
@@ -145,11 +145,14 @@ def error_response(request: Request, exc: LocalUIError) -> Response:
     ctx: AppContext | None = getattr(request.app.state, "localui", None)
     if ctx is None:
         return HTMLResponse(str(exc), status_code=exc.status_code)
-    name = "partials/_error.html" if is_htmx(request) else "pages/error.html"
+    fragment = is_htmx(request)
+    name = "partials/_error.html" if fragment else "pages/error.html"
+    # A refused action is no reason to lose the badge; a store that is down is.
+    nav = None if fragment else await off_loop(nav_counts, ctx.store)
     return ctx.templates.TemplateResponse(
         request,
         name,
-        {"error": body, "settings": ctx.settings, "nav": None},
+        {"error": body, "settings": ctx.settings, "nav": nav},
         status_code=exc.status_code,
     )
 

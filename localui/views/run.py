@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,6 +18,7 @@ from localui.errors import NotFound
 from localui.store.base import Store
 from localui.store.records import CacheEntry, ForkLink, RowDetail, RowHeader, Unreadable
 from localui.views.approvals import (
+    APPROVER_COOKIE,
     ApprovalItem,
     DecisionView,
     approval_item,
@@ -154,6 +156,8 @@ class RunPage:
     forkable: tuple[RowView, ...] = html_only(())
     fork_problem: str | None = html_only(None)
     approval: ApprovalItem | None = html_only(None)
+    #: The approver this browser last decided as, to prefill the card.
+    approver: str = html_only("")
 
 
 def row_view(execution_id: str, row: RowHeader, now: datetime) -> RowView:
@@ -363,6 +367,7 @@ async def run_page(request: Request) -> Response:
     ctx = context(request)
     execution_id = request.path_params["execution_id"]
     page = await off_loop(build_run_page, ctx.store, execution_id, ctx.extensions.get("actions"))
+    page = dataclasses.replace(page, approver=request.cookies.get(APPROVER_COOKIE, ""))
     return await respond(request, "pages/run.html", page)
 
 
