@@ -111,3 +111,27 @@ def test_lineage_walks_forks_of_forks(
     html = client.get(f"/runs/{grand}").text
     origin = grand_page["fork_of"]["source_checkpoint_id"]
     assert f'href="/runs/{first_fork}#row-{origin}"' in html
+
+
+def test_prune_preview_warns_before_deleting_the_cache_of_a_paused_run(
+    make_client: ClientFactory, store_copy: Path, seeded: Any
+) -> None:
+    """A completed run's cache is history; a paused run's is a double charge waiting."""
+    import sqlite3
+
+    with sqlite3.connect(store_copy) as conn:
+        cached = {r[0] for r in conn.execute("SELECT execution_id FROM idempotency_cache")}
+    can_resume = seeded.ids("paused") | seeded.ids("unfinished") | seeded.ids("failed")
+    at_risk = cached & can_resume
+    # The demo charges before it pauses: every paused run has its charge cached.
+    assert seeded.ids("paused") <= at_risk
+    assert seeded.id("idempotent-resumed") in cached - at_risk
+
+    client = make_client(store_copy)
+    preview = client.get("/prune.json?older_than=0s").json()
+    assert preview["resumable_cache"] == {run: 1 for run in at_risk}
+    html = client.get("/prune?older_than=0s").text
+    assert "Side effects may run twice" in html
+    for run in at_risk:
+        assert f'href="/runs/{run}#idempotency"' in html
+    assert client.get("/prune.json?older_than=30d").json()["resumable_cache"] == {}

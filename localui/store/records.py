@@ -204,6 +204,9 @@ class PrunePreview:
     runs: tuple[PruneRun, ...]
     #: ``interrupted`` rows older than the cutoff, which prune keeps.
     pauses_kept: int
+    #: Cache entries it deletes of runs that can still resume (paused, unfinished,
+    #: failed): a resume after the prune runs those side effects again.
+    resumable_cache: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def would_delete(self) -> int:

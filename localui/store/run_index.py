@@ -494,6 +494,26 @@ class RunIndex:
             next_key = (facts[-1].last_at, facts[-1].execution_id)
         return RunFactsPage(runs=facts, next_key=next_key, counts=counts)
 
+    def resumable_cache_before(self, cutoff: str) -> dict[str, int]:
+        """Cache entries older than ``cutoff`` of runs that can still resume, per run."""
+        self.refresh()
+        with self._lock:
+            has_cache = self._conn.execute(
+                "SELECT 1 FROM s.sqlite_master WHERE type = 'table' AND name = 'idempotency_cache'"
+            ).fetchone()
+            if has_cache is None:
+                return {}
+            return {
+                eid: int(n)
+                for eid, n in self._conn.execute(
+                    "SELECT c.execution_id, COUNT(*) FROM s.idempotency_cache c"
+                    " JOIN runs r ON r.execution_id = c.execution_id"
+                    " WHERE c.created_at < ? AND r.state IN ('paused', 'unfinished', 'failed')"
+                    " GROUP BY c.execution_id",
+                    (cutoff,),
+                )
+            }
+
     def totals(self) -> tuple[int, int, int]:
         """``(rows, rows waiting for the plane, rows quarantined)`` across the store."""
         self.refresh()

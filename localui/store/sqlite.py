@@ -597,6 +597,7 @@ class SQLiteStore:
             cache_rows=cache,
             runs=runs,
             pauses_kept=pauses,
+            resumable_cache=self._index.resumable_cache_before(cutoff),
         )
 
     # --- totals -------------------------------------------------------

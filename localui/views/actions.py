@@ -6,7 +6,8 @@ with a redirect header to it, and ``Accept: application/json`` with the outcome.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from starlette.requests import Request
@@ -69,6 +70,9 @@ class PrunePage:
     cache_rows: int
     runs: tuple[PruneRun, ...]
     pauses_kept: int
+    #: Runs that can still resume whose cached side effects the prune deletes, and how
+    #: many of each: a resume after the prune runs those calls again.
+    resumable_cache: Mapping[str, int] = field(default_factory=dict)
     deleted: int | None = None
     read_only: bool = html_only(False)
 
@@ -89,6 +93,7 @@ async def prune_preview(request: Request) -> Response:
         cache_rows=preview.cache_rows,
         runs=preview.runs,
         pauses_kept=preview.pauses_kept,
+        resumable_cache=preview.resumable_cache,
         read_only=actions.settings.read_only,
     )
     return await respond(request, "pages/prune.html", page)
