@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -111,14 +111,16 @@ class ActionService:
         store: Store,
         registry: Registry,
         decisions: DecisionLog,
-        checkpointer: Any,
+        make_checkpointer: Callable[[], Any],
     ) -> None:
         self.settings = settings
         self.store = store
         self.registry = registry
         self.decisions = decisions
-        #: An SDK checkpointer on the served store, for prune.
-        self.checkpointer = checkpointer
+        # An SDK checkpointer on the served store, for prune; made on first use, since
+        # importing the SDK costs a viewer that never prunes memory and start-up time.
+        self._make_checkpointer = make_checkpointer
+        self._checkpointer: Any = None
 
     # --- checks -------------------------------------------------------
 
@@ -403,7 +405,9 @@ class ActionService:
         older_than = datetime.now(UTC) - cutoff
         if older_than < timedelta(0):
             raise BadRequest("the cutoff is in the future")
-        deleted: int = self.checkpointer.prune(older_than)
+        if self._checkpointer is None:
+            self._checkpointer = self._make_checkpointer()
+        deleted: int = self._checkpointer.prune(older_than)
         return deleted
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -151,7 +152,7 @@ def create_app(
             store=opened,
             registry=registry,
             decisions=decisions,
-            checkpointer=sdk_checkpointer(settings),
+            make_checkpointer=lambda: sdk_checkpointer(settings),
         )
         app.state.localui = ctx
         try:
@@ -163,7 +164,11 @@ def create_app(
 
     return Starlette(
         routes=build_routes(),
-        middleware=[Middleware(GuardMiddleware, host_names=settings.host_names)],
+        middleware=[
+            Middleware(GuardMiddleware, host_names=settings.host_names),
+            # Pages and the vendored htmx go compressed; event streams are left alone.
+            Middleware(GZipMiddleware, minimum_size=512),
+        ],
         exception_handlers={LocalUIError: _typed_error, HTTPException: _http_error},
         lifespan=lifespan,
     )

@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
 
-from deepdiff import DeepDiff
-
 from localui.store.records import RowDetail, Unreadable
 
 _HIDDEN: Mapping[str, bool] = {"hidden_from_json": True}
@@ -267,6 +265,10 @@ def _deep(a: Any, b: Any, base: Path, found: _Changes) -> None:
     if found.full:
         found.truncated = True
         return
+    # Imported here: deepdiff (and what it pulls in) is start-up time every page pays
+    # for otherwise, and only a diff needs it.
+    from deepdiff import DeepDiff
+
     tree = DeepDiff(
         a,
         b,

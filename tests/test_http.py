@@ -159,6 +159,10 @@ def test_runs_list_htmx_partial(client: TestClient, seeded: Seeded) -> None:
 # --- one run ---------------------------------------------------------------
 
 
+def without(body: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != key}
+
+
 @pytest.mark.parametrize("scenario", SCENARIO_NAMES)
 def test_run_json_for_every_scenario(
     client: TestClient, seeded: Seeded, store: SQLiteStore, scenario: str
@@ -168,7 +172,8 @@ def test_run_json_for_every_scenario(
     by_accept = client.get(f"/runs/{execution_id}", headers={"Accept": "application/json"})
     assert by_suffix.status_code == by_accept.status_code == 200
     body = by_suffix.json()
-    assert body == by_accept.json()
+    # The verdict says how long ago the last row was, which may tick between the two.
+    assert without(body, "verdict") == without(by_accept.json(), "verdict")
     assert RUN_KEYS | {"decisions"} <= set(body)
     assert (body["execution_id"], body["state"], body["agent"]) == (
         execution_id,

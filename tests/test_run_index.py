@@ -123,3 +123,31 @@ def test_an_index_of_another_version_is_rebuilt(
     reopened = SQLiteStore(path, index_dir=tmp_path / "index")
     assert states(reopened) == expected
     reopened.close()
+
+
+def test_a_long_run_pages_its_timeline(make_client: Any, store_copy: Path, raw: Any) -> None:
+    """A run of 450 rows shows its newest 200; earlier rows and all rows are a link away."""
+    base = raw(store_copy)
+    # Hand-built: the SDK writes runs this long only after hours of turns.
+    for i in range(450):
+        base.insert_checkpoint(
+            id=f"long-{i:03d}",
+            chain_name="refund-bot",
+            execution_id="long-run",
+            checkpoint_id=f"long-{i:03d}",
+            node_id=f"turn:{i // 2}" + ("/tool:refund" if i % 2 else ""),
+            step_type="tool_call" if i % 2 else "llm_call",
+            created_at=f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}+00:00",
+        )
+    client = make_client(store_copy)
+    page = client.get("/runs/long-run.json").json()
+    assert [r["checkpoint_id"] for r in page["rows"]] == [f"long-{i:03d}" for i in range(250, 450)]
+    assert page["window"]["total"] == 450 and page["window"]["start"] == 250
+    html = client.get("/runs/long-run").text
+    assert "Rows 251–450 of 450." in html
+    assert 'href="/runs/long-run?from=50#timeline"' in html
+    earliest = client.get("/runs/long-run.json?from=0").json()
+    assert earliest["rows"][0]["checkpoint_id"] == "long-000"
+    assert len(client.get("/runs/long-run.json?from=0&rows=all").json()["rows"]) == 450
+    assert client.get("/runs/long-run.json?from=x").status_code == 400
+    assert client.get("/runs/long-run.json?rows=9").status_code == 400

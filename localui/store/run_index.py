@@ -187,6 +187,8 @@ class StoreColumns:
     select: str
     synced: str
     sync_error: str
+    #: The column holding checkpoint ids (``id`` in stores older than ``checkpoint_id``).
+    checkpoint_key: str = "checkpoint_id"
 
 
 class RunIndex:
@@ -439,6 +441,14 @@ class RunIndex:
             rows_quarantined=int(row[14]),
         )
 
+    def get_run(self, execution_id: str) -> RunFacts | None:
+        self.refresh()
+        with self._lock:
+            row = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM runs WHERE execution_id = ?", (execution_id,)
+            ).fetchone()
+        return self._facts(row) if row is not None else None
+
     def list_runs(self, query: RunQuery) -> RunFactsPage:
         self.refresh()
         where: list[str] = []
@@ -523,24 +533,22 @@ class RunIndex:
             ).fetchone()
         return int(rows), int(waiting), int(quarantined)
 
-    def forks_of(self, checkpoint_ids: Iterable[str]) -> list[tuple[str, str, str]]:
-        """``(execution_id, parent checkpoint id, first_at)`` of runs forked from these rows."""
+    def forks_of(self, execution_id: str) -> list[tuple[str, str, str, str]]:
+        """``(fork id, parent checkpoint id, parent node id, fork's first row time)`` of
+        the runs forked from any row of this run, oldest first."""
         self.refresh()
-        ids = list(checkpoint_ids)
-        found: list[tuple[str, str, str]] = []
+        columns = self._columns()
+        if columns is None:
+            return []
         with self._lock:
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                found.extend(
-                    self._conn.execute(
-                        f"SELECT execution_id, fork_parent, first_at FROM runs"
-                        f" WHERE fork_parent IN ({marks})",
-                        chunk,
-                    ).fetchall()
-                )
-        found.sort(key=lambda r: r[2])
-        return found
+            rows = self._conn.execute(
+                "SELECT r.execution_id, r.fork_parent, c.node_id, r.first_at FROM runs r"
+                f" JOIN s.checkpoints c ON c.{columns.checkpoint_key} = r.fork_parent"
+                " WHERE r.fork_parent IS NOT NULL AND c.execution_id = ?"
+                " ORDER BY r.first_at",
+                (execution_id,),
+            ).fetchall()
+        return [(str(a), str(b), str(c), str(d)) for a, b, c, d in rows]
 
 
 def _number(clauses: list[str], params: list[Any], text: str | None) -> tuple[str, list[Any]]:

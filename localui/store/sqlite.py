@@ -11,6 +11,7 @@ reads as NULL.
 from __future__ import annotations
 
 import os
+import queue
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -41,16 +42,9 @@ from localui.store.records import (
 )
 from localui.store.run_index import RunIndex, StoreColumns
 
-_OPTIONAL_CHECKPOINT_COLUMNS = (
-    "checkpoint_id",
-    "parent_checkpoint_id",
-    "interrupt_reason",
-    "interrupt_context",
-    "agent_path",
-    "synced",
-    "sync_error",
-    "step_type",
-)
+#: Read connections open at once, and the page cache of each (SQLite's default is 2 MiB).
+POOL_SIZE = 4
+CACHE_KIB = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +72,23 @@ class _Schema:
         return "NULL"
 
 
-def _like(text: str) -> str:
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
+def _row_header(r: tuple[Any, ...]) -> RowHeader:
+    """A row of ``_header_columns``, as a plain tuple, into its record."""
+    return RowHeader(
+        checkpoint_id=r[0] or "",
+        execution_id=r[1],
+        parent_checkpoint_id=r[2],
+        agent=r[3] or "",
+        node_id=r[4] or "",
+        node_index=int(r[5] or 0),
+        step_type=r[6],
+        status=r[7] or "completed",
+        interrupt_reason=r[8],
+        agent_path=r[9],
+        created_at=r[10] or "",
+        synced=r[11],
+        sync_error=r[12],
+    )
 
 
 class SQLiteStore:
@@ -95,13 +103,15 @@ class SQLiteStore:
             raise StoreMissing(f"no store at {self.path} (check --store or FASTAIAGENT_LOCAL_DB)")
         self._busy_timeout = busy_timeout
         self._identity = self._file_identity()
-        self._local = threading.local()
         self._lock = threading.Lock()
-        self._connections: list[sqlite3.Connection] = []
+        # A few connections, lent out one request at a time: one per pool thread
+        # would hold as many page caches as the thread pool has threads.
+        self._idle: queue.LifoQueue[tuple[int, sqlite3.Connection]] = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(POOL_SIZE)
+        self._open: set[sqlite3.Connection] = set()
         self._schema: _Schema | None = None
         self._generation = 0
-        with self._read() as conn:
-            self._check_is_sqlite(conn)
+        self._check_is_sqlite()
         self._index = RunIndex(self.path, columns=self._index_columns, index_dir=index_dir)
 
     # --- connections --------------------------------------------------
@@ -111,9 +121,15 @@ class SQLiteStore:
         conn = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout, check_same_thread=False)
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA query_only = 1")
+        conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
         with self._lock:
-            self._connections.append(conn)
+            self._open.add(conn)
         return conn
+
+    def _discard(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            self._open.discard(conn)
+        conn.close()
 
     def _file_identity(self) -> tuple[int, int]:
         try:
@@ -126,26 +142,42 @@ class SQLiteStore:
         """An open connection keeps reading a deleted or replaced file; notice both."""
         identity = self._file_identity()
         if identity != self._identity:
-            # Each thread reopens on its next read; a query running now finishes first.
+            # Connections reopen as they come back; a query running now finishes first.
             with self._lock:
                 self._identity = identity
                 self._generation += 1
 
     @contextmanager
+    def _borrow(self) -> Iterator[sqlite3.Connection]:
+        """A read connection to the file as it is now, returned to the pool after."""
+        self._slots.acquire()
+        conn: sqlite3.Connection | None = None
+        try:
+            while conn is None:
+                try:
+                    generation, idle = self._idle.get_nowait()
+                except queue.Empty:
+                    generation, conn = self._generation, self._connect()
+                    break
+                if generation == self._generation:
+                    conn = idle
+                else:
+                    self._discard(idle)
+            yield conn
+        finally:
+            if conn is not None:
+                if generation == self._generation and conn in self._open:
+                    self._idle.put((generation, conn))
+                else:
+                    self._discard(conn)
+            self._slots.release()
+
+    @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
         self._check_file()
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None and getattr(self._local, "generation", -1) != self._generation:
-            with self._lock:
-                self._connections.remove(conn)
-            conn.close()
-            conn = None
         try:
-            if conn is None:
-                conn = self._connect()
-                self._local.conn = conn
-                self._local.generation = self._generation
-            yield conn
+            with self._borrow() as conn:
+                yield conn
         except sqlite3.OperationalError as exc:
             message = str(exc)
             if "locked" in message or "busy" in message:
@@ -158,10 +190,13 @@ class SQLiteStore:
         except sqlite3.DatabaseError as exc:
             raise Unavailable(f"the store {self.path} cannot be read: {exc}") from exc
 
-    def _check_is_sqlite(self, conn: sqlite3.Connection) -> None:
+    def _check_is_sqlite(self) -> None:
         try:
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            with self._borrow() as conn:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise Unavailable(f"the store {self.path} is locked by another process") from exc
             raise StoreMissing(f"{self.path} is not a SQLite store: {exc}") from exc
 
     def _schema_for(self, conn: sqlite3.Connection) -> _Schema:
@@ -185,10 +220,9 @@ class SQLiteStore:
     def close(self) -> None:
         self._index.close()
         with self._lock:
-            for conn in self._connections:
+            for conn in self._open:
                 conn.close()
-            self._connections.clear()
-        self._local = threading.local()
+            self._open.clear()
 
     # --- runs ---------------------------------------------------------
 
@@ -213,7 +247,12 @@ class SQLiteStore:
                 s.col("sync_error"),
             ]
         )
-        return StoreColumns(select=select, synced=s.col("synced"), sync_error=s.col("sync_error"))
+        return StoreColumns(
+            select=select,
+            synced=s.col("synced"),
+            sync_error=s.col("sync_error"),
+            checkpoint_key="checkpoint_id" if "checkpoint_id" in s.checkpoint_columns else "id",
+        )
 
     def list_runs(self, query: RunQuery) -> RunFactsPage:
         try:
@@ -227,66 +266,8 @@ class SQLiteStore:
         except sqlite3.DatabaseError as exc:
             raise Unavailable(f"the store {self.path} cannot be read: {exc}") from exc
 
-    def _one_run_sql(self, s: _Schema) -> str:
-        """One run's facts, straight from the store (it uses the SDK's execution_id index)."""
-        pending = (
-            "(SELECT reason FROM pending_interrupts p WHERE p.execution_id = l.execution_id)"
-            if s.has_pending
-            else "NULL"
-        )
-        has_pending = (
-            "EXISTS (SELECT 1 FROM pending_interrupts p WHERE p.execution_id = l.execution_id)"
-            if s.has_pending
-            else "0"
-        )
-        waiting = "SUM(synced = 0)" if "synced" in s.checkpoint_columns else "0"
-        quarantined = "SUM(sync_error IS NOT NULL)" if "sync_error" in s.checkpoint_columns else "0"
-        fork_parent = (
-            f"MAX(CASE WHEN node_id = '{FORK_ORIGIN_NODE}' THEN parent_checkpoint_id END)"
-            if "parent_checkpoint_id" in s.checkpoint_columns
-            else "NULL"
-        )
-        return f"""
-            WITH a AS (
-                SELECT execution_id, COUNT(*) AS row_count, MIN(created_at) AS first_at,
-                       {fork_parent} AS fork_parent, {waiting} AS rows_waiting,
-                       {quarantined} AS rows_quarantined
-                FROM checkpoints WHERE execution_id = ?1 GROUP BY execution_id
-            )
-            SELECT a.*, l.created_at AS last_at, l.chain_name AS agent,
-                   {s.col("checkpoint_id", "l")} AS last_cid, l.node_id AS last_node_id,
-                   {s.col("step_type", "l")} AS last_step_type,
-                   COALESCE(l.status, 'completed') AS last_status,
-                   {has_pending} AS has_pending, {pending} AS pending_reason
-            FROM a JOIN checkpoints l ON l.rowid = (
-                SELECT x.rowid FROM checkpoints x WHERE x.execution_id = ?1
-                ORDER BY x.created_at DESC, x.rowid DESC LIMIT 1)
-        """
-
     def get_run(self, execution_id: str) -> RunFacts | None:
-        with self._read() as conn:
-            s = self._schema_for(conn)
-            if not s.has_checkpoints:
-                return None
-            row = conn.execute(self._one_run_sql(s), (execution_id,)).fetchone()
-        if row is None:
-            return None
-        return RunFacts(
-            execution_id=row["execution_id"],
-            agent=row["agent"] or "",
-            row_count=int(row["row_count"]),
-            first_at=row["first_at"] or "",
-            last_at=row["last_at"] or "",
-            last_checkpoint_id=row["last_cid"] or "",
-            last_node_id=row["last_node_id"] or "",
-            last_step_type=row["last_step_type"],
-            last_status=row["last_status"],
-            has_pending=bool(row["has_pending"]),
-            pending_reason=row["pending_reason"],
-            fork_parent_checkpoint_id=row["fork_parent"],
-            rows_waiting=int(row["rows_waiting"] or 0),
-            rows_quarantined=int(row["rows_quarantined"] or 0),
-        )
+        return self._index.get_run(execution_id)
 
     # --- rows ---------------------------------------------------------
 
@@ -333,12 +314,16 @@ class SQLiteStore:
             s = self._schema_for(conn)
             if not s.has_checkpoints:
                 return ()
-            rows = conn.execute(
+            # Plain tuples, in RowHeader's field order: a long run has thousands of rows,
+            # and sqlite3.Row's lookups by name cost more than the query.
+            cursor = conn.cursor()
+            cursor.row_factory = None
+            rows = cursor.execute(
                 f"SELECT {self._header_columns(s)} FROM checkpoints WHERE execution_id = ?"
                 " ORDER BY created_at ASC, rowid ASC",
                 (execution_id,),
             ).fetchall()
-        return tuple(self._header(r) for r in rows)
+        return tuple(_row_header(r) for r in rows)
 
     def get_row(self, checkpoint_id: str) -> RowDetail | None:
         with self._read() as conn:
@@ -526,16 +511,15 @@ class SQLiteStore:
 
     def list_forks(self, execution_id: str) -> tuple[ForkLink, ...]:
         # The runs index knows each fork's parent row, so no scan of the SDK's table.
-        rows = {r.checkpoint_id: r for r in self.list_rows(execution_id)}
         return tuple(
             ForkLink(
                 execution_id=fork_id,
                 source_execution_id=execution_id,
                 source_checkpoint_id=parent,
-                source_node_id=rows[parent].node_id,
+                source_node_id=node_id,
                 created_at=first_at,
             )
-            for fork_id, parent, first_at in self._index.forks_of(rows)
+            for fork_id, parent, node_id, first_at in self._index.forks_of(execution_id)
         )
 
     # --- actions' helpers ---------------------------------------------

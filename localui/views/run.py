@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from localui import runs
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
-from localui.errors import NotFound
+from localui.errors import BadRequest, NotFound
 from localui.store.base import Store
 from localui.store.records import CacheEntry, ForkLink, RowDetail, RowHeader, Unreadable
 from localui.views.approvals import (
@@ -28,6 +28,10 @@ from localui.views.common import context, html_only, off_loop, pretty_json, resp
 
 #: How many forks of forks the lineage walks before it stops listing.
 MAX_LINEAGE = 200
+#: Rows the timeline shows at once; a longer run pages (``?from=N``).
+TIMELINE_ROWS = 200
+#: ``?rows=all`` shows at most this many.
+MAX_ROWS = 100_000
 
 
 def outbox_state(row: RowHeader) -> str:
@@ -145,6 +149,8 @@ class RunPage:
     idempotency: tuple[CacheView, ...]
     fork_of: ForkView | None
     forks: tuple[ForkView, ...]
+    #: The rows of ``rows``: a window of a long run (``?from=N``, ``?rows=all``).
+    window: RowWindow
     #: Approvals, rejections and resumes recorded by localui for this run.
     decisions: tuple[DecisionView, ...]
     outbox: OutboxSummary
@@ -249,8 +255,42 @@ def _run_error(detail: RowDetail | None) -> str | None:
     return str(error) if error else None
 
 
+@dataclass(frozen=True, slots=True)
+class RowWindow:
+    """Which rows of a long run the timeline shows: ``count`` of ``total`` from ``start``."""
+
+    start: int
+    count: int
+    total: int
+    earlier_url: str | None
+    later_url: str | None
+    all_url: str | None
+
+
+def row_window(execution_id: str, total: int, start: int | None, size: int) -> RowWindow:
+    """The newest ``size`` rows by default: the end of a run is where it crashed or paused."""
+    if start is None:
+        start = max(0, total - size)
+    start = min(max(0, start), max(0, total - 1))
+    end = min(total, start + size)
+    base = f"/runs/{execution_id}?from="
+    return RowWindow(
+        start=start,
+        count=end - start,
+        total=total,
+        earlier_url=f"{base}{max(0, start - size)}#timeline" if start > 0 else None,
+        later_url=f"{base}{end}#timeline" if end < total else None,
+        all_url=f"/runs/{execution_id}?from=0&rows=all#timeline" if total > size else None,
+    )
+
+
 def build_run_page(
-    store: Store, execution_id: str, actions: ActionService | None = None
+    store: Store,
+    execution_id: str,
+    actions: ActionService | None = None,
+    *,
+    start: int | None = None,
+    window: int = TIMELINE_ROWS,
 ) -> RunPage:
     facts = store.get_run(execution_id)
     if facts is None:
@@ -279,13 +319,15 @@ def build_run_page(
         run_error=run_error,
         cached_calls=len(cache),
     )
-    rows = tuple(row_view(execution_id, h, now) for h in headers)
+    shown = row_window(execution_id, len(headers), start, window)
+    visible = headers[shown.start : shown.start + shown.count]
+    rows = tuple(row_view(execution_id, h, now) for h in visible)
     by_id = {r.checkpoint_id: r for r in rows}
     groups = tuple(
         GroupView(title=g.title, rows=tuple(by_id[h.checkpoint_id] for h in g.rows))
-        for g in runs.group_timeline(headers)
+        for g in runs.group_timeline(visible)
     )
-    outbox = [r.outbox for r in rows]
+    outbox = [outbox_state(h) for h in headers]
     origin = store.get_fork_origin(execution_id)
     decisions: tuple[DecisionView, ...] = ()
     resume_problem = fork_problem = None
@@ -350,8 +392,9 @@ def build_run_page(
         resume_problem=resume_problem,
         resume_needs_confirm=age is not None and age < RECENT_SECONDS,
         forkable=tuple(
-            r for r, h in zip(rows, headers, strict=True) if runs.fork_refusal(h) is None
+            r for r, h in zip(rows, visible, strict=True) if runs.fork_refusal(h) is None
         ),
+        window=shown,
         fork_problem=fork_problem,
         approval=approval,
     )
@@ -363,10 +406,29 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _window_params(request: Request) -> tuple[int | None, int]:
+    params = request.query_params
+    start_text = params.get("from")
+    start = None
+    if start_text is not None:
+        if not start_text.isdigit():
+            raise BadRequest(f"from={start_text!r} is not a row number")
+        start = int(start_text)
+    rows = params.get("rows")
+    if rows is not None and rows != "all":
+        raise BadRequest(f"rows={rows!r}: the only choice is rows=all")
+    return start, (MAX_ROWS if rows == "all" else TIMELINE_ROWS)
+
+
 async def run_page(request: Request) -> Response:
     ctx = context(request)
     execution_id = request.path_params["execution_id"]
-    page = await off_loop(build_run_page, ctx.store, execution_id, ctx.extensions.get("actions"))
+    start, window = _window_params(request)
+    page = await off_loop(
+        lambda: build_run_page(
+            ctx.store, execution_id, ctx.extensions.get("actions"), start=start, window=window
+        )
+    )
     page = dataclasses.replace(page, approver=request.cookies.get(APPROVER_COOKIE, ""))
     return await respond(request, "pages/run.html", page)
 
