@@ -19,6 +19,7 @@ from starlette.templating import Jinja2Templates
 from localui.actions import ActionService
 from localui.decisions import DecisionLog, SQLiteDecisionLog
 from localui.errors import LocalUIError, NotFound
+from localui.live import ChangeFeed, open_change_source
 from localui.paths import static_dir, templates_dir
 from localui.registry import Registry
 from localui.security import GuardMiddleware
@@ -29,6 +30,7 @@ from localui.views import actions as action_views
 from localui.views import approvals as approval_views
 from localui.views import cache as cache_views
 from localui.views import diff as diff_views
+from localui.views import live as live_views
 from localui.views import run as run_views
 from localui.views import runs as runs_views
 from localui.views.common import AppContext, error_response
@@ -94,6 +96,10 @@ def build_routes() -> list[Route | Mount]:
             name="reject",
         ),
         *page_routes("/cache", cache_views.store_cache, "cache"),
+        Route("/live/nav", live_views.live_nav, name="live_nav"),
+        Route("/live/runs", live_views.live_runs, name="live_runs"),
+        Route("/live/runs/{execution_id}", live_views.live_run, name="live_run"),
+        Route("/live/approvals", live_views.live_approvals, name="live_approvals"),
         Route("/prune.json", as_json(action_views.prune_preview), name="prune_json"),
         Route("/prune", action_views.prune_preview, methods=["GET"], name="prune"),
         Route("/prune", action_views.prune_now, methods=["POST"], name="prune_now"),
@@ -118,11 +124,23 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 def open_decisions(settings: Settings) -> DecisionLog:
     """The decision record, in the store's own database (read-only mode never writes it)."""
+    from localui.pg import is_postgres_url
+
+    if is_postgres_url(settings.store):
+        from localui.decisions_pg import PostgresDecisionLog
+
+        return PostgresDecisionLog(
+            settings.store, schema=settings.pg_app_schema, writable=not settings.read_only
+        )
     return SQLiteDecisionLog(settings.store, writable=not settings.read_only)
 
 
 def sdk_checkpointer(settings: Settings) -> Any:
     """An SDK checkpointer on the served store: prune goes through the SDK, never our SQL."""
+    from localui.pg import PostgresPrune, is_postgres_url
+
+    if is_postgres_url(settings.store):
+        return PostgresPrune(settings.store, schema=settings.pg_schema)
     from fastaiagent.checkpointers import SQLiteCheckpointer
 
     return SQLiteCheckpointer(settings.store)
@@ -154,10 +172,15 @@ def create_app(
             decisions=decisions,
             make_checkpointer=lambda: sdk_checkpointer(settings),
         )
+        feed = ChangeFeed(open_change_source(opened), interval=settings.poll_interval)
+        ctx.extensions["feed"] = feed
         app.state.localui = ctx
+        await feed.start()
         try:
             yield
         finally:
+            # Ends every open live stream with the app.
+            await feed.stop()
             decisions.close()
             if owned:
                 opened.close()
