@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from localui.errors import LocalUIError
+from localui.pg import is_postgres_url
 from localui.registry import Registry, RegistryError, StoreTarget, load_spec
 from localui.settings import Settings
 
@@ -53,7 +54,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--store",
         default=None,
-        help="The store: a SQLite file (default: $FASTAIAGENT_LOCAL_DB or .fastaiagent/local.db).",
+        help="The store: a SQLite file (default: $FASTAIAGENT_LOCAL_DB or .fastaiagent/local.db),"
+        " or a fleet's PostgreSQL database as postgresql://USER@HOST[:PORT]/DB (keep the password"
+        " in ~/.pgpass or $PGPASSWORD rather than in the URL).",
+    )
+    serve.add_argument(
+        "--pg-schema",
+        default="fastaiagent",
+        metavar="SCHEMA",
+        help="With a postgresql:// store: the schema of the SDK's tables, as given to "
+        "PostgresCheckpointer(schema=...) (default: fastaiagent).",
+    )
+    serve.add_argument(
+        "--pg-app-schema",
+        default="localui",
+        metavar="SCHEMA",
+        help="With a postgresql:// store: the schema of localui's own decision table, "
+        "created on first use (default: localui).",
     )
     serve.add_argument(
         "--agents",
@@ -95,14 +112,26 @@ def serve(settings: Settings, agents: Sequence[Any]) -> int:
         store = open_store(settings)
     except LocalUIError as exc:
         return fail(str(exc))
+    if is_postgres_url(settings.store):
+        target = StoreTarget(pg_dsn=settings.store, pg_schema=settings.pg_schema)
+        from localui.app import open_decisions
+
+        try:
+            # Made here once so a missing privilege is one line, not a failed lifespan.
+            open_decisions(settings).close()
+        except LocalUIError as exc:
+            store.close()
+            return fail(str(exc))
+    else:
+        target = StoreTarget(sqlite_path=Path(settings.store))
     try:
-        registry = Registry.build(agents, StoreTarget(sqlite_path=Path(settings.store)))
+        registry = Registry.build(agents, target)
     except RegistryError as exc:
         store.close()
         return fail(str(exc))
     app = create_app(settings, agents=registry.agents.values(), store=store)
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    print(f"localui: serving {settings.store} at http://{shown_host}:{settings.port}/", flush=True)
+    print(f"localui: serving {store.location} at http://{shown_host}:{settings.port}/", flush=True)
     if registry.agents:
         print(f"localui: agents that can be resumed here: {', '.join(registry.names())}")
     config = uvicorn.Config(
@@ -127,16 +156,19 @@ def _settings(args: argparse.Namespace, store: str) -> Settings:
         port=args.port,
         read_only=args.read_only,
         allowed_hosts=tuple(args.allow_host),
+        pg_schema=getattr(args, "pg_schema", "fastaiagent"),
+        pg_app_schema=getattr(args, "pg_app_schema", "localui"),
     )
 
 
 def run_serve(args: argparse.Namespace) -> int:
     store = args.store or default_store()
-    # The SDK resolves its own default store from this variable, and caches its
-    # config on first use: set it before any agent module is imported.
-    os.environ.setdefault("FASTAIAGENT_LOCAL_DB", store)
-    if not Path(store).is_file():
-        return fail(f"no store at {store} (pass --store or set FASTAIAGENT_LOCAL_DB)")
+    if not is_postgres_url(store):
+        # The SDK resolves its own default store from this variable, and caches its
+        # config on first use: set it before any agent module is imported.
+        os.environ.setdefault("FASTAIAGENT_LOCAL_DB", store)
+        if not Path(store).is_file():
+            return fail(f"no store at {store} (pass --store or set FASTAIAGENT_LOCAL_DB)")
     agents: list[Any] = []
     try:
         for spec in args.agents:

@@ -35,7 +35,10 @@ class StoreTarget:
     def describe(self) -> str:
         if self.sqlite_path is not None:
             return str(self.sqlite_path)
-        return f"PostgreSQL schema {self.pg_schema}"
+        from localui.pg import redact
+
+        where = f" of {redact(self.pg_dsn)}" if self.pg_dsn else ""
+        return f"PostgreSQL schema {self.pg_schema}{where}"
 
 
 def load_spec(spec: str) -> list[Any]:
@@ -106,9 +109,24 @@ def bind(agent: Any, target: StoreTarget) -> None:
             " or without a checkpointer, or serve its store instead"
         )
     schema = getattr(checkpointer, "schema", None)
-    if target.pg_dsn is not None and schema is not None:
-        if schema.strip('"') == target.pg_schema:
+    dsn = getattr(checkpointer, "connection_string", None)
+    if target.pg_dsn is not None and schema is not None and isinstance(dsn, str):
+        from localui.pg import redact, same_database
+
+        if not same_database(dsn, target.pg_dsn):
+            raise RegistryError(
+                f"agent {agent.name!r} writes to {redact(dsn)}, but this server shows "
+                f"{target.describe()}: build it with PostgresCheckpointer on the served "
+                "database, or without a checkpointer"
+            )
+        schema_name = schema.strip('"')
+        if schema_name == target.pg_schema:
             return
+        raise RegistryError(
+            f"agent {agent.name!r} writes to PostgreSQL schema {schema_name}, but this server "
+            f"shows {target.describe()}: pass --pg-schema {schema_name} or build the agent with "
+            "the served schema"
+        )
     raise RegistryError(
         f"agent {agent.name!r} writes through {type(checkpointer).__name__}, which is not "
         f"the store this server shows ({target.describe()})"

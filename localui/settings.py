@@ -23,7 +23,18 @@ class Settings:
     poll_interval: float = 0.5
     #: PostgreSQL schema holding the SDK's tables.
     pg_schema: str = "fastaiagent"
+    #: PostgreSQL schema of the app's own table (``localui_decisions``), made on first use.
+    pg_app_schema: str = "localui"
     page_size: int = 50
+
+    @property
+    def store_label(self) -> str:
+        """The store as pages show it: a path, or a URL without its password."""
+        from localui.pg import is_postgres_url, redact
+
+        if is_postgres_url(self.store):
+            return f"{redact(self.store)} (schema {self.pg_schema})"
+        return self.store
 
     @property
     def host_names(self) -> frozenset[str]:

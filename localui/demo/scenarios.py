@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from localui.demo.agent import EXIT_DIED_IN_TOOL, EXIT_DIED_WAITING_ON_MODEL
+from localui.pg import is_postgres_url
 
 #: How a scenario's run is left: the run's own outcome, or the process died.
 Ending = Literal["completed", "paused", "failed", "died"]
@@ -104,7 +105,8 @@ class SeedError(RuntimeError):
 class SeedReport:
     """What ``seed`` wrote: the execution id of each scenario's run, by name."""
 
-    store: Path
+    #: A SQLite file, or the ``postgresql://`` URL the runs were written to.
+    store: Path | str
     runs: Mapping[str, str]
     seconds: float
 
@@ -118,31 +120,45 @@ class SeedReport:
 
 
 def seed(
-    store: Path,
+    store: Path | str,
     *,
+    pg_schema: str = "fastaiagent",
     ledger: Path | None = None,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> SeedReport:
     """Run every scenario into ``store``, each in a child process, and report the ids.
 
-    Independent children run concurrently; one that waits for another (``after``)
-    starts when that one has finished. Raises :class:`SeedError` when a child
-    exits with an unexpected code or prints no execution id.
+    ``store`` is a SQLite file, or a ``postgresql://`` URL whose ``pg_schema``
+    receives the SDK's tables (``PostgresCheckpointer``). Independent children
+    run concurrently; one that waits for another (``after``) starts when that
+    one has finished. Raises :class:`SeedError` when a child exits with an
+    unexpected code or prints no execution id.
     """
     started = time.monotonic()
-    # Children run elsewhere, so relative paths would point into their temp dir.
-    store = store.resolve()
-    store.parent.mkdir(parents=True, exist_ok=True)
+    target: Path | str
+    if isinstance(store, str) and is_postgres_url(store):
+        target = store
+        _prepare_postgres(store, pg_schema)
+    else:
+        # Children run elsewhere, so relative paths would point into their temp dir.
+        target = Path(store).resolve()
+        target.parent.mkdir(parents=True, exist_ok=True)
     ledger = ledger.resolve() if ledger is not None else None
     env = dict(os.environ)
     env["FASTAIAGENT_TRACE_ENABLED"] = "false"
-    env["FASTAIAGENT_LOCAL_DB"] = str(store)
     runs: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="localui-seed-") as workdir:
+        # With a PostgreSQL store the SDK's other files (its config, traces)
+        # still want a SQLite path: the throwaway directory's.
+        env["FASTAIAGENT_LOCAL_DB"] = (
+            str(target) if isinstance(target, Path) else str(Path(workdir) / "local.db")
+        )
 
         def start(pool: ThreadPoolExecutor, scenario: Scenario) -> Future[str]:
             source = runs[scenario.after] if scenario.fork and scenario.after else None
-            return pool.submit(_run_child, scenario, store, ledger, Path(workdir), env, source)
+            return pool.submit(
+                _run_child, scenario, str(target), pg_schema, ledger, Path(workdir), env, source
+            )
 
         pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2))
         try:
@@ -161,13 +177,25 @@ def seed(
             pool.shutdown(wait=True, cancel_futures=True)
     ordered = {s.name: runs[s.name] for s in SCENARIOS}
     return SeedReport(
-        store=store, runs=MappingProxyType(ordered), seconds=time.monotonic() - started
+        store=target, runs=MappingProxyType(ordered), seconds=time.monotonic() - started
     )
+
+
+def _prepare_postgres(dsn: str, schema: str) -> None:
+    """Create the SDK's tables once, before children that would race to create them."""
+    from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
+    checkpointer = PostgresCheckpointer(dsn, schema=schema, max_pool_size=1)
+    try:
+        checkpointer.setup()
+    finally:
+        checkpointer.close()
 
 
 def _run_child(
     scenario: Scenario,
-    store: Path,
+    store: str,
+    pg_schema: str,
     ledger: Path | None,
     workdir: Path,
     env: Mapping[str, str],
@@ -179,10 +207,12 @@ def _run_child(
         "-m",
         "localui.demo.worker",
         "--store",
-        str(store),
+        store,
         "--scenario",
         scenario.name,
     ]
+    if is_postgres_url(store):
+        command += ["--pg-schema", pg_schema]
     if ledger is not None:
         command += ["--ledger", str(ledger)]
     if source is not None:

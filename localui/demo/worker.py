@@ -18,16 +18,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from localui.pg import is_postgres_url
+
 if TYPE_CHECKING:
+    from fastaiagent.checkpointers import SQLiteCheckpointer
+    from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
     from localui.demo.scenarios import Scenario
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # The SDK caches its configuration on first use, so these go in before
-    # anything imports it: no traces, and nothing defaults to ./.fastaiagent.
+    # anything imports it: no traces, and nothing defaults to ./.fastaiagent
+    # (for a PostgreSQL store the caller points FASTAIAGENT_LOCAL_DB elsewhere).
     os.environ["FASTAIAGENT_TRACE_ENABLED"] = "false"
-    os.environ["FASTAIAGENT_LOCAL_DB"] = str(args.store)
+    if not is_postgres_url(args.store):
+        os.environ["FASTAIAGENT_LOCAL_DB"] = args.store
 
     from localui.demo.scenarios import get_scenario
 
@@ -40,7 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"scenario {scenario.name!r} forks a run: pass --source ID", file=sys.stderr)
         return 2
     try:
-        outcome = asyncio.run(_run(scenario, args.store, args.ledger, args.source))
+        outcome = asyncio.run(
+            _run(scenario, _checkpointer(args.store, args.pg_schema), args.ledger, args.source)
+        )
     except Exception as exc:
         print(f"scenario {scenario.name!r} raised {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -56,7 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m localui.demo.worker", description="Run one demo scenario."
     )
-    parser.add_argument("--store", type=Path, required=True, help="the SQLite store to write")
+    parser.add_argument(
+        "--store", required=True, help="the store to write: a SQLite file or a postgresql:// URL"
+    )
+    parser.add_argument(
+        "--pg-schema",
+        default="fastaiagent",
+        help="with a postgresql:// store: the schema of the SDK's tables",
+    )
     parser.add_argument("--scenario", required=True, help="the scenario's name")
     parser.add_argument("--ledger", type=Path, help="append one JSON line per side effect here")
     parser.add_argument("--source", help="the execution id a fork scenario branches from")
@@ -67,13 +83,28 @@ def _announce(execution_id: str) -> None:
     print(execution_id, flush=True)
 
 
-async def _run(scenario: Scenario, store: Path, ledger: Path | None, source: str | None) -> str:
+def _checkpointer(store: str, pg_schema: str) -> SQLiteCheckpointer | PostgresCheckpointer:
+    """The SDK's checkpointer for ``store``: its SQLite one, or its PostgreSQL one."""
+    if is_postgres_url(store):
+        from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
+        return PostgresCheckpointer(store, schema=pg_schema)
+    from fastaiagent import SQLiteCheckpointer
+
+    return SQLiteCheckpointer(store)
+
+
+async def _run(
+    scenario: Scenario,
+    checkpointer: SQLiteCheckpointer | PostgresCheckpointer,
+    ledger: Path | None,
+    source: str | None,
+) -> str:
     """Run the scenario; return how its run ended (``completed``, ``paused``, ``failed``)."""
-    from fastaiagent import Resume, SQLiteCheckpointer
+    from fastaiagent import Resume
 
     from localui.demo.agent import build_agent
 
-    checkpointer = SQLiteCheckpointer(str(store))
     agent = build_agent(
         checkpointer,
         ledger=ledger,

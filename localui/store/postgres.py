@@ -1,0 +1,781 @@
+"""The PostgreSQL store: the SDK's ``PostgresCheckpointer`` tables, read through a pool.
+
+Same protocol and the same answers as the SQLite store on the same runs. What
+differs is the SQL: ``created_at`` is ``TIMESTAMPTZ`` (read back in UTC and
+handed on as the ISO text the SQLite store holds, so cursors round-trip), the
+JSON columns are ``JSONB`` (read as text and parsed by the same function, so
+the raw view shows what the server returns), ``synced`` is a boolean. There is
+no rowid: rows written in the same microsecond are ordered by ``node_index``,
+which is how the SDK's ``PostgresCheckpointer.list`` orders them, and then by
+checkpoint id, so every page is deterministic.
+
+Every read runs in a ``READ ONLY`` transaction under a statement timeout, and
+the tables are named with the schema, never through ``search_path``. The
+schema's shape is read on open and again when it changes under us (an older
+SDK's store gains columns when a newer SDK connects).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from localui.errors import BadRequest, StoreMissing, Unavailable
+from localui.pg import (
+    Pool,
+    StaleConnection,
+    cutoff_instant,
+    identifier,
+    iso,
+    parse_instant,
+    redact,
+)
+from localui.store.records import (
+    FORK_ORIGIN_NODE,
+    CacheEntry,
+    CachePage,
+    ForkLink,
+    Pending,
+    PendingPage,
+    PrunePreview,
+    PruneRun,
+    RowDetail,
+    RowHeader,
+    RunFacts,
+    RunFactsPage,
+    RunQuery,
+    StoreTotals,
+    parse_json,
+    unwrap_cached,
+)
+from localui.store.sql import STATE_SQL
+
+T = TypeVar("T")
+
+#: Newest first, as ``PostgresCheckpointer.get_last`` and ``list`` agree on it.
+NEWEST_FIRST = "created_at DESC, node_index DESC, checkpoint_id DESC"
+OLDEST_FIRST = "created_at ASC, node_index ASC, checkpoint_id ASC"
+
+#: How long a store without the SDK's tables (or columns) waits before looking again.
+SCHEMA_RECHECK_SECONDS = 5.0
+
+_OPTIONAL_COLUMNS = ("parent_checkpoint_id", "agent_path", "synced", "sync_error", "step_type")
+
+
+@dataclass(frozen=True, slots=True)
+class _Schema:
+    checkpoint_columns: frozenset[str]
+    has_pending: bool
+    has_cache: bool
+    read_at: float
+
+    @property
+    def has_checkpoints(self) -> bool:
+        return bool(self.checkpoint_columns)
+
+    @property
+    def complete(self) -> bool:
+        return (
+            self.has_pending
+            and self.has_cache
+            and all(c in self.checkpoint_columns for c in _OPTIONAL_COLUMNS)
+        )
+
+    def col(self, name: str, alias: str = "") -> str:
+        """A checkpoint column as SQL, or NULL when this store predates it."""
+        prefix = f"{alias}." if alias else ""
+        return f"{prefix}{name}" if name in self.checkpoint_columns else "NULL"
+
+
+def _like(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _key_instant(key: tuple[str, str], what: str) -> Any:
+    """The timestamp half of a keyset cursor; a forged one is a 400, not a server error."""
+    instant = parse_instant(key[0])
+    if instant is None:
+        raise BadRequest(f"{what}: {key[0]!r} is not a cursor this server gave out")
+    return instant
+
+
+class PostgresStore:
+    """:class:`localui.store.base.Store` over one schema of a PostgreSQL database."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "fastaiagent",
+        app_schema: str = "localui",
+        statement_timeout: float = 5.0,
+        wait_timeout: float = 2.0,
+    ) -> None:
+        #: The URL as given, password included: for connections, never for showing.
+        self.dsn = dsn
+        self.schema = identifier(schema, "--pg-schema")
+        #: Where the app keeps its own table; this store never reads it, the change
+        #: feed (``localui.live_pg``) watches it.
+        self.app_schema = identifier(app_schema, "--pg-app-schema")
+        self.location = f"{redact(dsn)} (schema {self.schema})"
+        self._t = {
+            "checkpoints": f"{self.schema}.checkpoints",
+            "pending": f"{self.schema}.pending_interrupts",
+            "cache": f"{self.schema}.idempotency_cache",
+        }
+        self._pool = Pool(
+            dsn,
+            name="localui-store",
+            read_only=True,
+            statement_timeout=statement_timeout,
+            wait_timeout=wait_timeout,
+            privileges=f"localui reads with USAGE on schema {self.schema} and SELECT on its"
+            " checkpoints, pending_interrupts and idempotency_cache",
+            # Reads may repeat: _run retries on a connection that outlived a restart.
+            check_on_borrow=False,
+        )
+        self._lock = threading.Lock()
+        self._schema: _Schema | None = None
+        try:
+            with self._read() as cur:
+                cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,))
+                if cur.fetchone() is None:
+                    raise StoreMissing(
+                        f"no schema {self.schema!r} in {redact(dsn)}: check --pg-schema "
+                        "(the SDK's default is fastaiagent)"
+                    )
+        except Unavailable as exc:
+            self._pool.close()
+            raise StoreMissing(str(exc)) from exc
+        except BaseException:
+            self._pool.close()
+            raise
+
+    # --- connections --------------------------------------------------
+
+    @contextmanager
+    def _read(self) -> Iterator[Any]:
+        """A cursor (rows as dicts) whose statements share one read-only transaction."""
+        from psycopg.rows import dict_row
+
+        with (
+            self._pool.connection() as conn,
+            conn.transaction(),
+            conn.cursor(row_factory=dict_row) as cur,
+        ):
+            yield cur
+
+    @contextmanager
+    def _read_one(self) -> Iterator[Any]:
+        """A cursor for a single statement: read-only by the session's default, one
+        round trip instead of three."""
+        from psycopg.rows import dict_row
+
+        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            yield cur
+
+    def _schema_for(self, cur: Any) -> _Schema:
+        schema = self._schema
+        if schema is not None and (
+            schema.complete or time.monotonic() - schema.read_at < SCHEMA_RECHECK_SECONDS
+        ):
+            return schema
+        cur.execute(
+            "SELECT c.relname AS table_name, a.attname AS column_name"
+            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
+            " WHERE n.nspname = %s AND c.relkind IN ('r', 'p')"
+            " AND c.relname IN ('checkpoints', 'pending_interrupts', 'idempotency_cache')",
+            (self.schema,),
+        )
+        tables: dict[str, set[str]] = {}
+        for row in cur.fetchall():
+            tables.setdefault(row["table_name"], set()).add(row["column_name"])
+        schema = _Schema(
+            checkpoint_columns=frozenset(tables.get("checkpoints", ())),
+            has_pending="pending_interrupts" in tables,
+            has_cache="idempotency_cache" in tables,
+            read_at=time.monotonic(),
+        )
+        with self._lock:
+            self._schema = schema
+        return schema
+
+    def _run(self, work: Callable[[Any, _Schema], T], *, statements: int = 1) -> T:
+        """``work(cursor, schema)``, its ``statements`` in one read-only transaction when
+        there are several; once more if the tables changed shape under it."""
+        import psycopg
+
+        reshaped = stale = 0
+        while True:
+            try:
+                with self._read() if statements > 1 else self._read_one() as cur:
+                    return work(cur, self._schema_for(cur))
+            except StaleConnection:
+                # The pool has dropped its dead connections: once more on a fresh one.
+                stale += 1
+                if stale > 1:
+                    raise
+            except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
+                with self._lock:
+                    self._schema = None
+                reshaped += 1
+                if reshaped > 1:
+                    raise Unavailable(
+                        f"the tables of schema {self.schema} at {self._pool.server} changed "
+                        f"while being read: {' '.join(str(exc).split())}"
+                    ) from exc
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # --- runs ---------------------------------------------------------
+
+    def _runs_sql(self, s: _Schema, *, one_run: bool = False) -> str:
+        """The ``r`` CTE: one row per run with its facts; ``one_run`` binds ``%(run)s``."""
+        cp = self._t["checkpoints"]
+        pending_join = (
+            f"LEFT JOIN {self._t['pending']} p ON p.execution_id = a.execution_id"
+            if s.has_pending
+            else "LEFT JOIN (SELECT NULL::text AS execution_id, NULL::text AS reason) p ON false"
+        )
+        waiting = (
+            "COUNT(*) FILTER (WHERE synced = false)" if "synced" in s.checkpoint_columns else "0"
+        )
+        quarantined = (
+            "COUNT(*) FILTER (WHERE sync_error IS NOT NULL)"
+            if "sync_error" in s.checkpoint_columns
+            else "0"
+        )
+        fork_parent = (
+            f"MAX(parent_checkpoint_id) FILTER (WHERE node_id = '{FORK_ORIGIN_NODE}')"
+            if "parent_checkpoint_id" in s.checkpoint_columns
+            else "NULL"
+        )
+        where = "WHERE execution_id = %(run)s" if one_run else ""
+        return f"""
+            WITH a AS (
+                SELECT execution_id,
+                       COUNT(*) AS row_count,
+                       MIN(created_at) AS first_at,
+                       MAX(created_at) AS last_at,
+                       {fork_parent} AS fork_parent,
+                       {waiting} AS rows_waiting,
+                       {quarantined} AS rows_quarantined
+                FROM {cp} {where}
+                GROUP BY execution_id
+            ),
+            l AS (
+                SELECT DISTINCT ON (execution_id)
+                       execution_id, checkpoint_id AS last_cid, chain_name AS agent,
+                       node_id AS last_node_id, {s.col("step_type")} AS step_type, status
+                FROM {cp} {where}
+                ORDER BY execution_id, {NEWEST_FIRST}
+            ),
+            r AS (
+                SELECT a.*, l.agent, l.last_cid, l.last_node_id, l.step_type AS last_step_type,
+                       COALESCE(l.status, 'completed') AS last_status,
+                       p.execution_id IS NOT NULL AS has_pending, p.reason AS pending_reason,
+                       {STATE_SQL} AS state
+                FROM a
+                JOIN l ON l.execution_id = a.execution_id
+                {pending_join}
+            )
+        """
+
+    @staticmethod
+    def _facts(row: dict[str, Any]) -> RunFacts:
+        return RunFacts(
+            execution_id=row["execution_id"],
+            agent=row["agent"] or "",
+            row_count=int(row["row_count"]),
+            first_at=iso(row["first_at"]),
+            last_at=iso(row["last_at"]),
+            last_checkpoint_id=row["last_cid"] or "",
+            last_node_id=row["last_node_id"] or "",
+            last_step_type=row["last_step_type"],
+            last_status=row["last_status"],
+            has_pending=bool(row["has_pending"]),
+            pending_reason=row["pending_reason"],
+            fork_parent_checkpoint_id=row["fork_parent"],
+            rows_waiting=int(row["rows_waiting"] or 0),
+            rows_quarantined=int(row["rows_quarantined"] or 0),
+        )
+
+    def list_runs(self, query: RunQuery) -> RunFactsPage:
+        after_at = _key_instant(query.after, "after") if query.after is not None else None
+
+        def work(cur: Any, s: _Schema) -> tuple[list[dict[str, Any]], dict[str, int]]:
+            if not s.has_checkpoints:
+                return [], {}
+            where: list[str] = []
+            params: dict[str, Any] = {}
+            if query.agent:
+                where.append("agent = %(agent)s")
+                params["agent"] = query.agent
+            if query.text:
+                params["text"] = _like(query.text)
+                where.append(
+                    "(execution_id ILIKE %(text)s OR agent ILIKE %(text)s"
+                    " OR COALESCE(pending_reason, '') ILIKE %(text)s"
+                    f" OR EXISTS (SELECT 1 FROM {self._t['checkpoints']} t"
+                    " WHERE t.execution_id = r.execution_id"
+                    " AND t.node_input::text ILIKE %(text)s))"
+                )
+            if query.outbox == "waiting":
+                where.append("rows_waiting > 0")
+            elif query.outbox == "quarantined":
+                where.append("rows_quarantined > 0")
+            base_where = " AND ".join(where) or "true"
+            cur.execute(
+                f"{self._runs_sql(s)} SELECT state, COUNT(*) AS n FROM r"
+                f" WHERE {base_where} GROUP BY state",
+                params,
+            )
+            counts = {row["state"]: int(row["n"]) for row in cur.fetchall()}
+            page_where = list(where)
+            if query.state:
+                page_where.append("state = %(state)s")
+                params["state"] = query.state
+            if query.after is not None:
+                page_where.append(
+                    "(last_at < %(after_at)s OR (last_at = %(after_at)s"
+                    ' AND execution_id COLLATE "C" < %(after_id)s))'
+                )
+                params["after_at"] = after_at
+                params["after_id"] = query.after[1]
+            params["limit"] = query.limit + 1
+            cur.execute(
+                f"{self._runs_sql(s)} SELECT * FROM r WHERE {' AND '.join(page_where) or 'true'}"
+                ' ORDER BY last_at DESC, execution_id COLLATE "C" DESC LIMIT %(limit)s',
+                params,
+            )
+            return cur.fetchall(), counts
+
+        rows, counts = self._run(work, statements=2)
+        facts = tuple(self._facts(row) for row in rows[: query.limit])
+        next_key = None
+        if len(rows) > query.limit and facts:
+            next_key = (facts[-1].last_at, facts[-1].execution_id)
+        return RunFactsPage(runs=facts, next_key=next_key, counts=counts)
+
+    def get_run(self, execution_id: str) -> RunFacts | None:
+        def work(cur: Any, s: _Schema) -> dict[str, Any] | None:
+            if not s.has_checkpoints:
+                return None
+            cur.execute(f"{self._runs_sql(s, one_run=True)} SELECT * FROM r", {"run": execution_id})
+            row: dict[str, Any] | None = cur.fetchone()
+            return row
+
+        row = self._run(work)
+        return self._facts(row) if row is not None else None
+
+    # --- rows ---------------------------------------------------------
+
+    def _header_columns(self, s: _Schema) -> str:
+        return ", ".join(
+            [
+                "checkpoint_id",
+                "execution_id",
+                f"{s.col('parent_checkpoint_id')} AS parent_checkpoint_id",
+                "chain_name",
+                "node_id",
+                "node_index",
+                f"{s.col('step_type')} AS step_type",
+                "status",
+                f"{s.col('interrupt_reason')} AS interrupt_reason",
+                f"{s.col('agent_path')} AS agent_path",
+                "created_at",
+                f"{s.col('synced')} AS synced",
+                f"{s.col('sync_error')} AS sync_error",
+            ]
+        )
+
+    @staticmethod
+    def _header(row: dict[str, Any]) -> RowHeader:
+        synced = row["synced"]
+        return RowHeader(
+            checkpoint_id=row["checkpoint_id"] or "",
+            execution_id=row["execution_id"],
+            parent_checkpoint_id=row["parent_checkpoint_id"],
+            agent=row["chain_name"] or "",
+            node_id=row["node_id"] or "",
+            node_index=int(row["node_index"] or 0),
+            step_type=row["step_type"],
+            status=row["status"] or "completed",
+            interrupt_reason=row["interrupt_reason"],
+            agent_path=row["agent_path"],
+            created_at=iso(row["created_at"]),
+            # A boolean here, 0/1 in SQLite: the records carry SQLite's shape.
+            synced=None if synced is None else int(synced),
+            sync_error=row["sync_error"],
+        )
+
+    def list_rows(self, execution_id: str) -> tuple[RowHeader, ...]:
+        def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:
+            if not s.has_checkpoints:
+                return []
+            cur.execute(
+                f"SELECT {self._header_columns(s)} FROM {self._t['checkpoints']}"
+                f" WHERE execution_id = %s ORDER BY {OLDEST_FIRST}",
+                (execution_id,),
+            )
+            rows: list[dict[str, Any]] = cur.fetchall()
+            return rows
+
+        return tuple(self._header(r) for r in self._run(work))
+
+    def get_row(self, checkpoint_id: str) -> RowDetail | None:
+        def work(cur: Any, s: _Schema) -> dict[str, Any] | None:
+            if not s.has_checkpoints:
+                return None
+            context = (
+                "interrupt_context::text" if "interrupt_context" in s.checkpoint_columns else "NULL"
+            )
+            cur.execute(
+                f"SELECT {self._header_columns(s)}, state_snapshot::text AS state_snapshot,"
+                " node_input::text AS node_input, node_output::text AS node_output,"
+                f" {context} AS interrupt_context, iteration"
+                f" FROM {self._t['checkpoints']} WHERE checkpoint_id = %s",
+                (checkpoint_id,),
+            )
+            row: dict[str, Any] | None = cur.fetchone()
+            return row
+
+        row = self._run(work)
+        if row is None:
+            return None
+        raw = {
+            name: row[name]
+            for name in ("state_snapshot", "node_input", "node_output", "interrupt_context")
+        }
+        return RowDetail(
+            header=self._header(row),
+            state_snapshot=parse_json(row["state_snapshot"], {}),
+            node_input=parse_json(row["node_input"], {}),
+            node_output=parse_json(row["node_output"], {}),
+            interrupt_context=parse_json(row["interrupt_context"], {}),
+            iteration=int(row["iteration"] or 0),
+            raw=raw,
+        )
+
+    # --- pauses -------------------------------------------------------
+
+    @staticmethod
+    def _pending(row: dict[str, Any]) -> Pending:
+        return Pending(
+            checkpoint_id=row["checkpoint_id"],
+            execution_id=row["execution_id"],
+            agent=row["chain_name"] or "",
+            node_id=row["node_id"] or "",
+            reason=row["reason"] or "",
+            context=parse_json(row["context"], {}),
+            agent_path=row["agent_path"],
+            created_at=iso(row["created_at"]),
+        )
+
+    def _pending_columns(self) -> str:
+        # The interrupted row a resume would answer: newest first, as Agent.aresume picks it.
+        return f"""p.execution_id, p.chain_name, p.node_id, p.reason, p.context::text AS context,
+            p.agent_path, p.created_at,
+            (SELECT i.checkpoint_id FROM {self._t["checkpoints"]} i
+              WHERE i.execution_id = p.execution_id AND i.status = 'interrupted'
+              ORDER BY i.created_at DESC, i.node_index DESC, i.checkpoint_id DESC
+              LIMIT 1) AS checkpoint_id"""
+
+    def get_pending(self, execution_id: str) -> Pending | None:
+        def work(cur: Any, s: _Schema) -> dict[str, Any] | None:
+            if not s.has_pending or not s.has_checkpoints:
+                return None
+            cur.execute(
+                f"SELECT {self._pending_columns()} FROM {self._t['pending']} p"
+                " WHERE p.execution_id = %s",
+                (execution_id,),
+            )
+            row: dict[str, Any] | None = cur.fetchone()
+            return row
+
+        row = self._run(work)
+        return self._pending(row) if row is not None else None
+
+    def list_pending(
+        self, *, after: tuple[str, str] | None = None, limit: int = 50, newest_first: bool = False
+    ) -> PendingPage:
+        after_at = _key_instant(after, "after") if after is not None else None
+
+        def work(cur: Any, s: _Schema) -> tuple[list[dict[str, Any]], int]:
+            if not s.has_pending or not s.has_checkpoints:
+                return [], 0
+            cur.execute(f"SELECT COUNT(*) AS n FROM {self._t['pending']}")
+            total = int(cur.fetchone()["n"])
+            order = "DESC" if newest_first else "ASC"
+            where = "true"
+            params: dict[str, Any] = {"limit": limit + 1}
+            if after is not None:
+                op = "<" if newest_first else ">"
+                where = (
+                    f"(p.created_at {op} %(at)s OR (p.created_at = %(at)s"
+                    f' AND p.execution_id COLLATE "C" {op} %(id)s))'
+                )
+                params.update(at=after_at, id=after[1])
+            cur.execute(
+                f"SELECT {self._pending_columns()} FROM {self._t['pending']} p WHERE {where}"
+                f' ORDER BY p.created_at {order}, p.execution_id COLLATE "C" {order}'
+                " LIMIT %(limit)s",
+                params,
+            )
+            return cur.fetchall(), total
+
+        rows, total = self._run(work, statements=2)
+        items = tuple(self._pending(r) for r in rows[:limit])
+        next_key = None
+        if len(rows) > limit and items:
+            next_key = (items[-1].created_at, items[-1].execution_id)
+        return PendingPage(items=items, next_key=next_key, total=total)
+
+    # --- idempotency cache -------------------------------------------
+
+    def list_cache(self, execution_id: str) -> tuple[CacheEntry, ...]:
+        def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:
+            if not s.has_cache:
+                return []
+            cur.execute(
+                "SELECT execution_id, function_key, result::text AS result, created_at"
+                f" FROM {self._t['cache']} WHERE execution_id = %s"
+                ' ORDER BY created_at ASC, function_key COLLATE "C" ASC',
+                (execution_id,),
+            )
+            rows: list[dict[str, Any]] = cur.fetchall()
+            return rows
+
+        return tuple(self._cache_entry(r) for r in self._run(work))
+
+    def list_cache_before(
+        self, cutoff: str, *, after: tuple[str, str] | None = None, limit: int = 50
+    ) -> CachePage:
+        instant = cutoff_instant(cutoff)
+        after_at = _key_instant(after, "after") if after is not None else None
+        key = "execution_id || ':' || function_key"
+
+        def work(cur: Any, s: _Schema) -> tuple[list[dict[str, Any]], int]:
+            if not s.has_cache:
+                return [], 0
+            cur.execute(
+                f"SELECT COUNT(*) AS n FROM {self._t['cache']} WHERE created_at < %s", (instant,)
+            )
+            total = int(cur.fetchone()["n"])
+            where = "created_at < %(cutoff)s"
+            params: dict[str, Any] = {"cutoff": instant, "limit": limit + 1}
+            if after is not None:
+                where += (
+                    " AND (created_at > %(at)s OR (created_at = %(at)s"
+                    f' AND ({key}) COLLATE "C" > %(key)s))'
+                )
+                params.update(at=after_at, key=after[1])
+            cur.execute(
+                "SELECT execution_id, function_key, result::text AS result, created_at"
+                f" FROM {self._t['cache']} WHERE {where}"
+                f' ORDER BY created_at ASC, ({key}) COLLATE "C" ASC LIMIT %(limit)s',
+                params,
+            )
+            return cur.fetchall(), total
+
+        rows, total = self._run(work, statements=2)
+        entries = tuple(self._cache_entry(r) for r in rows[:limit])
+        next_key = None
+        if len(rows) > limit and entries:
+            last = entries[-1]
+            next_key = (last.created_at, f"{last.execution_id}:{last.function_key}")
+        return CachePage(entries=entries, next_key=next_key, total=total)
+
+    @staticmethod
+    def _cache_entry(row: dict[str, Any]) -> CacheEntry:
+        value, enveloped = unwrap_cached(parse_json(row["result"], None))
+        return CacheEntry(
+            execution_id=row["execution_id"],
+            function_key=row["function_key"],
+            value=value,
+            enveloped=enveloped,
+            created_at=iso(row["created_at"]),
+        )
+
+    # --- lineage ------------------------------------------------------
+
+    def _fork_links(self, where: str, params: Sequence[Any]) -> tuple[ForkLink, ...]:
+        def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:
+            if "parent_checkpoint_id" not in s.checkpoint_columns:
+                return []
+            cp = self._t["checkpoints"]
+            cur.execute(
+                f"""SELECT f.execution_id AS execution_id, f.parent_checkpoint_id AS parent,
+                           f.created_at AS created_at, src.execution_id AS source_execution_id,
+                           src.node_id AS source_node_id
+                    FROM {cp} f
+                    LEFT JOIN {cp} src ON src.checkpoint_id = f.parent_checkpoint_id
+                    WHERE f.node_id = '{FORK_ORIGIN_NODE}' AND {where}
+                    ORDER BY f.created_at ASC, f.execution_id COLLATE "C" ASC""",
+                tuple(params),
+            )
+            rows: list[dict[str, Any]] = cur.fetchall()
+            return rows
+
+        return tuple(
+            ForkLink(
+                execution_id=r["execution_id"],
+                source_execution_id=r["source_execution_id"],
+                source_checkpoint_id=r["parent"] or "",
+                source_node_id=r["source_node_id"],
+                created_at=iso(r["created_at"]),
+            )
+            for r in self._run(work)
+        )
+
+    def get_fork_origin(self, execution_id: str) -> ForkLink | None:
+        links = self._fork_links("f.execution_id = %s", (execution_id,))
+        return links[0] if links else None
+
+    def list_forks(self, execution_id: str) -> tuple[ForkLink, ...]:
+        return self._fork_links("src.execution_id = %s", (execution_id,))
+
+    # --- actions' helpers ---------------------------------------------
+
+    def get_project_id(self, execution_id: str) -> str | None:
+        """The SDK's PostgreSQL tables are not project-scoped (``fetch_unsynced`` says so)."""
+
+        def work(cur: Any, s: _Schema) -> str | None:
+            if "project_id" not in s.checkpoint_columns:
+                return None
+            cur.execute(
+                f"SELECT project_id FROM {self._t['checkpoints']} WHERE execution_id = %s"
+                f" ORDER BY {NEWEST_FIRST} LIMIT 1",
+                (execution_id,),
+            )
+            row = cur.fetchone()
+            return str(row["project_id"]) if row and row["project_id"] is not None else None
+
+        return self._run(work)
+
+    def prune_preview(self, cutoff: str) -> PrunePreview:
+        """Count what ``PostgresCheckpointer.prune`` deletes, with its own predicate."""
+        instant = cutoff_instant(cutoff)
+
+        def work(cur: Any, s: _Schema) -> tuple[list[dict[str, Any]], int, int, dict[str, int]]:
+            if not s.has_checkpoints:
+                return [], 0, 0, {}
+            cur.execute(
+                f"""SELECT execution_id, MAX(chain_name) AS agent,
+                           COUNT(*) FILTER (WHERE created_at < %(cutoff)s
+                                            AND status IN ('completed', 'failed')) AS gone,
+                           COUNT(*) AS total
+                    FROM {self._t["checkpoints"]} GROUP BY execution_id
+                    HAVING COUNT(*) FILTER (WHERE created_at < %(cutoff)s
+                                            AND status IN ('completed', 'failed')) > 0
+                    ORDER BY MAX(created_at) ASC, execution_id COLLATE "C" ASC""",
+                {"cutoff": instant},
+            )
+            rows = cur.fetchall()
+            cur.execute(
+                f"SELECT COUNT(*) AS n FROM {self._t['checkpoints']}"
+                " WHERE created_at < %s AND status = 'interrupted'",
+                (instant,),
+            )
+            pauses = int(cur.fetchone()["n"])
+            cache = 0
+            if s.has_cache:
+                cur.execute(
+                    f"SELECT COUNT(*) AS n FROM {self._t['cache']} WHERE created_at < %s",
+                    (instant,),
+                )
+                cache = int(cur.fetchone()["n"])
+            return rows, pauses, cache, self._resumable_cache(cur, s, instant)
+
+        rows, pauses, cache, resumable = self._run(work, statements=4)
+        runs = tuple(
+            PruneRun(
+                execution_id=r["execution_id"],
+                agent=r["agent"] or "",
+                rows_deleted=int(r["gone"]),
+                rows_kept=int(r["total"]) - int(r["gone"]),
+            )
+            for r in rows
+        )
+        return PrunePreview(
+            cutoff=cutoff,
+            checkpoint_rows=sum(r.rows_deleted for r in runs),
+            cache_rows=cache,
+            runs=runs,
+            pauses_kept=pauses,
+            resumable_cache=resumable,
+        )
+
+    def _resumable_cache(self, cur: Any, s: _Schema, instant: Any) -> dict[str, int]:
+        """Cache entries older than the cutoff of runs that can still resume, per run:
+        the state of only the runs that have such entries, each by its newest row."""
+        if not s.has_cache:
+            return {}
+        pending = (
+            f"LEFT JOIN {self._t['pending']} p ON p.execution_id = k.execution_id"
+            if s.has_pending
+            else "LEFT JOIN (SELECT NULL::text AS execution_id) p ON false"
+        )
+        cur.execute(
+            f"""WITH k AS (
+                    SELECT execution_id, COUNT(*) AS n FROM {self._t["cache"]}
+                    WHERE created_at < %s GROUP BY execution_id
+                )
+                SELECT k.execution_id, k.n FROM k
+                JOIN LATERAL (
+                    SELECT {s.col("step_type")} AS step_type, status
+                    FROM {self._t["checkpoints"]} c WHERE c.execution_id = k.execution_id
+                    ORDER BY {NEWEST_FIRST} LIMIT 1
+                ) l ON true
+                {pending}
+                WHERE ({STATE_SQL}) IN ('paused', 'unfinished', 'failed')""",
+            (instant,),
+        )
+        return {str(r["execution_id"]): int(r["n"]) for r in cur.fetchall()}
+
+    # --- totals -------------------------------------------------------
+
+    def count_pending(self) -> int:
+        def work(cur: Any, s: _Schema) -> int:
+            if not s.has_pending:
+                return 0
+            cur.execute(f"SELECT COUNT(*) AS n FROM {self._t['pending']}")
+            return int(cur.fetchone()["n"])
+
+        return self._run(work)
+
+    def totals(self) -> StoreTotals:
+        def work(cur: Any, s: _Schema) -> StoreTotals:
+            if not s.has_checkpoints:
+                return StoreTotals(rows=0, rows_waiting=0, rows_quarantined=0, pending=0)
+            waiting = (
+                "COUNT(*) FILTER (WHERE synced = false)"
+                if "synced" in s.checkpoint_columns
+                else "0"
+            )
+            quarantined = (
+                "COUNT(*) FILTER (WHERE sync_error IS NOT NULL)"
+                if "sync_error" in s.checkpoint_columns
+                else "0"
+            )
+            pending = f"(SELECT COUNT(*) FROM {self._t['pending']})" if s.has_pending else "0"
+            cur.execute(
+                f"SELECT COUNT(*) AS n, {waiting} AS waiting, {quarantined} AS quarantined,"
+                f" {pending} AS pending FROM {self._t['checkpoints']}"
+            )
+            row = cur.fetchone()
+            return StoreTotals(
+                rows=int(row["n"]),
+                rows_waiting=int(row["waiting"]),
+                rows_quarantined=int(row["quarantined"]),
+                pending=int(row["pending"]),
+            )
+
+        return self._run(work)

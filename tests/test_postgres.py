@@ -1,0 +1,1165 @@
+"""The app on PostgreSQL: the read model, the pages and the actions on the SDK's
+``PostgresCheckpointer`` tables, and the decision record shared through the database.
+
+The runs are the demo scenarios, written by the real SDK into PostgreSQL
+(crashes included) once per session; each test works on its own copy in schemas
+of its own. Answers are checked against plain SQL on the same schema, and
+against what the SQLite store answers for the same scenarios.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from localui import runs
+from localui.decisions import ABANDONED_AFTER_SECONDS, APPROVAL
+from localui.decisions_pg import PostgresDecisionLog
+from localui.demo.scenarios import SCENARIO_NAMES
+from localui.errors import BadRequest, StoreMissing
+from localui.pg import redact
+from localui.registry import RegistryError, StoreTarget, bind
+from localui.store.base import STATES
+from localui.store.postgres import PostgresStore
+from localui.store.records import RunFacts, RunQuery
+
+if TYPE_CHECKING:
+    from conftest import Ledger, PgRaw, PgSeeded, PgStore, Seeded
+    from starlette.testclient import TestClient
+
+    from localui.store.sqlite import SQLiteStore
+
+pytestmark = pytest.mark.postgres
+
+JSON = {"Accept": "application/json"}
+COUNTS = {"completed": 3, "paused": 4, "failed": 1, "unfinished": 2}
+#: What ``datetime.now(timezone.utc).isoformat()`` writes into the SQLite store.
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?\+00:00$")
+
+
+def state_of(facts: RunFacts) -> str:
+    return runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+
+
+def all_runs(store: PostgresStore, **query: Any) -> list[RunFacts]:
+    page = store.list_runs(replace(RunQuery(limit=1000), **query))
+    assert page.next_key is None
+    return list(page.runs)
+
+
+def iso(value: Any) -> str:
+    return str(value.isoformat())
+
+
+def newest_first(raw: PgRaw) -> list[str]:
+    rows = raw.query(
+        "SELECT execution_id FROM {s}.checkpoints GROUP BY execution_id"
+        ' ORDER BY MAX(created_at) DESC, execution_id COLLATE "C" DESC'
+    )
+    return [r["execution_id"] for r in rows]
+
+
+def states() -> dict[str, str]:
+    """Each scenario's state (DESIGN.md's table), as conftest's ``Seeded`` holds it."""
+    from conftest import Seeded
+
+    return dict(Seeded.STATES)
+
+
+@pytest.fixture
+def pg(pg_store: PgStore) -> Iterator[PostgresStore]:
+    opened = PostgresStore(pg_store.dsn, schema=pg_store.schema)
+    yield opened
+    opened.close()
+
+
+# --- the read model ---------------------------------------------------------
+
+
+def test_every_scenario_lists_in_its_state(pg: PostgresStore, pg_seeded: PgSeeded) -> None:
+    listed = {f.execution_id: state_of(f) for f in all_runs(pg)}
+    assert listed == {pg_seeded.id(n): s for n, s in states().items()}
+
+
+def test_counts_and_totals(pg: PostgresStore, store: SQLiteStore) -> None:
+    page = pg.list_runs(RunQuery())
+    assert dict(page.counts) == COUNTS == dict(store.list_runs(RunQuery()).counts)
+    totals = pg.totals()
+    assert (totals.rows, totals.rows_waiting, totals.rows_quarantined, totals.pending) == (
+        31,
+        31,
+        0,
+        4,
+    )
+    assert totals == store.totals()
+    assert pg.count_pending() == 4
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_state_filter_returns_exactly_that_state(
+    pg: PostgresStore, pg_seeded: PgSeeded, state: str
+) -> None:
+    page = pg.list_runs(RunQuery(state=state, limit=1000))
+    assert {f.execution_id for f in page.runs} == pg_seeded.ids(state)
+    assert all(state_of(f) == state for f in page.runs)
+    assert sum(page.counts.values()) == len(SCENARIO_NAMES)
+
+
+def test_agent_and_text_filters(pg: PostgresStore, pg_seeded: PgSeeded) -> None:
+    assert len(all_runs(pg, agent="refund-bot")) == len(SCENARIO_NAMES)
+    nobody = pg.list_runs(RunQuery(agent="no-such-bot"))
+    assert (nobody.runs, dict(nobody.counts)) == ((), {})
+    # Only the tool arguments (JSONB) carry the order id, in any case.
+    for text in ("A-1003", "a-1003"):
+        assert [f.execution_id for f in all_runs(pg, text=text)] == [pg_seeded.id("paused-2")]
+    for pattern in ("A_1003", "A%1003", "A-100_", "%A-1003"):
+        assert all_runs(pg, text=pattern) == []
+    assert {f.execution_id for f in all_runs(pg, text="manager_approval")} == pg_seeded.ids(
+        "paused"
+    )
+    failed = pg_seeded.id("failed")
+    assert failed in {f.execution_id for f in all_runs(pg, text=failed[:13])}
+    assert dict(pg.list_runs(RunQuery(text="A-1007")).counts) == {"unfinished": 1}
+
+
+def test_keyset_pages_walk_every_run_once_newest_first(
+    pg: PostgresStore, pg_store: PgStore
+) -> None:
+    seen: list[str] = []
+    sizes: list[int] = []
+    after = None
+    for _ in range(10):
+        page = pg.list_runs(RunQuery(limit=3, after=after))
+        sizes.append(len(page.runs))
+        seen.extend(f.execution_id for f in page.runs)
+        if page.next_key is None:
+            break
+        last = page.runs[-1]
+        assert page.next_key == (last.last_at, last.execution_id)
+        assert ISO_UTC.match(page.next_key[0])
+        after = page.next_key
+    assert sizes == [3, 3, 3, 1]
+    assert seen == newest_first(pg_store.raw)
+    first = pg.list_runs(RunQuery(state="paused", limit=3))
+    second = pg.list_runs(RunQuery(state="paused", limit=3, after=first.next_key))
+    assert (len(first.runs), len(second.runs), second.next_key) == (3, 1, None)
+
+
+def test_runs_with_one_newest_instant_page_by_id(pg: PostgresStore, pg_store: PgStore) -> None:
+    """Keyset ties: three runs whose newest rows share one microsecond."""
+    ids = [f.execution_id for f in all_runs(pg)][:3]
+    pg_store.raw.execute(
+        "UPDATE {s}.checkpoints c SET created_at = '2030-01-01T00:00:00.000001+00:00'"
+        " WHERE c.checkpoint_id IN (SELECT DISTINCT ON (execution_id) checkpoint_id"
+        " FROM {s}.checkpoints WHERE execution_id = ANY(%s)"
+        " ORDER BY execution_id, created_at DESC)",
+        (ids,),
+    )
+    walked: list[str] = []
+    after = None
+    while True:
+        page = pg.list_runs(RunQuery(limit=1, after=after))
+        walked.extend(f.execution_id for f in page.runs)
+        if page.next_key is None:
+            break
+        after = page.next_key
+    assert walked[:3] == sorted(ids, reverse=True)
+    assert len(walked) == len(set(walked)) == len(SCENARIO_NAMES)
+
+
+def test_a_forged_cursor_is_a_bad_request(pg: PostgresStore) -> None:
+    with pytest.raises(BadRequest, match="not a cursor"):
+        pg.list_runs(RunQuery(after=("not a time", "x")))
+    with pytest.raises(BadRequest, match="not a cursor"):
+        pg.list_pending(after=("2024-01-01", "x"))  # no time zone: not one we gave out
+
+
+def test_get_run_facts_match_the_table(
+    pg: PostgresStore, pg_store: PgStore, pg_seeded: PgSeeded
+) -> None:
+    run = pg_seeded.id("completed")
+    history = pg_store.raw.rows(run)
+    assert pg.get_run(run) == RunFacts(
+        execution_id=run,
+        agent="refund-bot",
+        row_count=4,
+        first_at=iso(history[0]["created_at"]),
+        last_at=iso(history[-1]["created_at"]),
+        last_checkpoint_id=history[-1]["checkpoint_id"],
+        last_node_id="run_end",
+        last_step_type="run_end",
+        last_status="completed",
+        has_pending=False,
+        pending_reason=None,
+        fork_parent_checkpoint_id=None,
+        rows_waiting=4,
+        rows_quarantined=0,
+    )
+    for facts in all_runs(pg):
+        assert pg.get_run(facts.execution_id) == facts
+        assert ISO_UTC.match(facts.first_at) and ISO_UTC.match(facts.last_at)
+    assert pg.get_run("no-such-run") is None
+    assert pg.list_rows("no-such-run") == ()
+
+
+def test_rows_are_those_sqlite_holds_for_the_same_scenarios(
+    pg: PostgresStore,
+    pg_store: PgStore,
+    pg_seeded: PgSeeded,
+    store: SQLiteStore,
+    seeded: Seeded,
+) -> None:
+    def shape(rows: Any) -> list[tuple[Any, ...]]:
+        return [
+            (h.node_id, h.node_index, h.step_type, h.status, h.agent_path, h.synced) for h in rows
+        ]
+
+    for name in SCENARIO_NAMES:
+        run = pg_seeded.id(name)
+        headers = pg.list_rows(run)
+        assert [h.checkpoint_id for h in headers] == [
+            r["checkpoint_id"] for r in pg_store.raw.rows(run)
+        ], name
+        assert shape(headers) == shape(store.list_rows(seeded.id(name))), name
+        assert all(ISO_UTC.match(h.created_at) for h in headers)
+        facts, sqlite_facts = pg.get_run(run), store.get_run(seeded.id(name))
+        assert facts is not None and sqlite_facts is not None
+        assert state_of(facts) == state_of(sqlite_facts)
+        assert (facts.row_count, facts.last_node_id, facts.pending_reason) == (
+            sqlite_facts.row_count,
+            sqlite_facts.last_node_id,
+            sqlite_facts.pending_reason,
+        )
+
+
+def test_row_detail_payloads(pg: PostgresStore, pg_store: PgStore, pg_seeded: PgSeeded) -> None:
+    last = pg.list_rows(pg_seeded.id("crashed-in-tool"))[-1]
+    detail = pg.get_row(last.checkpoint_id)
+    assert detail is not None and detail.header == last
+    assert detail.node_input == {"order_id": "A-1006", "amount": 80.0}
+    assert detail.unreadable == ()
+    messages = detail.state_snapshot["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant"]
+    assert messages[2]["tool_calls"][0]["name"] == "refund"
+    (stored,) = pg_store.raw.query(
+        "SELECT node_input::text AS t FROM {s}.checkpoints WHERE checkpoint_id = %s",
+        (last.checkpoint_id,),
+    )
+    assert detail.raw["node_input"] == stored["t"]
+
+    pause = pg.list_rows(pg_seeded.id("paused-2"))[-1]
+    paused = pg.get_row(pause.checkpoint_id)
+    assert paused is not None
+    assert paused.header.interrupt_reason == "manager_approval"
+    assert paused.interrupt_context["customer"] == "Alan Turing"
+    end = pg.list_rows(pg_seeded.id("failed"))[-1]
+    failed = pg.get_row(end.checkpoint_id)
+    assert failed is not None
+    assert failed.state_snapshot["run_error"] == "RuntimeError: model provider returned 503"
+    assert pg.get_row("no-such-checkpoint") is None
+
+
+def test_pending_with_the_row_a_resume_answers(
+    pg: PostgresStore, pg_store: PgStore, pg_seeded: PgSeeded
+) -> None:
+    run = pg_seeded.id("paused-3")
+    pending = pg.get_pending(run)
+    assert pending is not None
+    newest_interrupted = [r for r in pg_store.raw.rows(run) if r["status"] == "interrupted"][-1]
+    assert pending.checkpoint_id == newest_interrupted["checkpoint_id"]
+    assert (pending.node_id, pending.reason, pending.agent_path) == (
+        "turn:0/tool:refund",
+        "manager_approval",
+        "agent:refund-bot/tool:refund",
+    )
+    assert pending.context["customer"] == "Katherine Johnson"
+    assert pending.context["policy"]["requires"] == {"role": "manager", "approvals": 1}
+    assert ISO_UTC.match(pending.created_at)
+    assert pg.get_pending(pg_seeded.id("idempotent-resumed")) is None
+
+
+@pytest.mark.parametrize("newest_first", [False, True])
+def test_pending_pages_of_one(
+    pg: PostgresStore, pg_store: PgStore, pg_seeded: PgSeeded, newest_first: bool
+) -> None:
+    expected = [
+        r["execution_id"]
+        for r in pg_store.raw.query(
+            "SELECT execution_id FROM {s}.pending_interrupts"
+            ' ORDER BY created_at, execution_id COLLATE "C"'
+        )
+    ]
+    assert set(expected) == pg_seeded.ids("paused")
+    walked: list[str] = []
+    after = None
+    for _ in range(10):
+        page = pg.list_pending(after=after, limit=1, newest_first=newest_first)
+        assert page.total == 4
+        walked.extend(p.execution_id for p in page.items)
+        if page.next_key is None:
+            break
+        after = page.next_key
+    assert walked == (expected[::-1] if newest_first else expected)
+
+
+def test_cache_unwraps_the_envelope_and_reads_bare_values(
+    pg: PostgresStore, pg_store: PgStore, pg_seeded: PgSeeded
+) -> None:
+    (entry,) = pg.list_cache(pg_seeded.id("idempotent-resumed"))
+    assert (entry.value, entry.enveloped) == ("cb-A-1009-450.00", True)
+    assert ISO_UTC.match(entry.created_at)
+    assert pg.list_cache(pg_seeded.id("crashed-in-tool")) == ()
+    failed = pg_seeded.id("failed")
+    for key, value, at in (
+        ("k-bare-str", '"cb-bare"', "2024-01-01T00:00:01+00:00"),
+        ("k-bare-dict", '{"refund": 1}', "2024-01-01T00:00:02+00:00"),
+    ):
+        pg_store.raw.execute(
+            "INSERT INTO {s}.idempotency_cache VALUES (%s, %s, %s::jsonb, %s)",
+            (failed, key, value, at),
+        )
+    assert [
+        (e.function_key, e.value, e.enveloped, e.created_at) for e in pg.list_cache(failed)
+    ] == [
+        ("k-bare-str", "cb-bare", False, "2024-01-01T00:00:01+00:00"),
+        ("k-bare-dict", {"refund": 1}, False, "2024-01-01T00:00:02+00:00"),
+    ]
+    # The store-wide cache by age, two at a time: every entry once, oldest first.
+    cutoff = "2100-01-01T00:00:00+00:00"
+    walked = []
+    after = None
+    while True:
+        page = pg.list_cache_before(cutoff, after=after, limit=2)
+        assert page.total == 9
+        walked.extend(page.entries)
+        if page.next_key is None:
+            break
+        after = page.next_key
+    assert len(walked) == 9
+    assert [e.function_key for e in walked[:2]] == ["k-bare-str", "k-bare-dict"]
+    assert [e.created_at for e in walked] == sorted(e.created_at for e in walked)
+    assert pg.list_cache_before("2024-01-01T00:00:02+00:00").total == 1
+
+
+def test_fork_links_both_ways(pg: PostgresStore, pg_seeded: PgSeeded) -> None:
+    source, fork = pg_seeded.id("completed"), pg_seeded.id("fork-of-completed")
+    turn1 = [h for h in pg.list_rows(source) if h.node_id == "turn:1"][0]
+    link = pg.get_fork_origin(fork)
+    assert link is not None
+    assert (link.execution_id, link.source_execution_id) == (fork, source)
+    assert (link.source_checkpoint_id, link.source_node_id) == (turn1.checkpoint_id, "turn:1")
+    assert pg.list_forks(source) == (link,)
+    assert pg.get_fork_origin(source) is None and pg.list_forks(fork) == ()
+    facts = pg.get_run(fork)
+    assert facts is not None and facts.fork_parent_checkpoint_id == turn1.checkpoint_id
+
+
+def test_prune_preview_is_what_the_sdk_prunes(
+    pg: PostgresStore,
+    pg_store: PgStore,
+    pg_seeded: PgSeeded,
+    store: SQLiteStore,
+    seeded: Seeded,
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
+    assert pg.prune_preview("2000-01-01T00:00:00+00:00").would_delete == 0
+    # An hour ahead: every row the seed wrote is older than that.
+    cutoff = datetime.now(UTC) + timedelta(hours=1)
+    preview = pg.prune_preview(cutoff.isoformat())
+    assert (preview.checkpoint_rows, preview.cache_rows, preview.pauses_kept) == (26, 7, 5)
+    assert {r.execution_id for r in preview.runs if r.rows_kept} == pg_seeded.ids("paused") | {
+        pg_seeded.id("idempotent-resumed")
+    }
+    # The charges a resume after the prune would make again, as SQLite counts them.
+    resumable = ("paused-1", "paused-2", "paused-3", "two-tools-first-pauses")
+    resumable += ("crashed-waiting-on-model",)
+    assert dict(preview.resumable_cache) == {pg_seeded.id(n): 1 for n in resumable}
+    on_sqlite = store.prune_preview(cutoff.isoformat()).resumable_cache
+    assert dict(on_sqlite) == {seeded.id(n): 1 for n in resumable}
+    sdk = PostgresCheckpointer(pg_store.dsn, schema=pg_store.schema)
+    try:
+        deleted = sdk.prune(timedelta(hours=-1))
+    finally:
+        sdk.close()
+    assert deleted == preview.would_delete == 33
+    assert pg.totals().rows == 5 and pg.count_pending() == 4
+
+
+def test_a_store_without_the_newer_columns_degrades(pg_store: PgStore, pg_seeded: PgSeeded) -> None:
+    """An older SDK's tables: no step_type, synced or sync_error (added by later versions)."""
+    for column in ("step_type", "synced", "sync_error"):
+        pg_store.raw.execute(f"ALTER TABLE {{s}}.checkpoints DROP COLUMN {column}")
+    old = PostgresStore(pg_store.dsn, schema=pg_store.schema)
+    try:
+        states = {f.execution_id: state_of(f) for f in all_runs(old)}
+        # Without run-end markers nothing reads as ended: the SDK itself cannot tell.
+        assert set(states.values()) <= {"unfinished", "paused", "orphaned"}
+        assert states[pg_seeded.id("paused-1")] == "paused"
+        rows = old.list_rows(pg_seeded.id("completed"))
+        assert {(h.step_type, h.synced, h.sync_error) for h in rows} == {(None, None, None)}
+        assert old.totals().rows_waiting == 0
+        assert all_runs(old, outbox="waiting") == []
+    finally:
+        old.close()
+
+
+def test_reads_are_read_only_in_utc_under_a_timeout(pg: PostgresStore, pg_store: PgStore) -> None:
+    import psycopg
+
+    with pg._read() as cur:
+        cur.execute("SHOW transaction_read_only")
+        assert cur.fetchone()["transaction_read_only"] == "on"
+        cur.execute("SHOW TimeZone")
+        assert cur.fetchone()["TimeZone"] == "UTC"
+        cur.execute("SHOW statement_timeout")
+        assert cur.fetchone()["statement_timeout"] == "5s"
+    for read in (pg._read, pg._read_one):  # several statements, and one alone
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction), read() as cur:
+            cur.execute(f"DELETE FROM {pg_store.schema}.pending_interrupts")
+    with pg._read_one() as cur:
+        cur.execute("SHOW transaction_read_only")
+        assert cur.fetchone()["transaction_read_only"] == "on"
+    assert pg.count_pending() == 4
+
+
+def test_opening_a_missing_schema_or_server_says_so_in_one_line(
+    pg_store: PgStore, pg_dsn: str
+) -> None:
+    with pytest.raises(StoreMissing, match="no schema 'nosuch_schema'.*--pg-schema"):
+        PostgresStore(pg_dsn, schema="nosuch_schema")
+    with pytest.raises(StoreMissing, match="not a plain PostgreSQL name"):
+        PostgresStore(pg_dsn, schema="x; DROP TABLE y")
+    with pytest.raises(StoreMissing) as caught:
+        PostgresStore("postgresql://someone:s3cret@127.0.0.1:1/db", schema=pg_store.schema)
+    message = str(caught.value)
+    assert message.startswith("PostgreSQL at 127.0.0.1:1 is not answering: ")
+    assert "\n" not in message and "s3cret" not in message
+
+
+def test_location_and_labels_never_show_the_password(pg_store: PgStore) -> None:
+    url = "postgresql://app:s3cret@db.example:6543/fleet?sslmode=require&password=other"
+    assert redact(url) == "postgresql://app:***@db.example:6543/fleet?sslmode=require&password=***"
+    with_password = pg_store.dsn.replace("postgres@", "postgres:s3cret@")
+    assert with_password != pg_store.dsn
+    opened = PostgresStore(with_password, schema=pg_store.schema)
+    try:
+        assert "s3cret" not in opened.location and "***" in opened.location
+    finally:
+        opened.close()
+    settings = replace(pg_store.settings(), store=with_password)
+    assert "s3cret" not in settings.store_label
+
+
+# --- pages and JSON -----------------------------------------------------------
+
+
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def key_paths(value: Any, prefix: str = "") -> set[str]:
+    """Every key path of a JSON document (lists merged, maps keyed by run or row id
+    merged too), to compare two shapes."""
+    paths: set[str] = set()
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            name = "*" if UUID.match(key) else key
+            paths.add(f"{prefix}.{name}")
+            paths |= key_paths(inner, f"{prefix}.{name}")
+    elif isinstance(value, list):
+        for inner in value:
+            paths |= key_paths(inner, f"{prefix}[]")
+    return paths
+
+
+@pytest.fixture
+def pg_client(make_pg_client: Callable[..., TestClient], pg_store: PgStore) -> TestClient:
+    return make_pg_client(pg_store)
+
+
+def test_pages_answer_with_the_keys_sqlite_gives(
+    pg_client: TestClient, client: TestClient, pg_seeded: PgSeeded, seeded: Seeded
+) -> None:
+    for url in ("/runs.json", "/approvals.json", "/prune.json?older_than=0s", "/cache.json"):
+        pg_body, sqlite_body = pg_client.get(url).json(), client.get(url).json()
+        assert key_paths(pg_body) == key_paths(sqlite_body), url
+    assert pg_client.get("/runs.json").json()["counts"] == client.get("/runs.json").json()["counts"]
+    for name in SCENARIO_NAMES:
+        pg_run = pg_client.get(f"/runs/{pg_seeded.id(name)}.json").json()
+        sqlite_run = client.get(f"/runs/{seeded.id(name)}.json").json()
+        assert key_paths(pg_run) == key_paths(sqlite_run), name
+        assert (pg_run["state"], pg_run["resume"] and pg_run["resume"]["shape"]) == (
+            sqlite_run["state"],
+            sqlite_run["resume"] and sqlite_run["resume"]["shape"],
+        ), name
+        assert [(r["node_id"], r["status"]) for r in pg_run["rows"]] == [
+            (r["node_id"], r["status"]) for r in sqlite_run["rows"]
+        ]
+        pg_row = pg_run["rows"][-1]["checkpoint_id"]
+        sqlite_row = sqlite_run["rows"][-1]["checkpoint_id"]
+        assert key_paths(
+            pg_client.get(f"/runs/{pg_seeded.id(name)}/rows/{pg_row}.json").json()
+        ) == key_paths(client.get(f"/runs/{seeded.id(name)}/rows/{sqlite_row}.json").json())
+
+
+def test_every_page_renders(
+    pg_client: TestClient, pg_seeded: PgSeeded, page_text: Callable[..., str]
+) -> None:
+    html = pg_client.get("/").text
+    for name, state in states().items():
+        assert page_text(html, f"run-{pg_seeded.id(name)}").startswith(state), name
+    assert "31 rows in the store" in page_text(html, "runs-table")
+    for name in SCENARIO_NAMES:
+        run = pg_seeded.id(name)
+        assert pg_client.get(f"/runs/{run}").status_code == 200, name
+    paused = pg_seeded.id("paused-1")
+    assert pg_client.get(f"/approvals/{paused}").status_code == 200
+    assert "Grace Hopper" in pg_client.get("/approvals").text
+    assert pg_client.get("/prune").status_code == 200
+    pages = pg_client.get("/runs.json", params={"state": "paused"}).json()
+    assert {r["execution_id"] for r in pages["runs"]} == pg_seeded.ids("paused")
+    forged = pg_client.get("/runs.json", params={"after": "WyJub3QgYSB0aW1lIiwieCJd"})
+    assert forged.status_code == 400
+
+
+def test_the_page_header_shows_the_store_without_its_password(pg_store: PgStore) -> None:
+    from starlette.testclient import TestClient as Client
+
+    from localui.app import create_app
+
+    with_password = pg_store.dsn.replace("postgres@", "postgres:s3cret@")
+    app = create_app(replace(pg_store.settings(), store=with_password))
+    with Client(app, base_url="http://127.0.0.1:8765") as client:
+        html = client.get("/").text
+    assert "s3cret" not in html
+    assert f"(schema {pg_store.schema})" in html
+
+
+# --- acting through the SDK's PostgresCheckpointer ----------------------------
+
+
+def card(client: TestClient, execution_id: str) -> dict[str, Any]:
+    for item in client.get("/approvals.json").json()["approvals"]:
+        if item["execution_id"] == execution_id:
+            return dict(item)
+    raise AssertionError(f"{execution_id} is not in the approvals queue")
+
+
+def decide(
+    client: TestClient | httpx.Client,
+    execution_id: str,
+    checkpoint_id: str,
+    *,
+    verb: str = "approve",
+    approver: str = "Ann Approver",
+    reason: str = "within policy",
+) -> httpx.Response:
+    return client.post(
+        f"/approvals/{execution_id}/{verb}",
+        data={"approver": approver, "reason": reason, "checkpoint_id": checkpoint_id},
+        headers=JSON,
+    )
+
+
+def run_ends(raw: PgRaw, execution_id: str) -> list[str]:
+    return [r["status"] for r in raw.rows(execution_id) if r["step_type"] == "run_end"]
+
+
+def decision_rows(store: PgStore, execution_id: str) -> list[dict[str, Any]]:
+    return store.app_raw.query(
+        "SELECT * FROM {s}.localui_decisions WHERE execution_id = %s ORDER BY id",
+        (execution_id,),
+    )
+
+
+def pending_ids(raw: PgRaw) -> set[str]:
+    return {r["execution_id"] for r in raw.query("SELECT execution_id FROM {s}.pending_interrupts")}
+
+
+def all_at_once(n: int, act: Callable[[int], httpx.Response]) -> list[httpx.Response]:
+    barrier = threading.Barrier(n)
+
+    def one(i: int) -> httpx.Response:
+        barrier.wait(timeout=30)
+        return act(i)
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_approve_resumes_through_the_sdk_and_records_the_decision(
+    make_pg_client: Callable[..., TestClient],
+    pg_store: PgStore,
+    pg_seeded: PgSeeded,
+    ledger: Ledger,
+) -> None:
+    client = make_pg_client(pg_store, ledger)
+    run = pg_seeded.id("paused-1")
+    shown = card(client, run)
+    rows_before = len(pg_store.raw.rows(run))
+
+    response = decide(client, run, shown["checkpoint_id"])
+
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["status"], body["decision"]["approver"]) == ("completed", "Ann Approver")
+    assert "refunded 250.00 on A-1002" in body["output"]
+    assert run_ends(pg_store.raw, run) == ["completed"]
+    assert len(pg_store.raw.rows(run)) == rows_before + 2
+    assert run not in pending_ids(pg_store.raw)
+    [row] = decision_rows(pg_store, run)
+    assert (row["kind"], row["approved"], row["actor"], row["outcome"]) == (
+        APPROVAL,
+        True,
+        "Ann Approver",
+        "completed",
+    )
+    assert row["checkpoint_id"] == shown["checkpoint_id"]
+    # The charge came from the @idempotent cache the paused run wrote.
+    assert ledger.count() == 0
+    page = client.get(f"/runs/{run}.json").json()
+    assert page["state"] == "completed"
+    assert [d["approver"] for d in page["decisions"]] == ["Ann Approver"]
+    # The SDK's schema holds no table of the app's.
+    tables = {
+        r["table_name"]
+        for r in pg_store.raw.query(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (pg_store.schema,),
+        )
+    }
+    assert tables == {"checkpoints", "pending_interrupts", "idempotency_cache", "schema_version"}
+
+
+def test_reject_declines_in_the_tool(
+    make_pg_client: Callable[..., TestClient], pg_store: PgStore, pg_seeded: PgSeeded
+) -> None:
+    client = make_pg_client(pg_store)
+    run = pg_seeded.id("paused-2")
+    shown = card(client, run)
+    assert decide(client, run, shown["checkpoint_id"], verb="reject", reason="").status_code == 400
+    response = decide(client, run, shown["checkpoint_id"], verb="reject", reason="too large")
+    assert response.status_code == 200, response.text
+    assert "declined: too large" in response.json()["output"]
+    assert [r["approved"] for r in decision_rows(pg_store, run)] == [False]
+
+
+def test_a_stale_card_is_refused_with_the_current_row(
+    make_pg_client: Callable[..., TestClient], pg_store: PgStore, pg_seeded: PgSeeded
+) -> None:
+    client = make_pg_client(pg_store)
+    run = pg_seeded.id("paused-3")
+    current = card(client, run)["checkpoint_id"]
+    older = pg_store.raw.rows(run)[0]["checkpoint_id"]
+    response = decide(client, run, older)
+    assert response.status_code == 409
+    assert response.json()["error"]["details"] == {"current_checkpoint_id": current}
+    assert run in pending_ids(pg_store.raw)
+    assert decision_rows(pg_store, run) == []
+
+
+def test_twenty_concurrent_approvals_resume_the_run_once(
+    make_pg_client: Callable[..., TestClient],
+    pg_store: PgStore,
+    pg_seeded: PgSeeded,
+    ledger: Ledger,
+) -> None:
+    client = make_pg_client(pg_store, ledger, raise_server_exceptions=False)
+    run = pg_seeded.id("paused-1")
+    shown = card(client, run)
+    rows_before = len(pg_store.raw.rows(run))
+
+    responses = all_at_once(
+        20, lambda i: decide(client, run, shown["checkpoint_id"], approver=f"approver-{i:02d}")
+    )
+
+    statuses = [r.status_code for r in responses]
+    assert [s for s in statuses if s >= 500] == []
+    assert (statuses.count(200), statuses.count(409)) == (1, 19), statuses
+    [won] = [r.json() for r in responses if r.status_code == 200]
+    winner = won["decision"]["approver"]
+    for lost in (r for r in responses if r.status_code == 409):
+        assert re.match(
+            rf"This pause was (already|being) approved by {winner} ",
+            lost.json()["error"]["message"],
+        )
+    assert run_ends(pg_store.raw, run) == ["completed"]
+    assert len(pg_store.raw.rows(run)) == rows_before + 2
+    assert [r["actor"] for r in decision_rows(pg_store, run)] == [winner]
+    assert ledger.count() == 0
+
+
+def test_two_apps_share_one_decision_record(
+    make_pg_client: Callable[..., TestClient], pg_store: PgStore, pg_seeded: PgSeeded
+) -> None:
+    one = make_pg_client(pg_store)
+    other = make_pg_client(pg_store)
+    run = pg_seeded.id("two-tools-first-pauses")
+    shown = card(other, run)
+
+    assert decide(one, run, shown["checkpoint_id"], approver="Ann").status_code == 200
+
+    seen = other.get(f"/approvals/{run}.json").json()
+    assert seen["pending"] is None
+    [decision] = seen["decisions"]
+    assert decision["approver"] == "Ann"
+    second = decide(other, run, shown["checkpoint_id"], approver="Bob")
+    assert second.status_code == 409
+    assert second.json()["error"]["message"] == (
+        f"This pause was already approved by Ann at {decision['decided_at']}."
+    )
+    assert [r["actor"] for r in decision_rows(pg_store, run)] == ["Ann"]
+    assert other.get(f"/runs/{run}.json").json()["decisions"][0]["approver"] == "Ann"
+
+
+def test_a_read_only_app_reads_decisions_and_creates_nothing(
+    make_pg_client: Callable[..., TestClient], pg_store: PgStore, pg_seeded: PgSeeded
+) -> None:
+    reader = make_pg_client(pg_store, agents=[], read_only=True)
+    run = pg_seeded.id("paused-1")
+    assert reader.get(f"/runs/{run}.json").json()["decisions"] == []
+    assert (
+        pg_store.app_raw.query(
+            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (pg_store.app_schema,)
+        )
+        == []
+    )
+    refused = decide(reader, run, card(reader, run)["checkpoint_id"])
+    assert refused.status_code == 403
+    writer = make_pg_client(pg_store)
+    assert decide(writer, run, card(writer, run)["checkpoint_id"]).status_code == 200
+    assert [d["approver"] for d in reader.get(f"/runs/{run}.json").json()["decisions"]] == [
+        "Ann Approver"
+    ]
+
+
+def test_resume_of_a_run_that_died_in_its_tool_charges_once(
+    make_pg_client: Callable[..., TestClient],
+    pg_store: PgStore,
+    pg_seeded: PgSeeded,
+    ledger: Ledger,
+) -> None:
+    client = make_pg_client(pg_store, ledger)
+    run = pg_seeded.id("crashed-in-tool")
+    plan = client.get(f"/runs/{run}.json").json()["resume"]
+    assert plan["shape"] == "tool"
+    data = {"checkpoint_id": plan["checkpoint_id"], "actor": "Ops", "confirm": "yes"}
+    response = client.post(f"/runs/{run}/resume", data=data, headers=JSON)
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "completed"
+    assert run_ends(pg_store.raw, run) == ["completed"]
+    assert ledger.count("charge_back", "A-1006") == 1
+    again = client.post(f"/runs/{run}/resume", data=data, headers=JSON)
+    assert again.status_code in (409, 422)
+    assert ledger.count() == 1
+
+
+def test_resume_of_a_failed_run(
+    make_pg_client: Callable[..., TestClient], pg_store: PgStore, pg_seeded: PgSeeded
+) -> None:
+    client = make_pg_client(pg_store)
+    run = pg_seeded.id("failed")
+    plan = client.get(f"/runs/{run}.json").json()["resume"]
+    data = {"checkpoint_id": plan["checkpoint_id"], "actor": "Ops", "confirm": "yes"}
+    response = client.post(f"/runs/{run}/resume", data=data, headers=JSON)
+    assert response.status_code == 200, response.text
+    assert run_ends(pg_store.raw, run) == ["failed", "completed"]
+
+
+def test_fork_from_a_row_links_both_ways(
+    make_pg_client: Callable[..., TestClient], pg_store: PgStore, pg_seeded: PgSeeded
+) -> None:
+    client = make_pg_client(pg_store)
+    source = pg_seeded.id("failed")
+    row = pg_store.raw.rows(source)[0]["checkpoint_id"]
+    response = client.post(
+        f"/runs/{source}/fork",
+        data={"checkpoint_id": row, "input": "Refund order A-1010 for 15.00"},
+        headers=JSON,
+    )
+    assert response.status_code == 200, response.text
+    new = response.json()["new_execution_id"]
+    page = client.get(f"/runs/{new}.json").json()
+    assert page["state"] == "completed"
+    assert page["fork_of"]["source_execution_id"] == source
+    assert [f["execution_id"] for f in client.get(f"/runs/{source}.json").json()["forks"]] == [new]
+
+
+def test_prune_through_the_app_deletes_what_it_previewed(
+    make_pg_client: Callable[..., TestClient], pg_store: PgStore
+) -> None:
+    client = make_pg_client(pg_store)
+    preview = client.get("/prune.json", params={"older_than": "0s"}).json()
+    assert (preview["checkpoint_rows"], preview["cache_rows"], preview["pauses_kept"]) == (
+        26,
+        7,
+        5,
+    )
+    done = client.post(
+        "/prune", data={"older_than": "0s", "cutoff": preview["cutoff"]}, headers=JSON
+    )
+    assert done.status_code == 200, done.text
+    assert done.json()["deleted"] == preview["would_delete"] == 33
+    assert len(pending_ids(pg_store.raw)) == 4
+    after = client.get("/runs.json").json()
+    assert after["counts"]["paused"] == 4
+
+
+# --- the decision record itself -----------------------------------------------
+
+
+@pytest.fixture
+def decisions(pg_store: PgStore) -> Iterator[PostgresDecisionLog]:
+    log = PostgresDecisionLog(pg_store.dsn, schema=pg_store.app_schema)
+    yield log
+    log.close()
+
+
+def _claim(log: PostgresDecisionLog, actor: str, pending: bool = True) -> Any:
+    return log.claim(
+        kind=APPROVAL,
+        execution_id="run-1",
+        checkpoint_id="cp-1",
+        approved=True,
+        actor=actor,
+        reason="",
+        still_pending=lambda: pending,
+    )
+
+
+def test_claims_one_wins_then_finish_and_release(decisions: PostgresDecisionLog) -> None:
+    won = _claim(decisions, "ann")
+    lost = _claim(decisions, "bob")
+    assert (won.won, lost.won, lost.decision.id, lost.decision.actor) == (
+        True,
+        False,
+        won.decision.id,
+        "ann",
+    )
+    assert ISO_UTC.match(won.decision.decided_at)
+    finished = decisions.finish(won.decision.id, "completed", "done")
+    assert (finished.outcome, finished.detail) == ("completed", "done")
+    assert ISO_UTC.match(finished.finished_at or "")
+    assert decisions.list_for_run("run-1") == (finished,)
+    decisions.release(won.decision.id)
+    assert decisions.list_for_run("run-1") == ()
+    assert _claim(decisions, "cy").won
+
+
+def test_an_abandoned_claim_is_taken_over_only_while_the_pause_waits(
+    decisions: PostgresDecisionLog, pg_store: PgStore
+) -> None:
+    first = _claim(decisions, "ann")
+    pg_store.app_raw.execute(
+        "UPDATE {s}.localui_decisions SET decided_at = now() - make_interval(secs => %s)",
+        (ABANDONED_AFTER_SECONDS + 5,),
+    )
+    assert not _claim(decisions, "bob", pending=False).won
+    taken = _claim(decisions, "bob", pending=True)
+    assert taken.won and taken.decision.actor == "bob" and taken.decision.id != first.decision.id
+    assert [d.actor for d in decisions.list_for_run("run-1")] == ["bob"]
+
+
+def test_concurrent_claims_from_many_connections(pg_store: PgStore) -> None:
+    logs = [PostgresDecisionLog(pg_store.dsn, schema=pg_store.app_schema) for _ in range(4)]
+    try:
+        barrier = threading.Barrier(16)
+
+        def one(i: int) -> bool:
+            barrier.wait(timeout=30)
+            return bool(_claim(logs[i % 4], f"actor-{i}").won)
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            results = list(pool.map(one, range(16)))
+    finally:
+        for log in logs:
+            log.close()
+    assert results.count(True) == 1
+
+
+# --- binding agents and the command line ---------------------------------------
+
+
+def test_bind_refuses_an_agent_on_another_schema_or_database(pg_store: PgStore) -> None:
+    from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
+    from localui.demo.agent import build_agent
+
+    target = StoreTarget(pg_dsn=pg_store.dsn, pg_schema=pg_store.schema)
+    same = build_agent(
+        PostgresCheckpointer(pg_store.dsn.replace("127.0.0.1", "localhost"), schema=pg_store.schema)
+    )
+    bind(same, target)
+    with pytest.raises(RegistryError, match="pass --pg-schema other_schema"):
+        bind(build_agent(PostgresCheckpointer(pg_store.dsn, schema="other_schema")), target)
+    elsewhere = pg_store.dsn.rsplit("/", 1)[0] + "/another_db"
+    with pytest.raises(RegistryError, match="another_db"):
+        bind(build_agent(PostgresCheckpointer(elsewhere, schema=pg_store.schema)), target)
+    bare = build_agent(None)
+    bind(bare, target)
+    assert (bare._checkpointer.schema, bare._checkpointer.connection_string) == (
+        pg_store.schema,
+        pg_store.dsn,
+    )
+
+
+def _serve(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "localui", "serve", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_serve_says_in_one_line_when_postgres_cannot_be_reached(tmp_path: Path) -> None:
+    done = _serve("--store", "postgresql://app:s3cret@127.0.0.1:1/fleet", cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("localui: PostgreSQL at 127.0.0.1:1 is not answering: ")
+    assert "s3cret" not in done.stderr and done.stdout == ""
+
+
+def test_serve_says_in_one_line_when_the_schema_is_missing(
+    tmp_path: Path, pg_store: PgStore
+) -> None:
+    done = _serve("--store", pg_store.dsn, "--pg-schema", "fastaiagent_nope", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"localui: no schema 'fastaiagent_nope' in {pg_store.dsn}: check --pg-schema "
+        "(the SDK's default is fastaiagent)"
+    ]
+
+
+# --- the change feed's source ----------------------------------------------------
+
+
+@pytest.fixture
+def source(pg_store: PgStore) -> Iterator[tuple[Any, list[str]]]:
+    from localui.live_pg import PostgresChangeSource
+
+    statements: list[str] = []
+    made = PostgresChangeSource(
+        pg_store.dsn,
+        schema=pg_store.schema,
+        app_schema=pg_store.app_schema,
+        trace=statements.append,
+    )
+    made.reset()
+    yield made, statements
+    made.close()
+
+
+def run_worker(pg_store: PgStore, scenario: str, cwd: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "localui.demo.worker", "--store", pg_store.dsn]
+        + ["--pg-schema", pg_store.schema, "--scenario", scenario],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_the_app_feeds_its_live_pages_from_the_postgres_source(
+    make_pg_client: Callable[..., TestClient], pg_store: PgStore
+) -> None:
+    from localui.live_pg import PostgresChangeSource
+
+    client = make_pg_client(pg_store)
+    feed = client.app.state.localui.extensions["feed"]
+    assert isinstance(feed.source, PostgresChangeSource)
+    assert (feed.source.schema, feed.source.app_schema) == (pg_store.schema, pg_store.app_schema)
+
+
+def test_an_idle_poll_is_one_statement_reading_no_table(source: tuple[Any, list[str]]) -> None:
+    feed_source, statements = source
+    statements.clear()
+    assert feed_source.poll() is None
+    assert feed_source.poll() is None
+    assert len(statements) == 2
+    assert all(
+        sql.startswith("SELECT pg_current_snapshot()::text, (SELECT n_tup_del")
+        for sql in statements
+    )
+
+
+def test_the_source_pins_new_rows_pauses_and_decisions_to_runs(
+    source: tuple[Any, list[str]], pg_store: PgStore, pg_seeded: PgSeeded, tmp_path: Path
+) -> None:
+    feed_source, _ = source
+    new = run_worker(pg_store, "paused-1", tmp_path)
+    changes = feed_source.poll()
+    assert changes is not None and not changes.everything
+    assert (changes.runs, changes.pauses_added, changes.pauses_removed) == (
+        {new},
+        {new},
+        frozenset(),
+    )
+    assert feed_source.poll() is None
+
+    log = PostgresDecisionLog(pg_store.dsn, schema=pg_store.app_schema)
+    try:
+        claim = log.claim(
+            kind=APPROVAL,
+            execution_id=new,
+            checkpoint_id="cp",
+            approved=True,
+            actor="ann",
+            reason="",
+            still_pending=lambda: True,
+        )
+        # The app's table appeared with the first claim: nothing to pin that to.
+        appeared = feed_source.poll()
+        assert appeared is not None and appeared.everything
+        log.finish(claim.decision.id, "completed", None)
+        finished = feed_source.poll()
+        assert finished is not None and not finished.everything
+        assert finished.decided == {new}
+    finally:
+        log.close()
+
+    pg_store.raw.execute(
+        "DELETE FROM {s}.pending_interrupts WHERE execution_id = %s", (pg_seeded.id("paused-2"),)
+    )
+    claimed = feed_source.poll()
+    assert claimed is not None and claimed.pauses_removed == {pg_seeded.id("paused-2")}
+
+
+def test_the_source_sees_the_outbox_move_and_a_prune(
+    source: tuple[Any, list[str]], pg_store: PgStore, pg_seeded: PgSeeded
+) -> None:
+    from datetime import timedelta
+
+    from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
+    feed_source, _ = source
+    run = pg_seeded.id("failed")
+    sdk = PostgresCheckpointer(pg_store.dsn, schema=pg_store.schema)
+    try:
+        sdk.mark_synced([r["checkpoint_id"] for r in pg_store.raw.rows(run)])
+        changes = feed_source.poll()
+        assert changes is not None and changes.runs == {run} and not changes.everything
+        sdk.prune(timedelta(hours=-1))
+    finally:
+        sdk.close()  # the server counts the deletes once the session is done
+    # The commit and the count of deletes reach this session at different moments:
+    # whichever poll comes after the count says so.
+    deadline = time.monotonic() + 15
+    while (pruned := feed_source.poll()) is None or not pruned.everything:
+        assert time.monotonic() < deadline, "the prune never reached the change source"
+        time.sleep(0.1)
+
+
+# --- the privileges the README lists --------------------------------------------
+
+
+@pytest.fixture
+def roles(pg_store: PgStore) -> Iterator[dict[str, str]]:
+    """Login roles for this test (roles are cluster-wide: named for it, dropped after):
+    ``owner`` owns the SDK's schema as a fleet's workers would; ``reader`` may only
+    read its tables; ``actor`` is a member of ``owner``."""
+    from conftest import pg_name
+
+    names = {kind: pg_name(f"lu_{kind}") for kind in ("owner", "reader", "actor")}
+    database = pg_store.dsn.rsplit("/", 1)[1]
+    admin = pg_store.raw
+    for name in names.values():
+        admin.execute(f"CREATE ROLE {name} LOGIN")
+    owner, reader, actor = names["owner"], names["reader"], names["actor"]
+    admin.execute(f"GRANT CREATE ON DATABASE {database} TO {owner}")
+    admin.execute(f"ALTER SCHEMA {{s}} OWNER TO {owner}")
+    for table in ("checkpoints", "pending_interrupts", "idempotency_cache", "schema_version"):
+        admin.execute(f"ALTER TABLE {{s}}.{table} OWNER TO {owner}")
+    admin.execute(f"GRANT USAGE ON SCHEMA {{s}} TO {reader}")
+    admin.execute(
+        f"GRANT SELECT ON {{s}}.checkpoints, {{s}}.pending_interrupts, {{s}}.idempotency_cache"
+        f" TO {reader}"
+    )
+    admin.execute(f"GRANT {owner} TO {actor}")
+    dsns = {kind: pg_store.dsn.replace("postgres@", f"{name}@") for kind, name in names.items()}
+    try:
+        yield dsns
+    finally:
+        pg_store.app_raw.drop()
+        pg_store.raw.drop()
+        for name in (actor, reader, owner):
+            admin.execute(f"DROP OWNED BY {name} CASCADE")
+            admin.execute(f"DROP ROLE {name}")
+
+
+def test_a_reader_role_serves_read_only_and_says_what_to_grant(
+    roles: dict[str, str], pg_store: PgStore, pg_seeded: PgSeeded
+) -> None:
+    from starlette.testclient import TestClient as Client
+
+    from localui.app import create_app
+
+    run = pg_seeded.id("paused-1")
+    settings = replace(pg_store.settings(read_only=True), store=roles["reader"])
+    with Client(create_app(settings), base_url="http://127.0.0.1:8765") as reader:
+        assert reader.get("/runs.json").json()["counts"] == {**COUNTS, "orphaned": 0}
+        assert reader.get(f"/approvals/{run}.json").status_code == 200  # no app schema yet
+        # Once an acting localui made its schema, a reader needs to be let in.
+        PostgresDecisionLog(pg_store.dsn, schema=pg_store.app_schema).close()
+        refused = reader.get(f"/runs/{run}.json")
+        assert refused.status_code == 503
+        assert refused.json()["error"]["message"].endswith(
+            f"(a read-only localui shows decisions with USAGE on schema {pg_store.app_schema}"
+            f" and SELECT on {pg_store.app_schema}.localui_decisions)"
+        )
+        name = roles["reader"].split("//")[1].split("@")[0]
+        pg_store.app_raw.execute(f"GRANT USAGE ON SCHEMA {{s}} TO {name}")
+        pg_store.app_raw.execute(f"GRANT SELECT ON {{s}}.localui_decisions TO {name}")
+        assert reader.get(f"/runs/{run}.json").json()["decisions"] == []
+    store = PostgresStore(roles["reader"], schema=pg_store.schema)
+    try:
+        assert store.count_pending() == 4
+    finally:
+        store.close()
+
+
+def test_a_member_of_the_fleets_role_acts_through_the_sdk(
+    roles: dict[str, str],
+    pg_store: PgStore,
+    pg_seeded: PgSeeded,
+    make_pg_client: Callable[..., TestClient],
+) -> None:
+    from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
+    from localui.demo.agent import build_agent
+
+    sdk = PostgresCheckpointer(roles["actor"], schema=pg_store.schema)
+    try:
+        acting = replace(pg_store, dsn=roles["actor"])
+        client = make_pg_client(acting, agents=[build_agent(sdk)])
+        run = pg_seeded.id("paused-3")
+        response = decide(client, run, card(client, run)["checkpoint_id"])
+        assert response.status_code == 200, response.text
+        assert response.json()["status"] == "completed"
+        preview = client.get("/prune.json", params={"older_than": "0s"}).json()
+        done = client.post(
+            "/prune", data={"older_than": "0s", "cutoff": preview["cutoff"]}, headers=JSON
+        )
+        assert done.json()["deleted"] == preview["would_delete"]
+    finally:
+        sdk.close()
