@@ -142,6 +142,11 @@ def serve(settings: Settings, agents: Sequence[Any]) -> int:
         # Open streams must not hold a stopping server for long.
         timeout_graceful_shutdown=2,
     )
+    # uvicorn stops on Ctrl-C or SIGTERM, then raises the signal again for whoever
+    # installed a handler; these make that a quiet exit 0 through the clean-up below,
+    # instead of a KeyboardInterrupt traceback or death by signal before it.
+    signal.signal(signal.SIGINT, _exit_quietly)
+    signal.signal(signal.SIGTERM, _exit_quietly)
     try:
         uvicorn.Server(config).run()
     finally:
@@ -178,7 +183,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return serve(_settings(args, store), agents)
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
+def _exit_quietly(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
@@ -212,10 +217,6 @@ def run_demo(args: argparse.Namespace) -> int:
     from localui.demo.agent import build_agent
 
     agent = build_agent(SQLiteCheckpointer(str(store)))
-    if temp_dir is not None:
-        # uvicorn re-raises the SIGTERM it caught once it has stopped; as an exception
-        # rather than the default action, it lets the temporary store be removed.
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         return serve(_settings(args, str(store)), [agent])
     finally:

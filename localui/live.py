@@ -487,6 +487,9 @@ class ChangeFeed:
         self._stopped = False
         #: Polls made, for tests and the benchmark: zero while no one watches.
         self.polls = 0
+        #: Why the store cannot be read right now, or None while it can: every stream
+        #: shows it, and a Resync when it comes and goes re-renders every page.
+        self.problem: str | None = None
 
     @property
     def seq(self) -> int:
@@ -570,6 +573,23 @@ class ChangeFeed:
             await asyncio.sleep(self.interval)
             try:
                 await self.poll_once()
-            except Exception:
-                # A locked or vanished store must not end the feed; the next poll retries.
-                logger.exception("the change feed could not poll the store")
+            except Exception as exc:
+                # A locked, vanished or unreachable store must not end the feed; the next
+                # poll retries. Said once per outage, not once per poll.
+                problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if self.problem is None:
+                    logger.warning("the store cannot be read: %s", problem)
+                self.set_problem(problem)
+            else:
+                if self.problem is not None:
+                    logger.warning("the store can be read again")
+                self.set_problem(None)
+
+    def set_problem(self, problem: str | None) -> None:
+        """Record whether the store can be read; tell every stream when that changes."""
+        if problem == self.problem:
+            return
+        self.problem = problem
+        self._seq += 1
+        for subscription in list(self._subscribers):
+            subscription.deliver(Resync(seq=self._seq))

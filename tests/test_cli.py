@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -191,3 +192,32 @@ def test_demo_refuses_an_existing_store(cwd: Path, store_copy: Path) -> None:
     assert_one_line_error(done, str(store_copy), "exists")
     assert (store_copy.stat().st_size, store_copy.stat().st_mtime_ns) == before
     assert os.listdir(cwd) == []
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_serve_stops_quietly_on_ctrl_c_and_sigterm(
+    cwd: Path, store_copy: Path, stop: signal.Signals
+) -> None:
+    port = free_port()
+    with serving(
+        [LOCALUI, "serve", "--store", str(store_copy), "--port", str(port)], cwd, port
+    ) as child:
+        child.send_signal(stop)
+        out, err = child.communicate(timeout=15)
+        assert child.returncode == 0, err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def test_demo_removes_its_temporary_store_when_stopped(cwd: Path) -> None:
+    port = free_port()
+    with serving([LOCALUI, "demo", "--port", str(port)], cwd, port) as child:
+        runs = httpx.get(f"http://127.0.0.1:{port}/runs.json", timeout=10).json()["runs"]
+        assert len(runs) == len(SCENARIO_NAMES)
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=15)
+    assert child.returncode == 0, err
+    store = next(line for line in out.splitlines() if "seeding demo runs into" in line)
+    temp_dir = Path(store.rsplit(" ", 1)[1]).parent
+    assert temp_dir.name.startswith("localui-demo-")
+    assert not temp_dir.exists()
+    assert list(cwd.iterdir()) == []

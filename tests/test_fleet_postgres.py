@@ -480,6 +480,11 @@ def test_the_app_says_the_server_is_gone_and_recovers_when_it_returns(
         refused = approve(server, run, shown["checkpoint_id"], "Ann")
         assert refused.status_code == 503, refused.text
         assert server.process.poll() is None
+        # The open live stream is told, with the same words.
+        while live.first("store-status", "The store cannot be read right now") is None:
+            assert time.monotonic() - deadline < 20, "the live stream was not told"
+            time.sleep(0.05)
+        told = live.first("store-status", "The store cannot be read right now")
 
         cluster.start()
         back = time.monotonic()
@@ -494,6 +499,12 @@ def test_the_app_says_the_server_is_gone_and_recovers_when_it_returns(
         done = approve(server, run, shown["checkpoint_id"], "Ann")
         assert done.status_code == 200, done.text
         assert [e["order_id"] for e in ledger.effects()] == ["F-3003"]
+        # ...and told again when it is back: the banner goes.
+        while not any(
+            t > (told or 0) and e == "store-status" and "hidden" in d for t, e, d in live.events
+        ):
+            assert time.monotonic() - back < 10, "the live stream was not told of the recovery"
+            time.sleep(0.05)
         # The live stream opened before the outage carries on: a new pause reaches it.
         later, paused_at = fleet.pause("F-3004")
         while live.first("queue", later) is None:

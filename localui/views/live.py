@@ -274,6 +274,7 @@ async def live_events(
         with renders.holding(views):
             # Sets the browser's reconnect delay and opens the stream at once.
             yield ServerSentEvent(comment="localui live", retry=RECONNECT_MS)
+            yield store_status(ctx, feed.problem)
             sent: dict[str, str] = {}
             due: Sequence[LiveView] = views
             at_least = subscription.seq
@@ -299,10 +300,17 @@ async def live_events(
                     return
                 if isinstance(item, Resync):
                     yield ServerSentEvent(data="missed changes: sending everything", event="resync")
+                    yield store_status(ctx, feed.problem)
                     sent.clear()
                     due, at_least = views, feed.seq
                 else:
                     due, at_least = [v for v in views if v.affected_by(item)], item.seq
+
+
+def store_status(ctx: AppContext, problem: str | None) -> ServerSentEvent:
+    """The banner every live page carries: empty while the store reads, else why not."""
+    html = ctx.templates.get_template("partials/_store_status.html").render(problem=problem)
+    return ServerSentEvent(data=html, event="store-status")
 
 
 def stream(request: Request, views: Sequence[LiveView]) -> Response:
