@@ -35,7 +35,7 @@ from localui import runs
 from localui.store.records import FORK_ORIGIN_NODE, RunFacts, RunFactsPage, RunQuery
 
 #: Bump when the index's tables change: an index of another version is rebuilt.
-VERSION = "1"
+VERSION = "2"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -55,7 +55,9 @@ CREATE TABLE IF NOT EXISTS runs (
     fork_parent        TEXT,
     rows_waiting       INTEGER NOT NULL,
     rows_quarantined   INTEGER NOT NULL,
-    state              TEXT NOT NULL
+    state              TEXT NOT NULL,
+    -- The tools' arguments, for the runs list's text search.
+    tool_args          TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS state_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS totals (
@@ -94,10 +96,13 @@ _DROP_UPKEEP = (
     "DROP TRIGGER IF EXISTS runs_del",
 )
 
+#: How much of a run's tool arguments the index keeps for search.
+MAX_TOOL_ARGS = 4000
+
 _COLUMNS = (
     "execution_id, agent, row_count, first_at, last_at, last_rowid, last_checkpoint_id,"
     " last_node_id, last_step_type, last_status, has_pending, pending_reason, fork_parent,"
-    " rows_waiting, rows_quarantined, state"
+    " rows_waiting, rows_quarantined, state, tool_args"
 )
 
 
@@ -139,19 +144,21 @@ class _Summary:
         "fork_parent",
         "waiting",
         "quarantined",
+        "args",
     )
 
     def __init__(self, row: tuple[Any, ...]) -> None:
-        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error = row
+        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args = row
         self.agent, self.cid, self.node, self.step = agent or "", cid or "", node or "", step
         self.status, self.at, self.rowid = status or "completed", at or "", rowid
         self.count, self.first = 1, at or ""
         self.fork_parent = parent if node == FORK_ORIGIN_NODE else None
         self.waiting = 1 if synced == 0 else 0
         self.quarantined = 1 if error is not None else 0
+        self.args: set[str] = {args} if args else set()
 
     def add(self, row: tuple[Any, ...]) -> None:
-        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error = row
+        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args = row
         at = at or ""
         self.count += 1
         # The SDK's newest row: created_at, then insertion order (get_last).
@@ -166,6 +173,8 @@ class _Summary:
             self.waiting += 1
         if error is not None:
             self.quarantined += 1
+        if args:
+            self.args.add(args)
 
 
 def _fold(rows: Iterable[tuple[Any, ...]]) -> dict[str, _Summary]:
@@ -393,7 +402,7 @@ class RunIndex:
     def _upsert(
         self, conn: sqlite3.Connection, folded: dict[str, _Summary], pending: dict[str, str]
     ) -> None:
-        marks = ",".join("?" * 16)
+        marks = ",".join("?" * 17)
         conn.executemany("DELETE FROM runs WHERE execution_id = ?", [(e,) for e in folded])
         conn.executemany(
             f"INSERT INTO runs ({_COLUMNS}) VALUES ({marks})",
@@ -415,6 +424,7 @@ class RunIndex:
                     s.waiting,
                     s.quarantined,
                     runs.run_state(s.step, s.status, eid in pending),
+                    "\n".join(sorted(s.args))[:MAX_TOOL_ARGS],
                 )
                 for eid, s in folded.items()
             ),
@@ -466,8 +476,7 @@ class RunIndex:
                 0,
                 "(execution_id LIKE ?1 ESCAPE '\\' OR agent LIKE ?1 ESCAPE '\\'"
                 " OR COALESCE(pending_reason, '') LIKE ?1 ESCAPE '\\'"
-                " OR execution_id IN (SELECT execution_id FROM s.checkpoints"
-                " WHERE node_input LIKE ?1 ESCAPE '\\'))",
+                " OR tool_args LIKE ?1 ESCAPE '\\')",
             )
         with self._lock:
             if where:

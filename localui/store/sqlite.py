@@ -245,6 +245,8 @@ class SQLiteStore:
                 s.col("parent_checkpoint_id"),
                 s.col("synced"),
                 s.col("sync_error"),
+                # A tool's arguments, which the runs list searches (turn rows have none).
+                "CASE WHEN node_id LIKE '%/tool:%' THEN node_input END",
             ]
         )
         return StoreColumns(
