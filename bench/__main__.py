@@ -1,0 +1,378 @@
+"""``python -m bench``: build the stores, measure both UIs, judge the budgets, write the table.
+
+    .venv/bin/python -m bench                                   # 1k, 10k, 100k runs
+    .venv/bin/python -m bench --sizes 1000 --requests 5         # a quick look
+    .venv/bin/python -m bench --no-sdk-ui                       # localui alone
+
+Exit status: 0 when every budget is met, 1 when one is missed, 2 when the
+benchmark could not measure something (a page that did not answer 200, a server
+that did not start). The table goes to ``--out`` (markdown) with the raw
+samples beside it (same name, ``.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench import report
+from bench.browser import page_weights
+from bench.budgets import all_passed, judge
+from bench.latency import Timing, failed, follow_next, time_get, warm_up
+from bench.model import DEEP_PAGES, ServerRun, StoreRun, localui_urls, sdk_urls
+from bench.sdk_ui import ensure_venv, installed, sdk_version
+from bench.servers import REPO, Server, clean_env, pythonpath, start_localui, start_sdk_ui
+from bench.stores import BuiltStore, add_spans, build_store, make_templates
+
+DEFAULT_WORKDIR = Path(tempfile.gettempdir()) / "localui-bench"
+DEFAULT_OUT = REPO / "bench" / "results" / "latest.md"
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    requests: int
+    warmup: int
+    inproc: bool
+    weights: bool
+    #: The localui the servers run: a copy of this checkout, or ``--localui-path``.
+    app_path: Path | None
+
+
+def _time_all(
+    server: Server, urls: Mapping[str, str], options: Options, log: Log, loads: list[float]
+) -> dict[str, Timing]:
+    timings: dict[str, Timing] = {}
+    loads.append(os.getloadavg()[0])
+    with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
+        for key, url in urls.items():
+            started = time.monotonic()
+            error = warm_up(client, url, times=options.warmup)
+            if error is not None:
+                timings[key] = failed(error)
+            else:
+                cpu = server.cpu_seconds()
+                timed = time_get(client, url, requests=options.requests)
+                cpu_ms = (server.cpu_seconds() - cpu) * 1000 / options.requests
+                timings[key] = dataclasses.replace(timed, cpu_ms=cpu_ms)
+            t = timings[key]
+            shown = f"ERROR {t.error}"
+            if t.ok:
+                shown = f"p50 {t.p50:.1f} ms, p95 {t.p95:.1f} ms, server CPU {t.cpu_ms:.1f} ms"
+            log(f"  {server.name} {key}: {shown} ({time.monotonic() - started:.0f} s)")
+    loads.append(os.getloadavg()[0])
+    return timings
+
+
+def _inproc(store: BuiltStore, cache: Path, urls: Mapping[str, str], options: Options) -> Any:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.inproc",
+            "--store",
+            str(store.path),
+            "--requests",
+            str(options.requests),
+            "--warmup",
+            str(options.warmup),
+        ],
+        input=json.dumps(dict(urls)),
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),
+        env=clean_env(XDG_CACHE_HOME=str(cache), PYTHONPATH=pythonpath(options.app_path)),
+        timeout=1800,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"bench.inproc failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_localui(store: BuiltStore, options: Options, log: Log) -> ServerRun:
+    result = ServerRun()
+    cache = Path(tempfile.mkdtemp(prefix="localui-bench-cache-"))
+    try:
+        server = start_localui(store.path, cache_dir=cache, app_path=options.app_path)
+        result.startup_cold_s = server.startup_s
+        result.startup_cpu["cold"] = server.startup_cpu_s
+        log(f"  localui started (cold) in {server.startup_s:.2f} s")
+        try:
+            with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
+                cursor, result.deep_page = follow_next(client, "/runs.json", pages=DEEP_PAGES)
+            if cursor is None:
+                result.errors.append("the runs list has one page only: no deep page to time")
+            urls = localui_urls(store, cursor)
+            result.timings = _time_all(server, urls, options, log, result.load)
+            result.memory_kb = server.memory_kb()
+            if options.weights:
+                result.pages = page_weights(
+                    {
+                        "runs": f"{server.base_url}/",
+                        "run50": f"{server.base_url}{urls['run50_html']}",
+                        "run2000": f"{server.base_url}{urls['run2000_html']}",
+                        "approvals": f"{server.base_url}/approvals",
+                        "diff": f"{server.base_url}{urls['diff_html']}",
+                    }
+                )
+        finally:
+            server.stop()
+        # Again, with what the first start left in its cache dir.
+        server = start_localui(store.path, cache_dir=cache, app_path=options.app_path)
+        result.startup_warm_s = server.startup_s
+        result.startup_cpu["warm"] = server.startup_cpu_s
+        server.stop()
+        log(f"  localui started (warm) in {result.startup_warm_s:.2f} s")
+        # And as a viewer, with no agent to resume with: what the app itself costs.
+        server = start_localui(store.path, cache_dir=cache, agents=False, app_path=options.app_path)
+        try:
+            result.viewer_startup_s = server.startup_s
+            result.startup_cpu["viewer"] = server.startup_cpu_s
+            with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
+                for url in urls.values():
+                    warm_up(client, url, times=options.warmup)
+            result.viewer_memory_kb = server.memory_kb()
+        finally:
+            server.stop()
+        log(
+            f"  localui without agents: started in {result.viewer_startup_s:.2f} s,"
+            f" {result.viewer_memory_kb.get('VmRSS', 0) / 1000:.0f} MB after warm-up"
+        )
+        if options.inproc:
+            started = time.monotonic()
+            result.inproc = _inproc(store, cache, urls, options)
+            log(f"  in-process timings done ({time.monotonic() - started:.0f} s)")
+    except Exception as exc:
+        result.errors.append(f"localui: {type(exc).__name__}: {exc}")
+        log(traceback.format_exc())
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return result
+
+
+def measure_sdk(store: BuiltStore, venv: Path, options: Options, log: Log) -> ServerRun:
+    result = ServerRun()
+    try:
+        server = start_sdk_ui(store.path, venv=venv)
+    except Exception as exc:
+        result.errors.append(f"sdk-ui: {exc}")
+        return result
+    result.startup_cold_s = server.startup_s
+    result.startup_cpu["cold"] = server.startup_cpu_s
+    log(f"  sdk-ui started in {server.startup_s:.2f} s")
+    try:
+        result.timings = _time_all(server, sdk_urls(store), options, log, result.load)
+        result.memory_kb = server.memory_kb()
+        if options.weights:
+            result.pages = page_weights(
+                {
+                    "overview": f"{server.base_url}/",
+                    "run50": f"{server.base_url}/executions/{store.run_50}",
+                    "approvals": f"{server.base_url}/approvals",
+                }
+            )
+    except Exception as exc:
+        result.errors.append(f"sdk-ui: {type(exc).__name__}: {exc}")
+        log(traceback.format_exc())
+    finally:
+        server.stop()
+    return result
+
+
+def snapshot_app(dest: Path) -> str:
+    """Copy this checkout's app (``localui/``, ``templates/``, ``static/``) to ``dest``.
+
+    Every server of a run then runs the same code even while someone edits the
+    checkout. Returns a digest of what was copied, for the report.
+    """
+    shutil.rmtree(dest, ignore_errors=True)
+    digest = hashlib.sha256()
+    for name in ("localui", "templates", "static"):
+        shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        for path in sorted((dest / name).rglob("*")):
+            if path.is_file():
+                digest.update(str(path.relative_to(dest)).encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _span_sizes(text: str) -> list[int]:
+    return [] if text == "none" else _sizes(text)
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = sorted({int(x.replace("_", "").replace("k", "000")) for x in text.split(",") if x})
+    if not sizes or min(sizes) < 100:
+        raise argparse.ArgumentTypeError("sizes are run counts of at least 100")
+    return sizes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmark localui against its budgets, side by side with the SDK's UI.",
+    )
+    parser.add_argument(
+        "--sizes", type=_sizes, default=[1000, 10000, 100000], help="runs per store (1000,10k)"
+    )
+    parser.add_argument(
+        "--span-sizes",
+        type=_span_sizes,
+        default=None,
+        help="sizes also built with trace spans, or none (default: the largest)",
+    )
+    parser.add_argument(
+        "--pending", type=int, default=1000, help="paused runs per store (at most a tenth)"
+    )
+    parser.add_argument("--requests", type=int, default=30, help="timed requests per page")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed requests before them")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the markdown table")
+    parser.add_argument(
+        "--workdir", type=Path, default=DEFAULT_WORKDIR, help="stores and the SDK UI's venv"
+    )
+    parser.add_argument("--no-sdk-ui", action="store_true", help="measure localui alone")
+    parser.add_argument(
+        "--sdk-ui-venv", type=Path, default=None, help="venv for fastaiagent[ui] (made if missing)"
+    )
+    parser.add_argument(
+        "--sdk-sizes",
+        type=_sizes,
+        default=None,
+        help="sizes the SDK UI is measured on (default: the largest)",
+    )
+    parser.add_argument(
+        "--keep-stores", action="store_true", help="leave the built stores in --workdir"
+    )
+    parser.add_argument(
+        "--localui-path",
+        type=Path,
+        default=None,
+        help="a directory holding another localui package (with templates/ and static/"
+        " beside it) to measure instead of this checkout's: a change tried out in a copy",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    started = time.monotonic()
+
+    def log(line: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    largest = max(args.sizes)
+    span_sizes = set([largest] if args.span_sizes is None else args.span_sizes)
+    sdk_sizes = set(args.sdk_sizes or [largest])
+    workdir: Path = args.workdir.resolve()
+    stores_dir = workdir / "stores"
+    app_path: Path = args.localui_path.resolve() if args.localui_path else workdir / "app"
+    code = report.git_state()
+    app_note = f"a copy at {app_path}, given by --localui-path"
+    if args.localui_path is None:
+        app_note = f"this checkout, copied at start (digest {snapshot_app(app_path)})"
+    try:
+        templates = make_templates(workdir / "templates", log)
+        stores: list[BuiltStore] = []
+        for size in args.sizes:
+            pending = min(args.pending, size // 10)
+            store = build_store(
+                templates, stores_dir / f"runs-{size}.db", runs=size, pending=pending
+            )
+            log(f"store {store.label}: {store.rows:,} rows, {store.seconds:.1f} s")
+            stores.append(store)
+            if size in span_sizes:
+                spanned = add_spans(templates, store, stores_dir / f"runs-{size}-spans.db")
+                log(f"store {spanned.label}: {spanned.spans:,} spans, {spanned.seconds:.1f} s")
+                stores.append(spanned)
+    except Exception:
+        log(traceback.format_exc())
+        return 2
+
+    venv: Path | None = None
+    sdk_note = "not measured (--no-sdk-ui)"
+    if not args.no_sdk_ui:
+        try:
+            venv = ensure_venv(args.sdk_ui_venv or workdir / f"sdk-ui-venv-{sdk_version()}", log)
+            sdk_note = ", ".join(f"{k} {v}" for k, v in installed(venv).items())
+        except Exception as exc:
+            sdk_note = f"not measured: its venv could not be made ({exc})"
+            log(sdk_note)
+
+    runs: list[StoreRun] = []
+    for store in stores:
+        at_largest = store.runs == largest
+        options = Options(
+            requests=args.requests,
+            warmup=args.warmup,
+            # The app's queries never read spans: once, on the largest store without them.
+            inproc=at_largest and not store.spans,
+            # Page weight does not depend on the store's size: once, on the largest.
+            weights=at_largest and not store.spans,
+            app_path=app_path,
+        )
+        log(f"measuring {store.label} (load average {os.getloadavg()[0]:.1f})")
+        local = measure_localui(store, options, log)
+        sdk = None
+        if venv is not None and store.runs in sdk_sizes:
+            sdk = measure_sdk(store, venv, options, log)
+        runs.append(StoreRun(store=store, localui=local, sdk=sdk))
+
+    judged = {r.store.label: report.budget_figures(r) for r in runs if r.store.runs == largest}
+    verdicts = judge(judged)
+    errors = [e for r in runs for s in (r.localui, r.sdk) if s is not None for e in s.errors]
+    errors += [
+        f"{r.store.label} / {k}: {t.error}"
+        for r in runs
+        for s in (r.localui, r.sdk)
+        if s is not None
+        for k, t in s.timings.items()
+        if not t.ok
+    ]
+    out: Path = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    context = report.Context(
+        command=" ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+        seconds=time.monotonic() - started,
+        templates_seconds=templates.seconds,
+        sdk_note=sdk_note,
+        requests=args.requests,
+        warmup=args.warmup,
+        code=code,
+        app_note=app_note,
+    )
+    out.write_text(report.markdown(runs, verdicts, errors, context))
+    out.with_suffix(".json").write_text(
+        json.dumps(report.as_json(runs, verdicts, errors, context), indent=1)
+    )
+    if not args.keep_stores:
+        shutil.rmtree(stores_dir, ignore_errors=True)
+    if args.localui_path is None:
+        shutil.rmtree(app_path, ignore_errors=True)
+    log(f"wrote {out} in {time.monotonic() - started:.0f} s")
+    for v in verdicts:
+        log(f"{'PASS' if v.passed else 'MISS'} {v.budget.what}: {v.worst:.4g} {v.budget.unit}")
+    if errors:
+        for e in errors:
+            log(f"ERROR {e}")
+        return 2
+    return 0 if all_passed(verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The budgets (issue 7) and how a set of measurements is judged against them.
+
+Latency budgets are judged on the loopback p50 (``bench.latency``) of every
+page they name, at the largest store size measured, with and without spans:
+the worst figure is the one that counts. Sizes are decimal: 1 KB = 1,000
+bytes, 1 MB = 1,000,000 bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    key: str
+    what: str
+    limit: float
+    unit: str
+    #: The measurements it judges (metric keys; see ``bench.__main__``).
+    metrics: tuple[str, ...]
+
+
+BUDGETS: tuple[Budget, ...] = (
+    Budget(
+        "runs_list",
+        "runs list p50, 100k runs (first page, state filter, page 21)",
+        15,
+        "ms",
+        ("runs_first", "runs_first_json", "runs_state", "runs_deep"),
+    ),
+    Budget("runs_search", "runs list p50, 100k runs, text search (q=)", 15, "ms", ("runs_search",)),
+    Budget("run_50", "run page p50, 50 rows", 10, "ms", ("run50_html", "run50_json")),
+    Budget("run_2000", "run page p50, 2,000 rows", 100, "ms", ("run2000_html", "run2000_json")),
+    Budget(
+        "approvals", "approvals p50, 1,000 pending", 20, "ms", ("approvals_html", "approvals_json")
+    ),
+    Budget(
+        "diff",
+        "diff of two 1 MB snapshots, p50",
+        300,
+        "ms",
+        ("diff_html", "diff_json", "diff_far_html"),
+    ),
+    Budget("rss", "RSS after warm-up, demo agent registered (--agents)", 80, "MB", ("rss_mb",)),
+    Budget("rss_viewer", "RSS after warm-up, no agents registered", 80, "MB", ("rss_viewer_mb",)),
+    Budget(
+        "startup",
+        "process start to first 200 on /, first start on a store",
+        1,
+        "s",
+        ("startup_cold_s",),
+    ),
+    Budget(
+        "startup_warm",
+        "process start to first 200 on /, later starts",
+        1,
+        "s",
+        ("startup_warm_s", "startup_viewer_s"),
+    ),
+    Budget("js_css", "JS + CSS per page, uncompressed", 80, "KB", ("js_css_kb",)),
+    Budget("js_css_wire", "JS + CSS per page, on the wire", 30, "KB", ("js_css_wire_kb",)),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    budget: Budget
+    #: The worst figure, and where it was measured (``store / metric``).
+    worst: float
+    where: str
+    #: Every figure judged, by ``store / metric``.
+    figures: Mapping[str, float]
+    missing: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.missing and not math.isnan(self.worst) and self.worst <= self.budget.limit
+
+
+def judge(figures_by_store: Mapping[str, Mapping[str, float]]) -> list[Verdict]:
+    """Each budget against the figures of every store judged; a metric that no store
+    has a figure for is a failure (page weight, say, is measured on one store only)."""
+    verdicts = []
+    for budget in BUDGETS:
+        figures: dict[str, float] = {}
+        for store, figures_of_store in figures_by_store.items():
+            for metric in budget.metrics:
+                value = figures_of_store.get(metric)
+                if value is not None and not math.isnan(value):
+                    figures[f"{store} / {metric}"] = value
+        missing = [m for m in budget.metrics if not any(k.endswith(f" / {m}") for k in figures)]
+        where, worst = max(figures.items(), key=lambda kv: kv[1], default=("", math.nan))
+        verdicts.append(
+            Verdict(
+                budget=budget, worst=worst, where=where, figures=figures, missing=tuple(missing)
+            )
+        )
+    return verdicts
+
+
+def all_passed(verdicts: Sequence[Verdict]) -> bool:
+    return all(v.passed for v in verdicts)

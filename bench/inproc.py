@@ -1,0 +1,86 @@
+"""In-process timing of the app: ``python -m bench.inproc --store S ...`` (a child process).
+
+Builds the app the way ``localui serve`` does (store opened, demo agent bound,
+``create_app``), runs its lifespan, and times each URL read from stdin (a JSON
+object of name -> URL) through ``httpx.ASGITransport``: no socket, no uvicorn.
+Prints a JSON object of name -> timing on stdout. A child process so the SDK's
+cached configuration and the app's memory stay out of the orchestrator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.latency import Timing, failed
+
+
+async def _time(client: Any, url: str, requests: int, warmup: int) -> Timing:
+    """Like ``bench.latency.time_get``, through the ASGI transport; CPU is this process's."""
+    for _ in range(warmup):
+        response = await client.get(url)
+        if response.status_code != 200:
+            return failed(f"GET {url} answered {response.status_code}")
+    samples: list[float] = []
+    cpu = time.process_time()
+    for _ in range(requests):
+        started = time.perf_counter()
+        response = await client.get(url)
+        body = response.content
+        samples.append((time.perf_counter() - started) * 1000)
+        if response.status_code != 200:
+            return failed(f"GET {url} answered {response.status_code}")
+    cpu_ms = (time.process_time() - cpu) * 1000 / requests
+    return Timing(tuple(samples), 200, len(body), cpu_ms=cpu_ms)
+
+
+async def _measure(store: Path, urls: dict[str, str], requests: int, warmup: int) -> dict[str, Any]:
+    import httpx
+
+    from bench.agents import refund_bot
+    from localui.app import create_app
+    from localui.registry import Registry, StoreTarget
+    from localui.settings import Settings
+    from localui.store import open_store
+
+    settings = Settings(store=str(store))
+    opened = open_store(settings)
+    registry = Registry.build([refund_bot()], StoreTarget(sqlite_path=store))
+    app = create_app(settings, agents=registry.agents.values(), store=opened)
+    results: dict[str, Any] = {}
+    try:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://127.0.0.1:8765"
+            ) as client:
+                for name, url in urls.items():
+                    timing = await _time(client, url, requests, warmup)
+                    results[name] = timing.as_json()
+    finally:
+        opened.close()
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.inproc")
+    parser.add_argument("--store", type=Path, required=True)
+    parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    store = args.store.resolve()
+    os.environ["FASTAIAGENT_LOCAL_DB"] = str(store)
+    urls = json.loads(sys.stdin.read())
+    results = asyncio.run(_measure(store, urls, args.requests, args.warmup))
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

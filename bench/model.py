@@ -1,0 +1,114 @@
+"""What is measured: the pages and endpoints, their URLs, and the figures kept per server."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.browser import PageWeight
+from bench.latency import Timing
+from bench.stores import BuiltStore
+
+#: Pages followed through ``next`` before the deep page is timed.
+DEEP_PAGES = 20
+
+#: What each localui measurement is, in the table's words.
+LOCALUI_METRICS: Mapping[str, str] = {
+    "runs_first": "runs list, first page (HTML)",
+    "runs_first_json": "runs list, first page (JSON)",
+    "runs_state": "runs list, state=paused (HTML)",
+    "runs_search": "runs list, q=ORDER-ID (HTML)",
+    "runs_deep": f"runs list, page {DEEP_PAGES + 1} via next (HTML)¹",
+    "run_typical": "run page, 4 rows (HTML)",
+    "run50_html": "run page, 50 rows (HTML)",
+    "run50_json": "run page, 50 rows (JSON)",
+    "run2000_html": "run page, 2,000 rows (HTML)",
+    "run2000_json": "run page, 2,000 rows (JSON)",
+    "approvals_html": "approvals queue (HTML)",
+    "approvals_json": "approvals queue (JSON)",
+    "diff_html": "diff of two 1 MB rows, next step (HTML)",
+    "diff_json": "diff of two 1 MB rows, next step (JSON)",
+    "diff_far_html": "diff of two 1 MB rows, other conversation (HTML)",
+}
+SDK_METRICS: Mapping[str, str] = {
+    "sdk_run_typical": "/api/executions/{id}, 4 rows",
+    "sdk_run50": "/api/executions/{id}, 50 rows",
+    "sdk_run2000": "/api/executions/{id}, 2,000 rows (it returns the first 500)",
+    "sdk_pending": "/api/pending-interrupts?limit=100 (what its queue asks for)",
+}
+LOCALUI_PAGES: Mapping[str, str] = {
+    "runs": "runs list /",
+    "run50": "run page, 50 rows",
+    "run2000": "run page, 2,000 rows",
+    "approvals": "approvals queue",
+    "diff": "diff of two 1 MB rows, next step",
+}
+SDK_PAGES: Mapping[str, str] = {
+    "overview": "home /",
+    "run50": "execution page, 50 rows",
+    "approvals": "approvals page",
+}
+
+
+def localui_urls(store: BuiltStore, deep_cursor: str | None) -> dict[str, str]:
+    diff = f"a={store.big_a}&b={store.big_b}"
+    urls = {
+        "runs_first": "/",
+        "runs_first_json": "/runs.json",
+        "runs_state": "/?state=paused",
+        "runs_search": f"/?q={store.search}",
+        "run_typical": f"/runs/{store.run_typical}",
+        "run50_html": f"/runs/{store.run_50}",
+        "run50_json": f"/runs/{store.run_50}.json",
+        "run2000_html": f"/runs/{store.run_2000}",
+        "run2000_json": f"/runs/{store.run_2000}.json",
+        "approvals_html": "/approvals",
+        "approvals_json": "/approvals.json",
+        "diff_html": f"/diff?{diff}",
+        "diff_json": f"/diff.json?{diff}",
+        "diff_far_html": f"/diff?a={store.big_a}&b={store.big_c}",
+    }
+    if deep_cursor:
+        urls["runs_deep"] = f"/?after={deep_cursor}"
+    return {k: urls[k] for k in LOCALUI_METRICS if k in urls}
+
+
+def sdk_urls(store: BuiltStore) -> dict[str, str]:
+    return {
+        "sdk_run_typical": f"/api/executions/{store.run_typical}",
+        "sdk_run50": f"/api/executions/{store.run_50}",
+        "sdk_run2000": f"/api/executions/{store.run_2000}",
+        "sdk_pending": "/api/pending-interrupts?limit=100",
+    }
+
+
+@dataclass
+class ServerRun:
+    """One server's figures on one store."""
+
+    timings: dict[str, Timing] = field(default_factory=dict)
+    inproc: dict[str, dict[str, Any]] = field(default_factory=dict)
+    startup_cold_s: float | None = None
+    startup_warm_s: float | None = None
+    memory_kb: dict[str, int] = field(default_factory=dict)
+    #: localui again without ``--agents`` (a viewer): a later start, and its memory
+    #: after the same warm-up.
+    viewer_startup_s: float | None = None
+    viewer_memory_kb: dict[str, int] = field(default_factory=dict)
+    #: CPU seconds each start had used at its first 200: ``cold``, ``warm``, ``viewer``.
+    startup_cpu: dict[str, float] = field(default_factory=dict)
+    pages: dict[str, PageWeight] = field(default_factory=dict)
+    #: The page number the deep-page timing opened (smaller when the list is short).
+    deep_page: int = 0
+    #: The 1-minute load average as the timed requests began and as they ended: the
+    #: machine is shared, and a busy one slows every figure.
+    load: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StoreRun:
+    store: BuiltStore
+    localui: ServerRun
+    sdk: ServerRun | None

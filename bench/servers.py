@@ -1,0 +1,160 @@
+"""Server processes under test: ``localui serve`` and the SDK's ``fastaiagent ui``.
+
+Each starts from a scratch working directory with a clean environment for the
+SDK (no ``FASTAIAGENT_*`` variables leak in from the caller), and is timed from
+just before ``Popen`` to its first 200 on ``/``. Resident memory comes from
+``/proc/PID/status``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+#: The agent localui registers (see ``bench/agents.py``).
+AGENTS_SPEC = f"{REPO / 'bench' / 'agents.py'}:refund_bot"
+#: A server that has not answered 200 by then has failed to start.
+START_TIMEOUT_S = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The caller's environment without the SDK's settings, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTAIAGENT_")}
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen[bytes]
+    base_url: str
+    workdir: Path
+    log_path: Path
+    #: Seconds from just before ``Popen`` to the first 200 on ``/``.
+    startup_s: float = 0.0
+    #: CPU the process had used by then: start-up cost whatever else the machine does.
+    startup_cpu_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def memory_kb(self) -> dict[str, int]:
+        """``VmRSS`` (resident now) and ``VmHWM`` (peak resident) of the server process."""
+        values: dict[str, int] = {}
+        with open(f"/proc/{self.proc.pid}/status") as status:
+            for line in status:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    values[key] = int(rest.split()[0])
+        return values
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far (all its threads)."""
+        with open(f"/proc/{self.proc.pid}/stat") as stat:
+            # The command name may hold spaces: count fields after its closing paren.
+            fields = stat.read().rsplit(")", 1)[1].split()
+        utime, stime = int(fields[11]), int(fields[12])
+        return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _start(
+    name: str, command: list[str], *, port: int, env: dict[str, str], workdir: Path
+) -> Server:
+    log_path = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
+    log = open(log_path, "wb")  # noqa: SIM115  (the child holds it for its life)
+    base_url = f"http://127.0.0.1:{port}"
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    server = Server(name=name, proc=proc, base_url=base_url, workdir=workdir, log_path=log_path)
+    deadline = started + START_TIMEOUT_S
+    with httpx.Client(timeout=60.0) as client:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"{name} exited with {proc.returncode} before answering: {server.log_tail()}"
+                )
+            try:
+                if client.get(f"{base_url}/").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.perf_counter() > deadline:
+                server.stop()
+                raise RuntimeError(f"{name} gave no 200 on / within {START_TIMEOUT_S:.0f} s")
+            time.sleep(0.005)
+    server.startup_s = time.perf_counter() - started
+    server.startup_cpu_s = server.cpu_seconds()
+    return server
+
+
+def pythonpath(app_path: Path | None) -> str:
+    """``PYTHONPATH`` for a child: the localui at ``app_path`` (a scratch copy being
+    tried out) ahead of this checkout's, then this checkout for ``bench``."""
+    return os.pathsep.join(str(p) for p in (app_path, REPO) if p is not None)
+
+
+def start_localui(
+    store: Path, *, cache_dir: Path, agents: bool = True, app_path: Path | None = None
+) -> Server:
+    """``python -m localui serve`` on ``store``; its own files (the runs index) go to
+    ``cache_dir`` through ``XDG_CACHE_HOME``, so a fresh dir means a cold start."""
+    port = free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="localui-bench-serve-"))
+    command = [sys.executable, "-m", "localui", "serve", "--store", str(store), "--port", str(port)]
+    if agents:
+        command += ["--agents", AGENTS_SPEC]
+    env = clean_env(XDG_CACHE_HOME=str(cache_dir), PYTHONPATH=pythonpath(app_path))
+    return _start("localui", command, port=port, env=env, workdir=workdir)
+
+
+def start_sdk_ui(store: Path, *, venv: Path) -> Server:
+    """``fastaiagent ui --db STORE --no-auth --no-open`` from the SDK UI's own venv."""
+    port = free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="localui-bench-sdkui-"))
+    command = [
+        str(venv / "bin" / "fastaiagent"),
+        "ui",
+        "--db",
+        str(store),
+        "--no-auth",
+        "--no-open",
+        "--port",
+        str(port),
+    ]
+    # HOME: its auth file and any other per-user state stay in the scratch dir.
+    env = clean_env(HOME=str(workdir))
+    return _start("sdk-ui", command, port=port, env=env, workdir=workdir)

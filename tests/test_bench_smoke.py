@@ -1,0 +1,112 @@
+"""The benchmark runs end to end at a tiny size and writes a complete table.
+
+No timing is asserted here (budgets are the benchmark's business, not a
+test's): this checks that ``python -m bench`` builds its stores from real SDK
+runs, serves them with the real ``localui serve``, loads pages in Chromium,
+writes a row for every measurement and every budget, and that its exit status
+agrees with the verdicts it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.budgets import BUDGETS
+from bench.model import LOCALUI_METRICS, LOCALUI_PAGES, SDK_METRICS
+
+REPO = Path(__file__).resolve().parent.parent
+RUNS = 200
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, dict, str]:
+    out_dir = tmp_path_factory.mktemp("bench")
+    out = out_dir / "latest.md"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTAIAGENT_")}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--sizes",
+            str(RUNS),
+            "--span-sizes",
+            str(RUNS),
+            "--requests",
+            "3",
+            "--warmup",
+            "1",
+            "--no-sdk-ui",
+            "--out",
+            str(out),
+            "--workdir",
+            str(out_dir / "work"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert out.is_file(), f"no table written (exit {done.returncode}):\n{done.stderr[-4000:]}"
+    results = json.loads(out.with_suffix(".json").read_text())
+    return done.returncode, out.read_text(), results, done.stderr
+
+
+def _row(table: str, label: str) -> list[str]:
+    """The cells of the markdown row whose first cell is ``label``."""
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] == label:
+            return cells[1:]
+    raise AssertionError(f"no row {label!r} in the table")
+
+
+def test_it_measures_everything_without_error(bench_run: tuple[int, str, dict, str]) -> None:
+    status, _table, results, stderr = bench_run
+    # 2 means something could not be measured: a page that did not answer 200.
+    assert status in (0, 1), f"exit {status}, errors {results['errors']}:\n{stderr[-4000:]}"
+    assert results["errors"] == []
+    labels = [s["label"] for s in results["stores"]]
+    assert labels == [f"{RUNS} runs", f"{RUNS} runs + spans"]
+    spanned = results["stores"][1]
+    assert spanned["spans"] > RUNS and spanned["rows"] > RUNS * 3
+
+
+def test_every_measurement_has_its_row(bench_run: tuple[int, str, dict, str]) -> None:
+    _status, table, _results, _stderr = bench_run
+    lines = table.splitlines()
+    for label in LOCALUI_METRICS.values():
+        cells = _row(table, label)
+        # p50 / p95 for each store, with and without spans.
+        assert len(cells) == 2 and all("/" in c and "error" not in c for c in cells), cells
+    for label in LOCALUI_PAGES.values():
+        weight = [line for line in lines if line.startswith(f"| localui | {label} | ")]
+        assert len(weight) == 1 and "error" not in weight[0], weight
+    for store in (f"{RUNS} runs", f"{RUNS} runs + spans"):
+        memory = [line for line in lines if line.startswith(f"| localui | {store} | ")]
+        assert len(memory) == 1 and " MB |" in memory[0], memory
+    for label in SDK_METRICS.values():
+        assert _row(table, label) == ["not measured"]
+
+
+def test_every_budget_is_judged_and_the_exit_status_agrees(
+    bench_run: tuple[int, str, dict, str],
+) -> None:
+    status, table, results, _stderr = bench_run
+    judged = {b["what"]: b for b in results["budgets"]}
+    assert list(judged) == [b.what for b in BUDGETS]
+    for budget in BUDGETS:
+        verdict = judged[budget.what]
+        assert verdict["missing"] == [], verdict
+        assert verdict["worst"] == max(verdict["figures"].values())
+        assert verdict["passed"] == (verdict["worst"] <= budget.limit)
+        assert _row(table, budget.what)[-1] == ("pass" if verdict["passed"] else "**MISSED**")
+    assert status == (0 if all(b["passed"] for b in judged.values()) else 1)
