@@ -123,6 +123,22 @@ class RowDetail:
         return tuple(name for name, value in cols.items() if isinstance(value, Unreadable))
 
 
+_PAYLOADS = ("state_snapshot", "node_input", "node_output", "interrupt_context")
+
+
+def row_detail(header: RowHeader, row: Mapping[str, Any]) -> RowDetail:
+    """A row's payload columns, as either store reads them (text), parsed for a page."""
+    return RowDetail(
+        header=header,
+        state_snapshot=parse_json(row["state_snapshot"], {}),
+        node_input=parse_json(row["node_input"], {}),
+        node_output=parse_json(row["node_output"], {}),
+        interrupt_context=parse_json(row["interrupt_context"], {}),
+        iteration=int(row["iteration"] or 0),
+        raw={name: row[name] for name in _PAYLOADS},
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Pending:
     """A ``pending_interrupts`` row: a run waiting for a person."""

@@ -38,6 +38,7 @@ from localui.store.records import (
     RunQuery,
     StoreTotals,
     parse_json,
+    row_detail,
     unwrap_cached,
 )
 from localui.store.run_index import RunIndex, StoreColumns
@@ -345,19 +346,7 @@ class SQLiteStore:
             ).fetchone()
         if row is None:
             return None
-        raw = {
-            name: row[name]
-            for name in ("state_snapshot", "node_input", "node_output", "interrupt_context")
-        }
-        return RowDetail(
-            header=self._header(row),
-            state_snapshot=parse_json(row["state_snapshot"], {}),
-            node_input=parse_json(row["node_input"], {}),
-            node_output=parse_json(row["node_output"], {}),
-            interrupt_context=parse_json(row["interrupt_context"], {}),
-            iteration=int(row["iteration"] or 0),
-            raw=raw,
-        )
+        return row_detail(self._header(row), row)
 
     # --- pauses -------------------------------------------------------
 
