@@ -182,7 +182,9 @@ class SQLiteDecisionLog:
         try:
             yield self._conn
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            # SQLite may have rolled back already (an I/O error does).
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
             raise
         else:
             self._conn.execute("COMMIT")

@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastaiagent.checkpointers import SQLiteCheckpointer
 
 from localui.store.records import RunQuery
@@ -151,3 +152,43 @@ def test_a_long_run_pages_its_timeline(make_client: Any, store_copy: Path, raw: 
     assert len(client.get("/runs/long-run.json?from=0&rows=all").json()["rows"]) == 450
     assert client.get("/runs/long-run.json?from=x").status_code == 400
     assert client.get("/runs/long-run.json?rows=9").status_code == 400
+
+
+def test_a_store_replaced_at_its_path_is_read_anew(
+    copy_store: Callable[[], Path], tmp_path: Path, seeded: Any
+) -> None:
+    """Restoring a backup over the store: the runs list shows the file now at the path."""
+    path = copy_store()
+    store = SQLiteStore(path, index_dir=tmp_path / "index")
+    assert seeded.id("completed") in states(store)
+    replacement = tmp_path / "replacement.db"
+    source, target = sqlite3.connect(path), sqlite3.connect(replacement)
+    source.backup(target)
+    source.close()
+    # A backup file as a restore brings it: one self-contained file, no WAL beside it.
+    target.execute("PRAGMA journal_mode = DELETE")
+    target.execute("DELETE FROM checkpoints WHERE execution_id = ?", (seeded.id("completed"),))
+    target.commit()
+    target.close()
+    # As a restore does with the writers stopped: the old file's WAL goes with it.
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    os.replace(replacement, path)
+    after = states(store)
+    assert seeded.id("completed") not in after
+    assert after == direct_states(store)
+    store.close()
+
+
+def test_a_deleted_store_is_unavailable_not_an_error(
+    copy_store: Callable[[], Path], tmp_path: Path
+) -> None:
+    from localui.errors import Unavailable
+
+    path = copy_store()
+    store = SQLiteStore(path, index_dir=tmp_path / "index")
+    store.list_runs(RunQuery())
+    path.unlink()
+    with pytest.raises(Unavailable, match="is gone"):
+        store.list_runs(RunQuery())
+    store.close()

@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import quote
 
 from localui import runs
+from localui.errors import Unavailable
 from localui.store.records import FORK_ORIGIN_NODE, RunFacts, RunFactsPage, RunQuery
 
 #: Bump when the index's tables change: an index of another version is rebuilt.
@@ -217,16 +218,31 @@ class RunIndex:
         name = hashlib.sha256(str(self.store_path).encode()).hexdigest()[:24]
         self.path = _writable_dir(index_dir) / f"runs-{name}.sqlite"
         self._lock = threading.Lock()
+        # Opened as a URI so that the store is attached read-only (``mode=ro``) whatever
+        # this SQLite build's default for URI file names.
         self._conn = sqlite3.connect(
-            self.path, timeout=busy_timeout, check_same_thread=False, isolation_level=None
+            f"file:{quote(str(self.path))}",
+            uri=True,
+            timeout=busy_timeout,
+            check_same_thread=False,
+            isolation_level=None,
         )
         self._conn.execute("PRAGMA journal_mode = WAL")
         self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._seen_version: int | None = None
+        self._attached = ""
+        self._attach()
+        self._create_schema()
+
+    def _attach(self) -> None:
+        """Attach the store as it is on disk now; a replaced file is attached anew."""
+        if self._attached:
+            self._conn.execute("DETACH DATABASE s")
         self._conn.execute(
             "ATTACH DATABASE ? AS s", (f"file:{quote(str(self.store_path))}?mode=ro",)
         )
-        self._seen_version: int | None = None
-        self._create_schema()
+        self._attached = self._identity()
+        self._seen_version = None
 
     def _create_schema(self) -> None:
         """Create the tables, or start over when the file holds another version's."""
@@ -255,7 +271,9 @@ class RunIndex:
         try:
             yield self._conn
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            # SQLite may have rolled back already (an I/O error does).
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
             raise
         else:
             self._conn.execute("COMMIT")
@@ -265,6 +283,8 @@ class RunIndex:
     def refresh(self) -> None:
         """Bring the index up to date with the store; cheap when nothing changed."""
         with self._lock:
+            if self._identity() != self._attached:
+                self._attach()
             version = int(self._conn.execute("PRAGMA s.data_version").fetchone()[0])
             if version == self._seen_version:
                 return
@@ -282,7 +302,10 @@ class RunIndex:
         return {k: v for k, v in conn.execute("SELECT key, value FROM meta")}
 
     def _identity(self) -> str:
-        st = os.stat(self.store_path)
+        try:
+            st = os.stat(self.store_path)
+        except FileNotFoundError as exc:
+            raise Unavailable(f"the store {self.store_path} is gone: the file was deleted") from exc
         return f"{st.st_dev}:{st.st_ino}"
 
     def _stale(self, conn: sqlite3.Connection) -> bool:

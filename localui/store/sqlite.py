@@ -265,7 +265,7 @@ class SQLiteStore:
                 raise Unavailable(
                     f"the runs index for {self.path} is locked by another process; try again"
                 ) from exc
-            raise
+            raise Unavailable(f"the store {self.path} cannot be read: {exc}") from exc
         except sqlite3.DatabaseError as exc:
             raise Unavailable(f"the store {self.path} cannot be read: {exc}") from exc
 
