@@ -192,3 +192,175 @@ def test_a_deleted_store_is_unavailable_not_an_error(
     with pytest.raises(Unavailable, match="is gone"):
         store.list_runs(RunQuery())
     store.close()
+
+
+# --- a store indexed in the background ---------------------------------------
+#
+# A store of 20,000 rows or more is indexed in a thread of its own. These tests
+# lower that threshold to 0 and hold the index file's write lock from another
+# connection, as a second localui process building the same index would, so the
+# build is certainly still running while the store is asked.
+
+
+def _stale_index(path: Path, index_dir: Path) -> tuple[Any, dict[str, Any], Path]:
+    """Index ``path`` once and mark the index as built for another file, as if the
+    store had been replaced: the next open rebuilds it. Returns what the complete
+    index answered (first page, totals) and the index file."""
+    store = SQLiteStore(path, index_dir=index_dir)
+    first = store.list_runs(RunQuery())
+    answers = {
+        "totals": store.totals(),
+        "paused": store.list_runs(RunQuery(state="paused")),
+        "forks": {f.execution_id: store.list_forks(f.execution_id) for f in first.runs},
+    }
+    index_file = store._index.path
+    store.close()
+    with sqlite3.connect(index_file) as conn:
+        conn.execute("UPDATE meta SET value = 'another file' WHERE key = 'identity'")
+    return first, answers, index_file
+
+
+def _hold_write_lock(index_file: Path) -> sqlite3.Connection:
+    holder = sqlite3.connect(index_file, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    return holder
+
+
+def test_a_store_being_indexed_answers_its_first_page_at_once(
+    copy_store: Callable[[], Path], tmp_path: Path, raw: Any
+) -> None:
+    import threading
+
+    path = copy_store()
+    first, complete, index_file = _stale_index(path, tmp_path / "index")
+    holder = _hold_write_lock(index_file)
+    store = SQLiteStore(path, index_dir=tmp_path / "index", background_index_from_rows=0)
+    try:
+        page = store.list_runs(RunQuery())
+        assert page.indexing is not None
+        assert (
+            page.indexing.rows_total == raw(path).query("SELECT MAX(rowid) FROM checkpoints")[0][0]
+        )
+        # The runs written to most recently, each summarised exactly from its rows.
+        assert page.runs == first.runs
+        assert (dict(page.counts), page.next_key) == ({}, None)
+        assert store.get_run(first.runs[0].execution_id) == first.runs[0]
+        assert store.get_run("no-such-run") is None
+
+        # What needs the whole index waits for it rather than answering from half.
+        waited: dict[str, Any] = {}
+        waiting = threading.Thread(
+            target=lambda: waited.update(paused=store.list_runs(RunQuery(state="paused")))
+        )
+        waiting.start()
+        waiting.join(0.3)
+        assert waiting.is_alive() and not waited
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    waiting.join(30)
+    assert waited["paused"] == complete["paused"]
+    assert store.totals() == complete["totals"]
+    done = store.list_runs(RunQuery())
+    assert (done.indexing, done.runs, dict(done.counts)) == (None, first.runs, dict(first.counts))
+    assert {f.execution_id: store.list_forks(f.execution_id) for f in first.runs} == complete[
+        "forks"
+    ]
+    store.close()
+
+
+def test_a_build_that_cannot_get_the_index_says_why_and_is_tried_again(
+    copy_store: Callable[[], Path], tmp_path: Path
+) -> None:
+    from localui.errors import Unavailable
+    from localui.store.run_index import RunIndex
+
+    path = copy_store()
+    _first, complete, index_file = _stale_index(path, tmp_path / "index")
+    reader = SQLiteStore(path, index_dir=tmp_path / "elsewhere")
+    holder = _hold_write_lock(index_file)
+    index = RunIndex(
+        path,
+        columns=reader._index_columns,
+        index_dir=tmp_path / "index",
+        busy_timeout=0.1,
+        background_from_rows=0,
+    )
+    try:
+        with pytest.raises(Unavailable, match="could not be built: database is locked"):
+            index.totals()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    totals = complete["totals"]
+    assert index.totals() == (totals.rows, totals.rows_waiting, totals.rows_quarantined)
+    index.close()
+    reader.close()
+
+
+def test_the_runs_page_says_it_is_indexing_and_asks_again(
+    copy_store: Callable[[], Path], tmp_path: Path
+) -> None:
+    from starlette.testclient import TestClient
+
+    from localui.app import create_app
+    from localui.settings import Settings
+
+    path = copy_store()
+    first, complete, index_file = _stale_index(path, tmp_path / "index")
+    holder = _hold_write_lock(index_file)
+    store = SQLiteStore(path, index_dir=tmp_path / "index", background_index_from_rows=0)
+    app = create_app(Settings(store=str(path)), store=store)
+    with TestClient(app, base_url="http://127.0.0.1:8765") as client:
+        try:
+            html = client.get("/").text
+            rows = complete["totals"].rows
+            assert f"Indexing this store's {rows:,} rows" in html
+            assert 'hx-get="/?" hx-trigger="every 1s"' in html
+            assert "rows in the store" not in html
+            for run in first.runs:
+                assert f'href="/runs/{run.execution_id}"' in html
+            body = client.get("/runs.json").json()
+            assert body["totals"] is None and body["counts"] == {}
+            assert body["indexing"]["rows_total"] == rows
+            assert [r["execution_id"] for r in body["runs"]] == [r.execution_id for r in first.runs]
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        store.totals()  # waits for the build
+        fragment = client.get("/", headers={"HX-Request": "true"}).text
+        assert "Indexing" not in fragment and "every 1s" not in fragment
+        assert f"{complete['totals'].rows} rows in the store" in fragment
+        assert client.get("/runs.json").json()["indexing"] is None
+    store.close()
+
+
+def test_text_search_finds_exactly_the_runs_holding_the_text(
+    store_copy: Path, tmp_path: Path, raw: Any
+) -> None:
+    """Trigram lookups (3 characters or more) and the scan of shorter texts agree
+    with a plain substring test over each run's id, agent, pause reason and tool
+    arguments, ignoring ASCII case."""
+    store = SQLiteStore(store_copy, index_dir=tmp_path / "index")
+    fields: dict[str, list[str]] = {}
+    for eid, agent, node, node_input in raw(store_copy).query(
+        "SELECT execution_id, chain_name, node_id, node_input FROM checkpoints"
+    ):
+        run = fields.setdefault(eid, [eid, agent])
+        if "/tool:" in node and node_input:
+            run.append(node_input)
+    for eid, reason in raw(store_copy).query("SELECT execution_id, reason FROM pending_interrupts"):
+        fields[eid].append(reason or "")
+
+    texts = {"zz", "-", "A-", '"', '"order_id"', "NO-SUCH-TEXT", "Bot", "refund-BOT"}
+    for run in fields.values():
+        for field in run:
+            texts.update({field[:3], field[2:9], field[-5:].upper()})
+    for text in sorted(t for t in texts if t.strip()):
+        expected = {
+            eid for eid, run in fields.items() if any(text.lower() in f.lower() for f in run)
+        }
+        page = store.list_runs(RunQuery(text=text, limit=1000))
+        assert {f.execution_id for f in page.runs} == expected, text
+        assert sum(page.counts.values()) == len(expected), text
+    store.close()

@@ -72,11 +72,26 @@ class RunQuery:
 
 
 @dataclass(frozen=True, slots=True)
+class IndexProgress:
+    """How far the first indexing of a large store has got."""
+
+    rows_read: int
+    rows_total: int
+
+    @property
+    def percent(self) -> int:
+        return min(100, self.rows_read * 100 // self.rows_total) if self.rows_total else 100
+
+
+@dataclass(frozen=True, slots=True)
 class RunFactsPage:
     runs: tuple[RunFacts, ...]
     #: ``(last_at, execution_id)`` of the last run on this page when more follow.
     next_key: tuple[str, str] | None
     counts: Mapping[str, int]
+    #: Set while the store is being indexed: ``runs`` are then the runs written to
+    #: most recently, read straight from the store, with no counts and no next page.
+    indexing: IndexProgress | None = None
 
 
 @dataclass(frozen=True, slots=True)

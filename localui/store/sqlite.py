@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from localui.errors import StoreMissing, Unavailable
+from localui.errors import LocalUIError, StoreMissing, Unavailable
 from localui.store.records import (
     FORK_ORIGIN_NODE,
     CacheEntry,
@@ -41,7 +41,7 @@ from localui.store.records import (
     row_detail,
     unwrap_cached,
 )
-from localui.store.run_index import RunIndex, StoreColumns
+from localui.store.run_index import BACKGROUND_FROM_ROWS, RunIndex, StoreColumns
 
 #: Read connections open at once, and the page cache of each (SQLite's default is 2 MiB).
 POOL_SIZE = 4
@@ -96,7 +96,12 @@ class SQLiteStore:
     """:class:`localui.store.base.Store` over a SQLite file."""
 
     def __init__(
-        self, path: str | Path, *, busy_timeout: float = 5.0, index_dir: Path | None = None
+        self,
+        path: str | Path,
+        *,
+        busy_timeout: float = 5.0,
+        index_dir: Path | None = None,
+        background_index_from_rows: int = BACKGROUND_FROM_ROWS,
     ) -> None:
         self.path = Path(path)
         self.location = str(self.path)
@@ -113,7 +118,18 @@ class SQLiteStore:
         self._schema: _Schema | None = None
         self._generation = 0
         self._check_is_sqlite()
-        self._index = RunIndex(self.path, columns=self._index_columns, index_dir=index_dir)
+        self._index = RunIndex(
+            self.path,
+            columns=self._index_columns,
+            index_dir=index_dir,
+            background_from_rows=background_index_from_rows,
+        )
+        # Start indexing now rather than on the first request; what fails here fails
+        # again, with its reason, on the request that needs the index.
+        try:
+            self._index.refresh()
+        except (LocalUIError, sqlite3.Error):
+            pass
 
     # --- connections --------------------------------------------------
 

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from localui import runs
 from localui.errors import BadRequest
 from localui.store.base import STATES, Store
-from localui.store.records import RunFacts, RunQuery, StoreTotals
+from localui.store.records import IndexProgress, RunFacts, RunQuery, StoreTotals
 from localui.views.common import (
     context,
     decode_cursor,
@@ -68,7 +68,8 @@ class RunFilters:
 class StateTab:
     state: str | None
     label: str
-    count: int
+    #: None while the store is being indexed.
+    count: int | None
     url: str
     active: bool
 
@@ -79,10 +80,14 @@ class RunsPage:
     #: The cursor for the next page (``?after=``), or null on the last page.
     next: str | None
     next_url: str | None
-    #: Runs per state under the current agent, text and outbox filters.
+    #: Runs per state under the current agent, text and outbox filters (empty, and
+    #: ``totals`` null, while ``indexing``).
     counts: Mapping[str, int]
-    totals: StoreTotals
+    totals: StoreTotals | None
     filters: RunFilters
+    #: Set on a store's first look while its runs are being indexed: ``runs`` are
+    #: then the runs written to most recently, and the page should be asked again.
+    indexing: IndexProgress | None = None
     tabs: tuple[StateTab, ...] = html_only(())
 
 
@@ -138,18 +143,20 @@ def build_runs_page(
         outbox=filters.outbox,
     )
     page = store.list_runs(query)
-    totals = store.totals()
+    # Totals come from the index too: while it is built they would wait for it.
+    totals = store.totals() if page.indexing is None else None
     now = datetime.now(UTC)
     next_cursor = encode_cursor(page.next_key) if page.next_key else None
     next_url = None
     if next_cursor:
         next_url = "/?" + filters.query_string(after=next_cursor)
     counts = {state: page.counts.get(state, 0) for state in STATES}
+    known = page.indexing is None
     tabs = [
         StateTab(
             state=None,
             label="All",
-            count=sum(counts.values()),
+            count=sum(counts.values()) if known else None,
             url="/?" + filters.query_string(state=None),
             active=filters.state is None,
         )
@@ -158,7 +165,7 @@ def build_runs_page(
         StateTab(
             state=state,
             label=state.capitalize(),
-            count=counts[state],
+            count=counts[state] if known else None,
             url="/?" + filters.query_string(state=state),
             active=filters.state == state,
         )
@@ -168,9 +175,10 @@ def build_runs_page(
         runs=tuple(run_row(f, now) for f in page.runs),
         next=next_cursor,
         next_url=next_url,
-        counts=counts,
+        counts=counts if known else {},
         totals=totals,
         filters=filters,
+        indexing=page.indexing,
         tabs=tuple(tabs),
     )
 
