@@ -261,6 +261,27 @@ class _Closing(Exception):
     """The app is shutting down: a background build stops where it is."""
 
 
+def _fold_in_order(
+    rows: Iterable[tuple[Any, ...]], batch: int = 1000
+) -> Iterator[dict[str, _Summary]]:
+    """Runs folded from rows that come grouped by run, ``batch`` complete runs at a
+    time: a whole store is folded without holding every run in memory at once."""
+    folded: dict[str, _Summary] = {}
+    current: _Summary | None = None
+    current_id = None
+    for row in rows:
+        if row[1] == current_id and current is not None:
+            current.add(row)
+            continue
+        if len(folded) >= batch:
+            yield folded
+            folded = {}
+        current_id, current = row[1], _Summary(row)
+        folded[current_id] = current
+    if folded:
+        yield folded
+
+
 def _fold(rows: Iterable[tuple[Any, ...]]) -> dict[str, _Summary]:
     folded: dict[str, _Summary] = {}
     for row in rows:
@@ -562,15 +583,15 @@ class RunIndex:
         high_water = int(
             conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM s.checkpoints").fetchone()[0]
         )
-        folded = _fold(
-            self._counted(
-                conn.execute(
-                    f"SELECT {columns.select} FROM s.checkpoints WHERE rowid <= ?", (high_water,)
-                ),
-                high_water,
-            )
+        pending = self._pending(conn)
+        # In run order (the SDK's index on execution_id), so that each run is complete
+        # when the next begins and memory holds one batch of runs, not the store's.
+        rows = conn.execute(
+            f"SELECT {columns.select} FROM s.checkpoints WHERE rowid <= ? ORDER BY execution_id",
+            (high_water,),
         )
-        self._upsert(conn, folded, self._pending(conn))
+        for folded in _fold_in_order(self._counted(rows, high_water)):
+            self._insert(conn, folded, pending)
         if self.has_text_index:
             conn.execute(
                 f"INSERT INTO run_text (rowid, body) SELECT rowid, {_SEARCHED.format(r='runs')}"
@@ -666,8 +687,13 @@ class RunIndex:
     def _upsert(
         self, conn: sqlite3.Connection, folded: dict[str, _Summary], pending: dict[str, str]
     ) -> None:
-        marks = ",".join("?" * 17)
         conn.executemany("DELETE FROM runs WHERE execution_id = ?", [(e,) for e in folded])
+        self._insert(conn, folded, pending)
+
+    def _insert(
+        self, conn: sqlite3.Connection, folded: dict[str, _Summary], pending: dict[str, str]
+    ) -> None:
+        marks = ",".join("?" * 17)
         conn.executemany(
             f"INSERT INTO runs ({_COLUMNS}) VALUES ({marks})",
             (
