@@ -36,7 +36,15 @@ from bench.budgets import all_passed, judge
 from bench.latency import Timing, failed, follow_next, time_get, warm_up
 from bench.model import DEEP_PAGES, ServerRun, StoreRun, localui_urls, sdk_urls
 from bench.sdk_ui import ensure_venv, installed, sdk_version
-from bench.servers import REPO, Server, clean_env, pythonpath, start_localui, start_sdk_ui
+from bench.servers import (
+    REPO,
+    Server,
+    clean_env,
+    pythonpath,
+    start_localui,
+    start_sdk_ui,
+    wait_until_indexed,
+)
 from bench.stores import BuiltStore, add_spans, build_store, make_templates
 
 DEFAULT_WORKDIR = Path(tempfile.gettempdir()) / "localui-bench"
@@ -114,6 +122,8 @@ def measure_localui(store: BuiltStore, options: Options, log: Log) -> ServerRun:
         result.startup_cpu["cold"] = server.startup_cpu_s
         log(f"  localui started (cold) in {server.startup_s:.2f} s")
         try:
+            result.indexed_s = wait_until_indexed(server)
+            log(f"  runs index complete {result.indexed_s:.2f} s after start")
             with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
                 cursor, result.deep_page = follow_next(client, "/runs.json", pages=DEEP_PAGES)
             if cursor is None:

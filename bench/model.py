@@ -91,6 +91,8 @@ class ServerRun:
     inproc: dict[str, dict[str, Any]] = field(default_factory=dict)
     startup_cold_s: float | None = None
     startup_warm_s: float | None = None
+    #: Cold start to the runs list answering from the complete runs index.
+    indexed_s: float | None = None
     memory_kb: dict[str, int] = field(default_factory=dict)
     #: localui again without ``--agents`` (a viewer): a later start, and its memory
     #: after the same warm-up.

@@ -344,15 +344,14 @@ def markdown(
     add("## Memory and start-up")
     add("")
     add(
-        "| server | store | start to first 200, cold (CPU) | warm (CPU) | VmRSS after warm-up"
-        " | VmHWM"
-        " | load average while timed |"
+        "| server | store | start to first 200, cold (CPU) | runs index complete, cold"
+        " | warm (CPU) | VmRSS after warm-up | VmHWM | load average while timed |"
     )
-    add("|---|---|---|---|---|---|---|")
+    add("|---|---|---|---|---|---|---|---|")
     for r in runs:
         if r.localui.viewer_startup_s is not None:
             add(
-                f"| localui without agents | {r.store.label} | – |"
+                f"| localui without agents | {r.store.label} | – | – |"
                 f" {_startup(r.localui.viewer_startup_s, r.localui.startup_cpu.get('viewer'))} |"
                 f" {_num(r.localui.viewer_memory_kb.get('VmRSS'), 1024 / 1e6)} MB |"
                 f" {_num(r.localui.viewer_memory_kb.get('VmHWM'), 1024 / 1e6)} MB | – |"
@@ -363,6 +362,7 @@ def markdown(
             add(
                 f"| {name} | {r.store.label} |"
                 f" {_startup(server.startup_cold_s, server.startup_cpu.get('cold'))} |"
+                f" {_num(server.indexed_s)}{' s' if server.indexed_s is not None else ''} |"
                 f" {_startup(server.startup_warm_s, server.startup_cpu.get('warm'))} |"
                 f" {_num(server.memory_kb.get('VmRSS'), 1024 / 1e6)} MB |"
                 f" {_num(server.memory_kb.get('VmHWM'), 1024 / 1e6)} MB |"
@@ -374,7 +374,10 @@ def markdown(
         " agent every copied run names, as a user registers theirs); without agents: the same"
         " without `--agents`. Cold: a fresh `XDG_CACHE_HOME` (localui keeps its runs index"
         " there), so the first start on the store; warm: served again with what the first"
-        " start left. The SDK UI keeps nothing between starts. SDK UI `/` is its static"
+        " start left. On a first start localui answers `/` at once with the runs written to"
+        ' most recently and says it is indexing; "runs index complete" is when its runs'
+        " list, counts and filters answer from the whole index (the latency tables are"
+        " timed after that). The SDK UI keeps nothing between starts. SDK UI `/` is its static"
         " single-page shell; localui `/` is the runs list. VmHWM: the peak resident size."
     )
     add("")
@@ -410,6 +413,7 @@ def _server_json(server: ServerRun | None) -> Mapping[str, Any] | None:
         "inproc": server.inproc,
         "startup_cold_s": server.startup_cold_s,
         "startup_warm_s": server.startup_warm_s,
+        "indexed_s": server.indexed_s,
         "memory_kb": server.memory_kb,
         "viewer_startup_s": server.viewer_startup_s,
         "viewer_memory_kb": server.viewer_memory_kb,

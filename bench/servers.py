@@ -53,6 +53,8 @@ class Server:
     startup_s: float = 0.0
     #: CPU the process had used by then: start-up cost whatever else the machine does.
     startup_cpu_s: float = 0.0
+    #: ``time.perf_counter()`` just before ``Popen``.
+    started_at: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     def memory_kb(self) -> dict[str, int]:
@@ -100,6 +102,7 @@ def _start(
     proc = subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     server = Server(name=name, proc=proc, base_url=base_url, workdir=workdir, log_path=log_path)
+    server.started_at = started
     deadline = started + START_TIMEOUT_S
     with httpx.Client(timeout=60.0) as client:
         while True:
@@ -119,6 +122,18 @@ def _start(
     server.startup_s = time.perf_counter() - started
     server.startup_cpu_s = server.cpu_seconds()
     return server
+
+
+def wait_until_indexed(server: Server) -> float:
+    """Seconds from ``server``'s start until its runs list answers from the complete
+    runs index (a large store's first start indexes it in the background)."""
+    deadline = time.perf_counter() + START_TIMEOUT_S
+    with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+        while client.get("/runs.json").json().get("indexing") is not None:
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"the runs index was not ready within {START_TIMEOUT_S:.0f} s")
+            time.sleep(0.02)
+    return time.perf_counter() - server.started_at
 
 
 def pythonpath(app_path: Path | None) -> str:
