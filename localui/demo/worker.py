@@ -86,9 +86,22 @@ def _announce(execution_id: str) -> None:
 def _checkpointer(store: str, pg_schema: str) -> SQLiteCheckpointer | PostgresCheckpointer:
     """The SDK's checkpointer for ``store``: its SQLite one, or its PostgreSQL one."""
     if is_postgres_url(store):
+        import psycopg
         from fastaiagent.checkpointers.postgres import PostgresCheckpointer
 
-        return PostgresCheckpointer(store, schema=pg_schema)
+        checkpointer = PostgresCheckpointer(store, schema=pg_schema)
+        # The SDK runs its migrations on a checkpointer's first use, in one transaction
+        # that takes exclusive locks on its tables even when there is nothing to do; two
+        # processes starting at once can deadlock each other. The demo's processes take
+        # their turn under an advisory lock.
+        with psycopg.connect(store, autocommit=True) as conn:
+            key = f"localui demo setup {pg_schema}"
+            conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
+            try:
+                checkpointer.setup()
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+        return checkpointer
     from fastaiagent import SQLiteCheckpointer
 
     return SQLiteCheckpointer(store)
