@@ -246,6 +246,8 @@ def test_a_store_being_indexed_answers_its_first_page_at_once(
         assert (dict(page.counts), page.next_key) == ({}, None)
         assert store.get_run(first.runs[0].execution_id) == first.runs[0]
         assert store.get_run("no-such-run") is None
+        forks = {f.execution_id: store.list_forks(f.execution_id) for f in first.runs}
+        assert forks == complete["forks"] and any(forks.values())
 
         # What needs the whole index waits for it rather than answering from half.
         waited: dict[str, Any] = {}
@@ -324,6 +326,9 @@ def test_the_runs_page_says_it_is_indexing_and_asks_again(
             assert body["totals"] is None and body["counts"] == {}
             assert body["indexing"]["rows_total"] == rows
             assert [r["execution_id"] for r in body["runs"]] == [r.execution_id for r in first.runs]
+            # A run's page needs no more than its own rows.
+            for run in first.runs:
+                assert client.get(f"/runs/{run.execution_id}").status_code == 200
         finally:
             holder.execute("ROLLBACK")
             holder.close()

@@ -517,6 +517,13 @@ class SQLiteStore:
         return links[0] if links else None
 
     def list_forks(self, execution_id: str) -> tuple[ForkLink, ...]:
+        if self._index.progress() is not None:
+            # While the index is built, a scan of the SDK's table (160 ms at 400,000 rows)
+            # rather than a wait for the whole build.
+            with self._read() as conn:
+                if not self._schema_for(conn).has_checkpoints:
+                    return ()
+                return self._fork_links(conn, "src.execution_id = ?", (execution_id,))
         # The runs index knows each fork's parent row, so no scan of the SDK's table.
         return tuple(
             ForkLink(
