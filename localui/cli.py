@@ -104,10 +104,15 @@ def fail(message: str) -> int:
 def serve(settings: Settings, agents: Sequence[Any]) -> int:
     """Open the store, bind the agents, and serve until interrupted."""
     import uvicorn
+    from starlette.types import ASGIApp
 
     from localui.app import create_app
+    from localui.memory import ReleaseFreedMemory, keep_thresholds
     from localui.store import open_store
 
+    # A server stays up for days: have malloc give back what its pages free (see
+    # localui.memory), from before the store opens and perhaps starts indexing it.
+    releasing = keep_thresholds()
     try:
         store = open_store(settings)
     except LocalUIError as exc:
@@ -129,7 +134,9 @@ def serve(settings: Settings, agents: Sequence[Any]) -> int:
     except RegistryError as exc:
         store.close()
         return fail(str(exc))
-    app = create_app(settings, agents=registry.agents.values(), store=store)
+    app: ASGIApp = create_app(settings, agents=registry.agents.values(), store=store)
+    if releasing:
+        app = ReleaseFreedMemory(app)
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
     print(f"localui: serving {store.location} at http://{shown_host}:{settings.port}/", flush=True)
     if registry.agents:

@@ -41,11 +41,34 @@ class StoreTarget:
         return f"PostgreSQL schema {self.pg_schema}{where}"
 
 
+def import_sdk() -> None:
+    """Import the SDK for the agents to come, leaving out its pytest plugin.
+
+    ``import fastaiagent`` imports its pytest plugin, and pytest with it, wherever
+    pytest is installed, as it is in most projects' virtualenvs: some 5 MB that a
+    server which runs no tests would hold for its whole life. Without pytest the
+    SDK offers its ``case`` and ``pytest_dataset`` decorators as stubs that say
+    pytest is needed, as on a production install; pytest itself stays importable
+    for the agents' own code.
+    """
+    if "fastaiagent" in sys.modules or "pytest" in sys.modules:
+        return
+    # What the import system reads as "no such module" for this one import.
+    sys.modules["pytest"] = None  # type: ignore[assignment]
+    try:
+        importlib.import_module("fastaiagent")
+    except Exception as exc:
+        raise RegistryError(f"cannot import the FastAIAgent SDK: {exc}") from exc
+    finally:
+        del sys.modules["pytest"]
+
+
 def load_spec(spec: str) -> list[Any]:
     """The agents named by one ``--agents`` value."""
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise RegistryError(f"--agents {spec!r}: expected MODULE:ATTR or FILE.py:ATTR")
+    import_sdk()
     if target.endswith(".py"):
         path = Path(target)
         if not path.is_file():

@@ -1,0 +1,141 @@
+"""What a server holds: memory its requests free goes back to the OS, and agents
+load without the SDK pulling in pytest."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localui.app import create_app
+from localui.memory import (
+    ReleaseFreedMemory,
+    keep_thresholds,
+    release_due,
+    release_freed_memory,
+)
+from localui.settings import Settings
+
+BASE_URL = "http://127.0.0.1:8765"
+PAGE = mmap.PAGESIZE
+
+on_glibc = pytest.mark.skipif(
+    platform.libc_ver()[0] != "glibc", reason="malloc's knobs are glibc's own"
+)
+
+
+@on_glibc
+def test_freed_pages_between_live_blocks_go_back_when_released() -> None:
+    assert keep_thresholds()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+    libc.free.argtypes, libc.free.restype = [ctypes.c_void_p], None
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    size = 64 * 1024
+
+    def in_ram(pages: set[int]) -> set[int]:
+        """The pages mincore(2) finds in RAM (an unmapped page is not)."""
+        found = set()
+        flag = ctypes.c_ubyte()
+        for page in pages:
+            if libc.mincore(page, PAGE, ctypes.byref(flag)) == 0 and flag.value & 1:
+                found.add(page)
+        return found
+
+    # Blocks under the mmap threshold come from the heap, and one stays live after
+    # them, as a page's long-lived neighbour does: freeing the others leaves a hole
+    # below it, which free() alone keeps in RAM.
+    blocks = [libc.malloc(size) for _ in range(256)]
+    neighbour = libc.malloc(size)
+    try:
+        inside: set[int] = set()
+        for block in blocks:
+            ctypes.memset(block, 1, size)
+            first = -(-block // PAGE) * PAGE
+            inside.update(range(first, (block + size) // PAGE * PAGE, PAGE))
+        for block in blocks:
+            libc.free(block)
+        kept = in_ram(inside)
+        assert kept, "free() returned the whole hole by itself"
+        assert release_freed_memory()
+        # A free chunk keeps the page holding its header; the rest goes.
+        assert len(in_ram(kept)) < len(kept) // 10
+    finally:
+        libc.free(neighbour)
+
+
+def test_memory_goes_back_at_first_and_then_each_time_it_has_grown_by_a_step() -> None:
+    mb = 1024 * 1024
+    assert release_due(90 * mb, None, 2 * mb)
+    assert not release_due(80 * mb + mb, 80 * mb, 2 * mb)
+    assert release_due(82 * mb, 80 * mb, 2 * mb)
+    assert not release_due(70 * mb, 80 * mb, 2 * mb)
+
+
+@on_glibc
+def test_pages_are_the_same_through_the_middleware_which_releases_after_requests(
+    app_store: Path,
+) -> None:
+    from starlette.testclient import TestClient  # after conftest silenced its import warning
+
+    # A step no page grows by: only the first request releases.
+    app = ReleaseFreedMemory(create_app(Settings(store=str(app_store))), step_bytes=1 << 40)
+    plain = create_app(Settings(store=str(app_store)))
+    with TestClient(app, base_url=BASE_URL) as client, TestClient(plain, base_url=BASE_URL) as raw:
+        # The lifespan ran (the pages need its store), and released nothing.
+        assert app.releases == 0 and app.resident_after_release is None
+        for url in ("/runs.json", "/approvals.json", "/", "/runs/no-such-run"):
+            response, expected = client.get(url), raw.get(url)
+            assert response.status_code == expected.status_code
+            assert response.headers["content-type"] == expected.headers["content-type"]
+            if url.endswith(".json"):
+                assert response.json() == expected.json()
+            assert app.releases == 1
+    assert app.resident_after_release is not None
+
+
+def test_agents_load_without_the_sdk_pulling_in_pytest(tmp_path: Path) -> None:
+    # A process of its own: this one has pytest and the SDK imported already.
+    script = """
+import json, os, sys
+from localui.registry import load_spec
+agents = load_spec(os.environ["SPEC"])
+from_sdk = "pytest" in sys.modules
+import fastaiagent.eval
+try:
+    fastaiagent.eval.case()
+    stub = ""
+except ImportError as exc:
+    stub = str(exc)
+import pytest
+print(json.dumps({"agents": [a.name for a in agents], "from_sdk": from_sdk, "stub": stub,
+                  "pytest": pytest.__name__}))
+"""
+    env = {
+        **os.environ,
+        "SPEC": f"{Path(__file__).parent.parent / 'bench' / 'agents.py'}:refund_bot",
+        "FASTAIAGENT_LOCAL_DB": str(tmp_path / "local.db"),
+        "FASTAIAGENT_TRACE_ENABLED": "false",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["agents"] == ["refund-bot"]
+    assert not seen["from_sdk"]
+    # The SDK's own words for a process without pytest; pytest still imports.
+    assert "require" in seen["stub"] and "pytest" in seen["stub"]
+    assert seen["pytest"] == "pytest"
