@@ -20,9 +20,9 @@ from pathlib import Path
 from conftest import REPO_ROOT, answers_ok, free_port, stop
 from playwright.sync_api import Page, expect
 
-from localui.store.records import RunQuery
-from localui.store.run_index import BACKGROUND_FROM_ROWS
-from localui.store.sqlite import SQLiteStore
+from localui.backends.sqlite.index import BACKGROUND_FROM_ROWS
+from localui.backends.sqlite.store import SQLiteStore
+from localui.records import RunQuery
 
 #: Runs in the store: with the benchmark's long runs, over BACKGROUND_FROM_ROWS rows.
 RUNS = 5000

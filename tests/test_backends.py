@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from localui import runs
+from localui.backends.base import STATES, Store
 from localui.demo.scenarios import SCENARIO_NAMES
-from localui.store.base import STATES, Store
-from localui.store.records import RunFacts, RunQuery
+from localui.records import RunFacts, RunQuery
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from conftest import Ledger, PgRaw, PgSeeded, Raw, Seeded
     from starlette.testclient import TestClient
 
-    from localui.store.postgres import PostgresStore
+    from localui.backends.postgres.store import PostgresStore
 
 JSON = {"Accept": "application/json"}
 COUNTS = {"completed": 3, "paused": 4, "failed": 1, "unfinished": 2}
@@ -192,7 +192,7 @@ class Backend:
 @pytest.fixture(scope="session")
 def pg_seeded_store(pg_seeded: PgSeeded) -> Iterator[PostgresStore]:
     """The read model over the session's seeded PostgreSQL runs; never written to."""
-    from localui.store.postgres import PostgresStore
+    from localui.backends.postgres.store import PostgresStore
 
     opened = PostgresStore(pg_seeded.dsn, schema=pg_seeded.schema)
     yield opened

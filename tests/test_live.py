@@ -31,10 +31,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from starlette.applications import Starlette
 
 from localui.app import create_app
-from localui.live import ChangeFeed, Changes, Resync, SQLiteChangeSource, StoreChangeSource
+from localui.backends.base import Changes
+from localui.backends.sqlite import SQLiteBackend
+from localui.backends.sqlite.changes import SQLiteChangeSource
+from localui.backends.sqlite.store import SQLiteStore
+from localui.live import ChangeFeed, Resync
 from localui.settings import Settings
-from localui.store.sqlite import SQLiteStore
-from localui.views.common import AppContext
+from localui.views.common import AppState
 
 if TYPE_CHECKING:
     from conftest import Seeded
@@ -224,10 +227,10 @@ async def open_stream(
 
 
 @contextlib.asynccontextmanager
-async def running(app: Starlette) -> AsyncIterator[AppContext]:
+async def running(app: Starlette) -> AsyncIterator[AppState]:
     """The app with its lifespan running (its change feed polling)."""
     async with app.router.lifespan_context(app):
-        ctx: AppContext = app.state.localui
+        ctx: AppState = app.state.localui
         yield ctx
 
 
@@ -425,22 +428,24 @@ async def test_stopping_the_feed_ends_every_subscription() -> None:
 
 
 @pytest.mark.anyio
-async def test_the_generic_source_sees_pauses_and_rows_through_the_store(
+async def test_the_backends_source_pins_a_new_pause_to_its_run(
     store_copy: Path, tmp_path: Path
 ) -> None:
-    """Stores without a source of their own (a PostgreSQL store today) still go live."""
-    store = SQLiteStore(store_copy)
-    source = StoreChangeSource(store)
+    """The source the backend gives the feed names the run that paused, and nothing else."""
+    backend = SQLiteBackend(store_copy)
+    source = backend.change_source()
     try:
         source.reset()
         assert source.poll() is None
         new_run = await run_worker(store_copy, "paused-1", tmp_path)
         changes = source.poll()
         assert changes is not None
-        assert changes.pauses_added == {new_run} and changes.everything
+        assert changes.pauses_added == {new_run} and changes.runs == {new_run}
+        assert not changes.everything and not changes.pauses_removed
         assert source.poll() is None
     finally:
-        store.close()
+        source.close()
+        backend.close()
 
 
 # --- the streams ----------------------------------------------------------------
@@ -571,7 +576,7 @@ async def test_a_client_that_stops_reading_gets_a_resync_then_everything(
     # The feed polls only when the test says so.
     app = create_app(Settings(store=str(store_copy), poll_interval=3600))
     async with running(app) as ctx:
-        feed: ChangeFeed = ctx.extensions["feed"]
+        feed = ctx.feed
         feed.queue_size = 1
         async with open_stream(app, "/live/approvals", buffer=0) as stream:
             await stream.first("nav-badge", "queue")
@@ -609,10 +614,13 @@ async def test_streams_share_renders_and_idle_streams_read_nothing(
     store_copy: Path, seeded: Seeded
 ) -> None:
     store = CountingStore(store_copy)
-    app = create_app(Settings(store=str(store_copy), poll_interval=0.01), store=store)
+    app = create_app(
+        Settings(store=str(store_copy), poll_interval=0.01),
+        backend=SQLiteBackend(store_copy, store=store),
+    )
     try:
         async with running(app) as ctx:
-            feed: ChangeFeed = ctx.extensions["feed"]
+            feed = ctx.feed
             await anyio.sleep(0.3)
             # No stream open: neither the feed nor anything else asked the store a thing.
             assert (feed.polls, sum(store.calls.values())) == (0, 0)
@@ -624,7 +632,8 @@ async def test_streams_share_renders_and_idle_streams_read_nothing(
                 ]
                 for stream in opened:
                     await stream.first("nav-badge", "runs-table")
-                renders = ctx.extensions["live_renders"]
+                renders = ctx.live_renders
+                assert renders is not None
                 # Five streams on the same views: one render of each (the badge, the table).
                 assert (renders.renders, store.calls["list_runs"]) == (2, 1)
                 calls = sum(store.calls.values())
@@ -653,7 +662,7 @@ async def test_the_app_stopping_ends_open_streams(store_copy: Path, seeded: Seed
         ):
             await nav.first("nav-badge")
             await run.first(*RUN_FRAGMENTS)
-            await ctx.extensions["feed"].stop()  # what the lifespan does on shutdown
+            await ctx.feed.stop()  # what the lifespan does on shutdown
             assert await nav.next(timeout=5) is None
             assert await run.next(timeout=5) is None
 

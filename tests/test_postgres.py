@@ -24,21 +24,22 @@ import httpx
 import pytest
 
 from localui import runs
-from localui.decisions import ABANDONED_AFTER_SECONDS, APPROVAL
-from localui.decisions_pg import PostgresDecisionLog
+from localui.backends import open_backend
+from localui.backends.base import STATES, StoreTarget
+from localui.backends.decisions import ABANDONED_AFTER_SECONDS
+from localui.backends.postgres.decisions import PostgresDecisionLog
+from localui.backends.postgres.store import PostgresStore
+from localui.backends.urls import redact
 from localui.demo.scenarios import SCENARIO_NAMES
 from localui.errors import BadRequest, StoreMissing
-from localui.pg import redact
-from localui.registry import RegistryError, StoreTarget, bind
-from localui.store.base import STATES
-from localui.store.postgres import PostgresStore
-from localui.store.records import RunFacts, RunQuery
+from localui.records import APPROVAL, RunFacts, RunQuery
+from localui.registry import RegistryError, bind
 
 if TYPE_CHECKING:
     from conftest import Ledger, PgRaw, PgSeeded, PgStore, Seeded
     from starlette.testclient import TestClient
 
-    from localui.store.sqlite import SQLiteStore
+    from localui.backends.sqlite.store import SQLiteStore
 
 pytestmark = pytest.mark.postgres
 
@@ -455,13 +456,12 @@ def test_location_and_labels_never_show_the_password(pg_store: PgStore) -> None:
     assert redact(url) == "postgresql://app:***@db.example:6543/fleet?sslmode=require&password=***"
     with_password = pg_store.dsn.replace("postgres@", "postgres:s3cret@")
     assert with_password != pg_store.dsn
-    opened = PostgresStore(with_password, schema=pg_store.schema)
+    backend = open_backend(replace(pg_store.settings(), store=with_password))
     try:
-        assert "s3cret" not in opened.location and "***" in opened.location
+        for shown in (backend.label, backend.store.location, backend.target.describe()):
+            assert "s3cret" not in shown and "***" in shown
     finally:
-        opened.close()
-    settings = replace(pg_store.settings(), store=with_password)
-    assert "s3cret" not in settings.store_label
+        backend.close()
 
 
 # --- pages and JSON -----------------------------------------------------------
@@ -952,7 +952,7 @@ def test_serve_says_in_one_line_when_the_schema_is_missing(
 
 @pytest.fixture
 def source(pg_store: PgStore) -> Iterator[tuple[Any, list[str]]]:
-    from localui.live_pg import PostgresChangeSource
+    from localui.backends.postgres.changes import PostgresChangeSource
 
     statements: list[str] = []
     made = PostgresChangeSource(
@@ -983,10 +983,10 @@ def run_worker(pg_store: PgStore, scenario: str, cwd: Path) -> str:
 def test_the_app_feeds_its_live_pages_from_the_postgres_source(
     make_pg_client: Callable[..., TestClient], pg_store: PgStore
 ) -> None:
-    from localui.live_pg import PostgresChangeSource
+    from localui.backends.postgres.changes import PostgresChangeSource
 
     client = make_pg_client(pg_store)
-    feed = client.app.state.localui.extensions["feed"]
+    feed = client.app.state.localui.feed
     assert isinstance(feed.source, PostgresChangeSource)
     assert (feed.source.schema, feed.source.app_schema) == (pg_store.schema, pg_store.app_schema)
 
