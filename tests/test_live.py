@@ -12,8 +12,6 @@ import contextlib
 import math
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -28,6 +26,7 @@ import anyio
 import httpx
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
+from helpers import start_localui
 from starlette.applications import Starlette
 
 from localui.app import create_app
@@ -700,42 +699,13 @@ def test_every_page_connects_its_own_stream(client: TestClient, seeded: Seeded) 
 # --- a real server --------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def test_a_server_with_open_streams_stops_at_once(store_copy: Path, tmp_path: Path) -> None:
     """uvicorn waits for open responses before it stops; live streams must end first."""
-    port = _free_port()
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        server = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "localui"),
-                "serve",
-                "--store",
-                str(store_copy),
-                "--port",
-                str(port),
-            ],
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    server = start_localui(
+        ["serve", "--store", str(store_copy)], cwd=tmp_path, log=tmp_path / "serve.log"
+    )
+    base = server.url
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/runs.json", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    pytest.fail(log.read_text())
-                time.sleep(0.1)
         ended: list[str] = []
         opened = threading.Barrier(4)
 
@@ -761,16 +731,14 @@ def test_a_server_with_open_streams_stops_at_once(store_copy: Path, tmp_path: Pa
             watcher.start()
         opened.wait(timeout=30)
         asked = time.monotonic()
-        server.send_signal(signal.SIGTERM)
-        code = server.wait(timeout=30)
+        server.process.send_signal(signal.SIGTERM)
+        code = server.process.wait(timeout=30)
         took = time.monotonic() - asked
         for watcher in watchers:
             watcher.join(timeout=10)
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-    output = log.read_text()
+        server.stop()
+    output = server.output()
     print(f"\nstopped {took:.2f} s after SIGTERM with 3 streams open")
     # uvicorn re-raises the signal it handled once it has stopped.
     assert code in (0, -signal.SIGTERM), output
