@@ -76,7 +76,8 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer
 
 @pytest.fixture(scope="session")
 def base_url(demo_server: DemoServer) -> str:
-    return demo_server.url
+    """The demo's address as it prints it, ending in ``/``."""
+    return demo_server.url + "/"
 
 
 @pytest.fixture(scope="session")
