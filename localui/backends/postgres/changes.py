@@ -283,8 +283,8 @@ class PostgresChangeSource:
                 decided.update(str(r[0]) for r in self._execute(sql, params))
         return Changes(
             runs=frozenset(runs),
-            pauses_added=frozenset(added),
-            pauses_removed=frozenset(removed),
+            pauses_added=added,
+            pauses_removed=removed,
             decided=frozenset(decided),
             everything=everything,
         )

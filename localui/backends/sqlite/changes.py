@@ -219,8 +219,8 @@ class SQLiteChangeSource:
                 )
         return Changes(
             runs=frozenset(runs),
-            pauses_added=frozenset(added),
-            pauses_removed=frozenset(removed),
+            pauses_added=added,
+            pauses_removed=removed,
             decided=frozenset(decided),
             everything=everything,
         )
