@@ -107,9 +107,26 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
     from starlette.types import ASGIApp
 
     from localui.app import create_app
-    from localui.backends import open_backend
+    from localui.backends import open_backend, target_of
     from localui.memory import ReleaseFreedMemory, keep_thresholds
 
+    target = target_of(settings)
+    if target.sqlite_path is not None:
+        # The SDK resolves its own default store from this variable, and caches its
+        # config on first use: set it before any agent module is imported.
+        os.environ.setdefault("FASTAIAGENT_LOCAL_DB", str(target.sqlite_path))
+        if not target.sqlite_path.is_file():
+            return fail(
+                f"no store at {target.sqlite_path} (pass --store or set FASTAIAGENT_LOCAL_DB)"
+            )
+    # The agents are imported before the store opens: opening may start indexing it
+    # in a thread, which would slow the imports down.
+    loaded = list(agents)
+    try:
+        for spec in specs:
+            loaded.extend(load_spec(spec))
+    except RegistryError as exc:
+        return fail(str(exc))
     # A server stays up for days: have malloc give back what its pages free (see
     # localui.memory), from before the store opens and perhaps starts indexing it.
     releasing = keep_thresholds()
@@ -118,13 +135,6 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
     except LocalUIError as exc:
         return fail(str(exc))
     try:
-        if backend.target.sqlite_path is not None:
-            # The SDK resolves its own default store from this variable, and caches its
-            # config on first use: set it before any agent module is imported.
-            os.environ.setdefault("FASTAIAGENT_LOCAL_DB", str(backend.target.sqlite_path))
-        loaded = list(agents)
-        for spec in specs:
-            loaded.extend(load_spec(spec))
         # Made here once so a missing privilege is one line, not a failed lifespan.
         backend.decision_log(writable=not settings.read_only).close()
         registry = Registry.build(loaded, backend.target)
