@@ -62,6 +62,8 @@ class SQLiteDecisionLog:
             isolation_level=None,
         )
         self._conn.row_factory = sqlite3.Row
+        #: Whether the table is known to exist (a writable log makes it now).
+        self._has_table = writable
         if writable:
             self._with_retry(self._create)
 
@@ -169,11 +171,13 @@ class SQLiteDecisionLog:
 
     def list_for_run(self, execution_id: str) -> tuple[Decision, ...]:
         def read() -> tuple[Decision, ...]:
-            exists = self._conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)
-            ).fetchone()
-            if exists is None:
-                return ()  # read-only and never written: nothing decided here yet
+            if not self._has_table:
+                exists = self._conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)
+                ).fetchone()
+                if exists is None:
+                    return ()  # read-only and never written: nothing decided here yet
+                self._has_table = True
             rows = self._conn.execute(
                 f"SELECT {COLUMNS} FROM {TABLE} WHERE execution_id = ?"
                 " ORDER BY decided_at ASC, id ASC",

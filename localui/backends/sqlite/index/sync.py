@@ -165,14 +165,15 @@ def _fold_in_order(
     folded: dict[str, _Summary] = {}
     current: _Summary | None = None
     current_id = None
+    run = _RUN  # a local: looked up once per row of the whole store
     for row in rows:
-        if row[_RUN] == current_id and current is not None:
+        if row[run] == current_id and current is not None:
             current.add(row)
             continue
         if len(folded) >= batch:
             yield folded
             folded = {}
-        current_id, current = row[_RUN], _Summary(row)
+        current_id, current = row[run], _Summary(row)
         folded[current_id] = current
     if folded:
         yield folded
@@ -475,29 +476,30 @@ class IndexSync:
     def _insert(
         self, conn: sqlite3.Connection, folded: dict[str, _Summary], pending: dict[str, str]
     ) -> None:
-        marks = ", ".join(f":{name}" for name in schema.RUN_COLUMNS)
+        marks = ",".join("?" * len(schema.RUN_COLUMNS))
+        # Tuples rather than a mapping per run: a build inserts 100,000 of them.
         conn.executemany(
             f"INSERT INTO runs ({schema.COLUMNS}) VALUES ({marks})",
             (
-                {
-                    "execution_id": eid,
-                    "agent": s.agent,
-                    "row_count": s.count,
-                    "first_at": s.first,
-                    "last_at": s.at,
-                    "last_rowid": s.rowid,
-                    "last_checkpoint_id": s.cid,
-                    "last_node_id": s.node,
-                    "last_step_type": s.step,
-                    "last_status": s.status,
-                    "has_pending": int(eid in pending),
-                    "pending_reason": pending.get(eid),
-                    "fork_parent": s.fork_parent,
-                    "rows_waiting": s.waiting,
-                    "rows_quarantined": s.quarantined,
-                    "state": runs.run_state(s.step, s.status, eid in pending),
-                    "tool_args": "\n".join(sorted(s.args))[:MAX_TOOL_ARGS],
-                }
+                (  # in schema.RUN_COLUMNS order
+                    eid,  # execution_id
+                    s.agent,  # agent
+                    s.count,  # row_count
+                    s.first,  # first_at
+                    s.at,  # last_at
+                    s.rowid,  # last_rowid
+                    s.cid,  # last_checkpoint_id
+                    s.node,  # last_node_id
+                    s.step,  # last_step_type
+                    s.status,  # last_status
+                    int(eid in pending),  # has_pending
+                    pending.get(eid),  # pending_reason
+                    s.fork_parent,  # fork_parent
+                    s.waiting,  # rows_waiting
+                    s.quarantined,  # rows_quarantined
+                    runs.run_state(s.step, s.status, eid in pending),  # state
+                    "\n".join(sorted(s.args))[:MAX_TOOL_ARGS],  # tool_args
+                )
                 for eid, s in folded.items()
             ),
         )
