@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from starlette.applications import Starlette
@@ -149,6 +150,25 @@ def sdk_checkpointer(settings: Settings) -> Any:
     from fastaiagent.checkpointers import SQLiteCheckpointer
 
     return SQLiteCheckpointer(settings.store)
+
+
+def lifespan_of(app: Starlette) -> AbstractAsyncContextManager[Any]:
+    """The lifespan of an app made by :func:`create_app`, for a parent app that mounts it.
+
+    Starlette runs the lifespan of the outermost app only, and localui's opens the
+    store, the decision log and the change feed. So a parent enters this one in its
+    own lifespan::
+
+        ui = create_app(Settings(store=...))
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            async with lifespan_of(ui):
+                yield
+
+        app = Starlette(routes=[Mount("/ops/localui", app=ui)], lifespan=lifespan)
+    """
+    return app.router.lifespan_context(app)
 
 
 def create_app(

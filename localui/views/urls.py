@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlencode
 
 from starlette.convertors import Convertor, register_url_convertor
@@ -80,7 +80,9 @@ register_url_convertor(ID, IdConvertor())
 class Urls:
     """Paths of this app's routes under one prefix; what views and templates link with."""
 
-    router: Router
+    #: Left out of equality and hashing (a Router is not hashable): within one app it is
+    #: always the same, and live renders are keyed by the prefix.
+    router: Router = field(compare=False)
     #: Where the app is served: ``""``, or a mount point / proxy prefix like ``/ops/localui``.
     prefix: str = ""
 
