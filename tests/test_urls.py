@@ -90,17 +90,22 @@ def odd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OddStore]:
     from conftest import PgStore, copy_pg_store, pg_name
 
     seeded = request.getfixturevalue("pg_seeded")
+    # Asked for before make_pg_client, so the schemas go after its apps have closed.
+    to_drop: list[Any] = request.getfixturevalue("pg_schemas_to_drop")
     made = PgStore(seeded.dsn, pg_name("fastaiagent"), pg_name("localui"))
-    try:
-        copy_pg_store(seeded.dsn, seeded.schema, made.dsn, made.schema)
-        write_odd_runs(made.dsn, tmp_path, pg_schema=made.schema)
-        make_pg_client: Callable[..., TestClient] = request.getfixturevalue("make_pg_client")
-        yield OddStore(client=make_pg_client(made), backend="postgres")
-        # make_pg_client closes its apps after this fixture's teardown starts; the
-        # schemas go once they have (finalizers run last-in, first-out).
-    finally:
-        request.addfinalizer(made.app_raw.drop)
-        request.addfinalizer(made.raw.drop)
+    to_drop.extend((made.raw, made.app_raw))
+    copy_pg_store(seeded.dsn, seeded.schema, made.dsn, made.schema)
+    write_odd_runs(made.dsn, tmp_path, pg_schema=made.schema)
+    make_pg_client: Callable[..., TestClient] = request.getfixturevalue("make_pg_client")
+    yield OddStore(client=make_pg_client(made), backend="postgres")
+
+
+@pytest.fixture
+def pg_schemas_to_drop() -> Iterator[list[Any]]:
+    made: list[Any] = []
+    yield made
+    for raw in made:
+        raw.drop()
 
 
 def runs_by_id(client: TestClient) -> dict[str, dict[str, Any]]:
