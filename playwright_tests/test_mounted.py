@@ -30,6 +30,8 @@ HERE = Path(__file__).resolve().parent
 PREFIX = "/ops/localui"
 LIVE_TIMEOUT_MS = 10_000
 START_TIMEOUT_S = 120.0
+#: A run id chosen by the SDK's caller that once made Approve send a real prune.
+ODD_ID = "../../prune?older_than=0s&x=/王#1"
 SCREENSHOTS = HERE.parent / "artifacts" / "screenshots"
 
 
@@ -78,6 +80,17 @@ def mounted_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mounted
         check=False,
     )
     assert seeded.returncode == 0, seeded.stderr
+    odd = subprocess.run(
+        [sys.executable, str(HERE.parent / "tests" / "odd_id_runs.py"), "--store", str(store)]
+        + ["--paused", ODD_ID],
+        cwd=workdir,
+        env=child_env(store),
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
+        check=False,
+    )
+    assert odd.returncode == 0, odd.stderr
     port = free_port()
     origin = f"http://127.0.0.1:{port}"
     log_path = workdir.parent / f"{workdir.name}.log"
@@ -153,7 +166,7 @@ def test_a_person_uses_every_part_of_localui_mounted_in_another_app(
         page = context.new_page()
         # The runs list, and every page the nav and the pages link to.
         page.goto(f"{PREFIX}/")
-        expect(page.locator("table.runs tbody tr")).to_have_count(10)
+        expect(page.locator("table.runs tbody tr")).to_have_count(11)
         page.get_by_role("link", name="Paused").first.click()
         expect(page).to_have_url(f"{mounted_server.origin}{PREFIX}/?state=paused")
         page.locator("header nav").get_by_role("link", name="Prune").click()
@@ -187,11 +200,11 @@ def test_a_person_uses_every_part_of_localui_mounted_in_another_app(
         with page.expect_response(lambda r: f"{PREFIX}/live/approvals" in r.url):
             page.locator("header nav").get_by_role("link", name="Approvals").click()
         cards = page.locator("article.approval")
-        expect(cards).to_have_count(4)
+        expect(cards).to_have_count(5)
         new_run = pause_in_another_process(mounted_server)
         card = page.locator(f"#approval-{dom_id(new_run)}")
         expect(card).to_be_visible(timeout=LIVE_TIMEOUT_MS)
-        expect(page.locator("#nav-pending")).to_have_text("5", timeout=LIVE_TIMEOUT_MS)
+        expect(page.locator("#nav-pending")).to_have_text("6", timeout=LIVE_TIMEOUT_MS)
         shoot(page, "2-queue")
 
         # Approve it: the decision goes to the mounted app, the outcome links under it.
@@ -199,11 +212,29 @@ def test_a_person_uses_every_part_of_localui_mounted_in_another_app(
         card.get_by_role("button", name="Approve").click()
         outcome = page.locator(f"#approval-{dom_id(new_run)}-result")
         expect(outcome).to_contain_text("the run completed", timeout=LIVE_TIMEOUT_MS)
-        expect(page.locator("#nav-pending")).to_have_text("4", timeout=LIVE_TIMEOUT_MS)
+        expect(page.locator("#nav-pending")).to_have_text("5", timeout=LIVE_TIMEOUT_MS)
         outcome.get_by_role("link", name="Open the run").click()
         expect(page.locator("#run-state .meta .state")).to_have_text("completed")
         expect(page.locator("#decisions")).to_contain_text("Ada Manager approved it")
         shoot(page, "3-approved")
+
+        # The card of the run whose id looks like a prune URL decides that run only:
+        # every run is still there, the completed ones a prune would have taken too.
+        page.locator("header nav").get_by_role("link", name="Approvals").click()
+        odd = page.locator(f"#approval-{dom_id(ODD_ID)}")
+        odd.get_by_label("Approver").fill("王小明")
+        odd.get_by_role("button", name="Approve").click()
+        expect(page.locator(f"#approval-{dom_id(ODD_ID)}-result")).to_contain_text(
+            "the run completed", timeout=LIVE_TIMEOUT_MS
+        )
+        page.locator(f"#approval-{dom_id(ODD_ID)}-result").get_by_role(
+            "link", name="Open the run"
+        ).click()
+        expect(page.locator("h1 code")).to_have_text(ODD_ID)
+        expect(page.locator("#decisions")).to_contain_text("王小明 approved it")
+        page.locator("header nav").get_by_role("link", name="Runs").click()
+        expect(page.locator("table.runs tbody tr")).to_have_count(12)
+        expect(page.locator("#runs-table .tab.state-completed .count")).to_have_text("5")
 
         # The browser's own log: every request stayed under the prefix, none went unanswered.
         ours = [url for url in requested if url.startswith(mounted_server.origin)]
