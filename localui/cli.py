@@ -40,6 +40,13 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         help="Another Host header name to answer to (loopback names always are).",
     )
     parser.add_argument("--read-only", action="store_true", help="Show everything, change nothing.")
+    parser.add_argument(
+        "--root-path",
+        default="",
+        metavar="PREFIX",
+        help="Behind a reverse proxy that serves the app at PREFIX (e.g. /tools/localui) and "
+        "strips it before forwarding: every link, form and redirect carries PREFIX.",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,6 +153,8 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
         app = ReleaseFreedMemory(app)
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
     print(f"localui: serving {backend.label} at http://{shown_host}:{settings.port}/", flush=True)
+    if settings.root_path:
+        print(f"localui: links point under {settings.root_path}/, where the proxy serves it")
     if registry.agents:
         print(f"localui: agents that can be resumed here: {', '.join(registry.names())}")
     config = uvicorn.Config(
@@ -153,6 +162,7 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
         host=settings.host,
         port=settings.port,
         log_level="warning",
+        root_path=settings.root_path,
         # Open streams must not hold a stopping server for long.
         timeout_graceful_shutdown=2,
     )
@@ -177,7 +187,14 @@ def _settings(args: argparse.Namespace, store: str) -> Settings:
         allowed_hosts=tuple(args.allow_host),
         pg_schema=getattr(args, "pg_schema", "fastaiagent"),
         pg_app_schema=getattr(args, "pg_app_schema", "localui"),
+        root_path=normal_root_path(args.root_path),
     )
+
+
+def normal_root_path(text: str) -> str:
+    """``tools/localui/`` -> ``/tools/localui``; empty stays empty (served at ``/``)."""
+    text = text.strip().strip("/")
+    return f"/{text}" if text else ""
 
 
 def run_serve(args: argparse.Namespace) -> int:

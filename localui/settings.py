@@ -26,6 +26,9 @@ class Settings:
     #: PostgreSQL schema of the app's own table (``localui_decisions``), made on first use.
     pg_app_schema: str = "localui"
     page_size: int = 50
+    #: The path prefix a reverse proxy strips before it forwards (``--root-path``):
+    #: links and redirects put it back. Mounted in a parent app, the mount sets it.
+    root_path: str = ""
 
     @property
     def host_names(self) -> frozenset[str]:

@@ -319,7 +319,7 @@ def test_the_runs_page_says_it_is_indexing_and_asks_again(
             html = client.get("/").text
             rows = complete["totals"].rows
             assert f"Indexing this store's {rows:,} rows" in html
-            assert 'hx-get="/?" hx-trigger="every 1s"' in html
+            assert 'hx-get="/" hx-trigger="every 1s"' in html
             assert "rows in the store" not in html
             for run in first.runs:
                 assert f'href="/runs/{run.execution_id}"' in html

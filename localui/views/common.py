@@ -30,6 +30,7 @@ from localui.live import ChangeFeed
 from localui.records import Unreadable
 from localui.registry import Registry
 from localui.settings import Settings
+from localui.views.urls import urls_of
 
 if TYPE_CHECKING:
     from localui.views.live import LiveRenders
@@ -67,7 +68,14 @@ class AppState:
 
 
 def context(request: Request) -> AppState:
-    ctx: AppState = request.app.state.localui
+    ctx: AppState | None = getattr(request.app.state, "localui", None)
+    if ctx is None:
+        # Starlette runs only the outermost app's lifespan: a parent that mounts
+        # localui must enter localui's (see ``localui.app.lifespan_of``).
+        raise RuntimeError(
+            "localui's lifespan has not run: the app that mounts it must enter "
+            "localui.app.lifespan_of(app) in its own lifespan"
+        )
     return ctx
 
 
@@ -125,7 +133,7 @@ async def respond(
     ctx = context(request)
     fragment = partial is not None and is_htmx(request)
     name = partial if fragment and partial is not None else template
-    values: dict[str, Any] = {"page": page, "settings": ctx.settings}
+    values: dict[str, Any] = {"page": page, "settings": ctx.settings, "urls": urls_of(request)}
     if not fragment:
         values["nav"] = await off_loop(nav_counts, ctx.store)
     response = ctx.templates.TemplateResponse(request, name, values, status_code=status_code)
@@ -166,7 +174,7 @@ async def error_response(request: Request, exc: LocalUIError) -> Response:
     return ctx.templates.TemplateResponse(
         request,
         name,
-        {"error": body, "settings": ctx.settings, "nav": nav},
+        {"error": body, "settings": ctx.settings, "nav": nav, "urls": urls_of(request)},
         status_code=exc.status_code,
     )
 
