@@ -20,6 +20,7 @@ from starlette.templating import Jinja2Templates
 from localui.actions import ActionService
 from localui.backends import open_backend
 from localui.backends.base import Backend
+from localui.backends.traces import SpanIndex
 from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed
 from localui.paths import static_dir, templates_dir
@@ -146,6 +147,15 @@ def lifespan_of(app: Starlette) -> AbstractAsyncContextManager[Any]:
     return app.router.lifespan_context(app)
 
 
+def trace_index(settings: Settings, backend: Backend) -> SpanIndex | None:
+    """The spans of ``--traces``, else of a SQLite store's own file (the SDK traces
+    into the same ``local.db``); a PostgreSQL store has no file of its own to look in."""
+    path = settings.traces or (
+        str(backend.target.sqlite_path) if backend.target.sqlite_path is not None else None
+    )
+    return SpanIndex(path) if path is not None else None
+
+
 def create_app(
     settings: Settings,
     *,
@@ -173,6 +183,7 @@ def create_app(
             make_checkpointer=opened.checkpointer,
         )
         feed = ChangeFeed(opened.change_source(), interval=settings.poll_interval)
+        traces = trace_index(settings, opened)
         app.state.localui = AppState(
             settings=settings,
             backend=opened,
@@ -180,6 +191,7 @@ def create_app(
             registry=registry,
             actions=actions,
             feed=feed,
+            traces=traces,
         )
         await feed.start()
         try:
@@ -188,6 +200,8 @@ def create_app(
             # Ends every open live stream with the app.
             await feed.stop()
             decisions.close()
+            if traces is not None:
+                traces.close()
             if owned:
                 opened.close()
 

@@ -79,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
         "created on first use (default: localui).",
     )
     serve.add_argument(
+        "--traces",
+        default=None,
+        metavar="PATH",
+        help="The SQLite file the SDK traced into (default: a SQLite store's own file). "
+        "With a postgresql:// store, name the local.db the agents wrote their spans to.",
+    )
+    serve.add_argument(
         "--agents",
         action="extend",
         nargs="+",
@@ -188,6 +195,7 @@ def _settings(args: argparse.Namespace, store: str) -> Settings:
         pg_schema=getattr(args, "pg_schema", "fastaiagent"),
         pg_app_schema=getattr(args, "pg_app_schema", "localui"),
         root_path=normal_root_path(args.root_path),
+        traces=getattr(args, "traces", None),
     )
 
 
@@ -217,7 +225,9 @@ def run_demo(args: argparse.Namespace) -> int:
         temp_dir = tempfile.mkdtemp(prefix="localui-demo-")
         store = Path(temp_dir) / "local.db"
     os.environ["FASTAIAGENT_LOCAL_DB"] = str(store)
-    os.environ["FASTAIAGENT_TRACE_ENABLED"] = "false"
+    # The demo's runs are traced into the store, so run pages show their spans;
+    # the served agent (approvals, resumes) traces there too.
+    os.environ["FASTAIAGENT_TRACE_ENABLED"] = "true"
 
     from localui.demo.scenarios import SeedError, seed
 

@@ -29,6 +29,9 @@ class Settings:
     #: The path prefix a reverse proxy strips before it forwards (``--root-path``):
     #: links and redirects put it back. Mounted in a parent app, the mount sets it.
     root_path: str = ""
+    #: The SQLite file the SDK traced into (``--traces``); by default a SQLite
+    #: store's own file, where the SDK writes its spans.
+    traces: str | None = None
 
     @property
     def host_names(self) -> frozenset[str]:

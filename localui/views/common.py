@@ -25,6 +25,7 @@ from starlette.templating import Jinja2Templates
 
 from localui.actions import ActionService
 from localui.backends.base import Backend, Store
+from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, LocalUIError
 from localui.live import ChangeFeed
 from localui.records import Unreadable
@@ -59,6 +60,9 @@ class AppState:
     registry: Registry
     actions: ActionService
     feed: ChangeFeed
+    #: Where the run pages find the SDK's trace spans; None for a PostgreSQL
+    #: store served without ``--traces``.
+    traces: SpanIndex | None = None
     #: The live pages' shared renders, made with the first stream (``views.live``).
     live_renders: LiveRenders | None = None
 

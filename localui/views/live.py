@@ -153,7 +153,9 @@ class RunView:
         return changes.touches(self.execution_id)
 
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
-        page = build_run_page(ctx.store, self.execution_id, self.urls, ctx.actions)
+        page = build_run_page(
+            ctx.store, self.execution_id, self.urls, ctx.actions, traces=ctx.traces
+        )
         page = replace(page, approver=self.approver)
         parts = (
             ("run-state", "partials/_verdict.html"),

@@ -1,0 +1,204 @@
+"""The span index's file and its catch-up: which agent spans belong to which run."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import tempfile
+import threading
+from pathlib import Path
+from urllib.parse import quote
+
+from localui.backends.traces.spans import (
+    Attempt,
+    Span,
+    attempts_of,
+    decode_attributes,
+    first_exception,
+)
+
+#: Bump when the index's tables change: an index of another version is rebuilt.
+VERSION = "1"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS attempts (
+    execution_id TEXT NOT NULL,
+    trace_id     TEXT NOT NULL,
+    span_id      TEXT NOT NULL,
+    PRIMARY KEY (execution_id, span_id)
+) WITHOUT ROWID;
+"""
+
+#: The run an agent span belongs to: its own id, or the run it resumed or forked.
+#: ``json_valid`` first: one malformed row must not stop the whole fold.
+_RUN_OF = """CASE WHEN json_valid(attributes) THEN COALESCE(
+    json_extract(attributes, '$."agent.execution_id"'),
+    json_extract(attributes, '$."agent.resumed_execution_id"'),
+    json_extract(attributes, '$."agent.forked_execution_id"')) END"""
+
+#: Spans folded per transaction while catching up, so a large first fold
+#: holds the index's write lock only briefly at a time.
+_BATCH = 50_000
+
+
+def _index_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    for candidate in (Path(base) / "localui", Path(tempfile.gettempdir()) / "localui"):
+        try:
+            candidate.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(candidate, os.W_OK):
+            return candidate
+    return Path(tempfile.mkdtemp(prefix="localui-spans-"))
+
+
+def _identity(path: Path) -> str:
+    """Which file is at ``path`` (device and inode): a replaced trace file differs."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "missing"
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+class SpanIndex:
+    """Finds a run's spans in one SQLite file the SDK traced into."""
+
+    def __init__(self, traces_path: str | Path, *, index_dir: Path | None = None) -> None:
+        self.traces_path = Path(traces_path).resolve()
+        name = hashlib.sha256(str(self.traces_path).encode()).hexdigest()[:24]
+        self.path = (index_dir or _index_dir()) / f"spans-{name}.sqlite"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.lock = threading.Lock()
+        self._conn = sqlite3.connect(
+            f"file:{quote(str(self.path))}",
+            uri=True,
+            timeout=10.0,
+            check_same_thread=False,
+            isolation_level=None,
+        )
+        self._conn.execute("PRAGMA journal_mode = WAL")
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._conn.executescript(_SCHEMA)
+        self._attached = False
+
+    def close(self) -> None:
+        with self.lock:
+            self._conn.close()
+
+    def _attach(self) -> bool:
+        """The trace file, read-only, as schema ``t``; False while it does not exist."""
+        if self._attached:
+            return True
+        if not self.traces_path.is_file():
+            return False
+        self._conn.execute(
+            "ATTACH DATABASE ? AS t", (f"file:{quote(str(self.traces_path))}?mode=ro",)
+        )
+        self._attached = True
+        return True
+
+    def has_spans_table(self) -> bool:
+        """Whether the file holds the SDK's ``spans`` table: tracing was on."""
+        with self.lock:
+            return self._has_spans()
+
+    def _has_spans(self) -> bool:
+        if not self._attach():
+            return False
+        found = self._conn.execute(
+            "SELECT 1 FROM t.sqlite_master WHERE type = 'table' AND name = 'spans'"
+        ).fetchone()
+        return found is not None
+
+    def _meta(self, key: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return str(row[0]) if row else None
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def _refresh(self) -> bool:
+        """Fold in the spans written since the last call; False without a ``spans`` table.
+
+        The SDK writes spans with ``INSERT OR REPLACE``, so a written or rewritten
+        span always gets a rowid above every earlier one: the rowid is the mark.
+        A file that was replaced, or whose rowids went below the mark (pruned and
+        vacuumed), is indexed again from the start.
+        """
+        if not self._has_spans():
+            return False
+        newest = self._conn.execute("SELECT max(rowid) FROM t.spans").fetchone()[0] or 0
+        identity = f"{VERSION}/{_identity(self.traces_path)}"
+        mark = int(self._meta("mark") or 0)
+        if self._meta("identity") != identity or newest < mark:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("DELETE FROM attempts")
+            self._set_meta("identity", identity)
+            self._set_meta("mark", "0")
+            self._conn.execute("COMMIT")
+            mark = 0
+        while mark < newest:
+            upto = min(newest, mark + _BATCH)
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute(
+                    f"""INSERT OR IGNORE INTO attempts (execution_id, trace_id, span_id)
+                        SELECT run_id, trace_id, span_id FROM (
+                            SELECT {_RUN_OF} AS run_id, trace_id, span_id FROM t.spans
+                            WHERE rowid > ? AND rowid <= ? AND name LIKE 'agent.%'
+                        ) WHERE run_id IS NOT NULL AND typeof(run_id) = 'text'""",
+                    (mark, upto),
+                )
+                self._set_meta("mark", str(upto))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            mark = upto
+        return True
+
+    def refresh(self) -> bool:
+        with self.lock:
+            return self._refresh()
+
+    def attempts(self, execution_id: str) -> tuple[Attempt, ...] | None:
+        """The run's attempts with their spans, oldest first; None without a ``spans``
+        table (tracing was off), empty when tracing was on but the run left no span."""
+        with self.lock:
+            if not self._refresh():
+                return None
+            found = self._conn.execute(
+                "SELECT trace_id, span_id FROM attempts WHERE execution_id = ?", (execution_id,)
+            ).fetchall()
+            traces = sorted({str(r[0]) for r in found})
+            spans: list[Span] = []
+            for trace_id in traces:
+                rows = self._conn.execute(
+                    """SELECT span_id, trace_id, parent_span_id, name, start_time, end_time,
+                              status, attributes, events
+                       FROM t.spans WHERE trace_id = ?""",
+                    (trace_id,),
+                ).fetchall()
+                spans.extend(_span(row) for row in rows)
+        return attempts_of(spans, {str(r[1]) for r in found})
+
+
+def _span(row: tuple[object, ...]) -> Span:
+    span_id, trace_id, parent, name, start, end, status, attributes, events = row
+    decoded, unreadable = decode_attributes(attributes if isinstance(attributes, str) else None)
+    return Span(
+        span_id=str(span_id),
+        trace_id=str(trace_id),
+        parent_span_id=str(parent) if parent else None,
+        name=str(name or ""),
+        start_time=str(start) if start else None,
+        end_time=str(end) if end else None,
+        status=str(status or "UNSET"),
+        attributes=decoded,
+        unreadable=unreadable,
+        error=first_exception(events if isinstance(events, str) else None),
+    )

@@ -1,0 +1,182 @@
+"""The trace inside the run page: spans the SDK wrote while running the demo runs."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+from conftest import ClientFactory, Seeded
+
+from localui.backends.traces import SpanIndex
+from localui.views.trace import NO_SPANS, TRACING_OFF
+
+
+def run_json(client: object, execution_id: str) -> dict[str, object]:
+    response = client.get(f"/runs/{execution_id}.json")  # type: ignore[attr-defined]
+    assert response.status_code == 200, response.text
+    page: dict[str, object] = response.json()
+    return page
+
+
+def test_completed_run_shows_its_input_answer_durations_tokens_and_waterfall(
+    make_client: ClientFactory, app_store: Path, seeded: Seeded, page_text: Callable[..., str]
+) -> None:
+    client = make_client(app_store)
+    run_id = seeded.id("completed")
+    trace = run_json(client, run_id)["trace"]
+    assert isinstance(trace, dict)
+    assert trace["traced"] is True
+    assert trace["input"] == "Refund order A-1001 for 40.00"
+    assert trace["answer"] == "Done: refunded 40.00 on A-1001."
+    (attempt,) = trace["attempts"]
+    assert attempt["kind"] == "first run"
+    assert attempt["status"] == "completed"
+    assert attempt["duration_ms"] is not None and attempt["duration_ms"] >= 0
+    kinds = [(s["kind"], s["status"]) for s in attempt["steps"]]
+    assert kinds == [("model", "ok"), ("tool", "ok"), ("model", "ok")]
+    assert all(s["model"] == "refund-bot-demo" for s in attempt["steps"] if s["kind"] == "model")
+    assert all(s["tokens_in"] is not None for s in attempt["steps"] if s["kind"] == "model")
+    # Each call sits on the row the SDK wrote just before it.
+    rows = {r["checkpoint_id"]: r for r in run_json(client, run_id)["rows"]}  # type: ignore[attr-defined]
+    tool_step = attempt["steps"][1]
+    assert rows[tool_step["checkpoint_id"]]["node_id"] == "turn:0/tool:refund"
+    assert rows[tool_step["checkpoint_id"]]["calls"][0]["tool"] == "refund"
+    html = client.get(f"/runs/{run_id}").text
+    top = page_text(html, "trace")
+    assert "Refund order A-1001 for 40.00" in top and "Done: refunded 40.00 on A-1001." in top
+    assert '<svg class="waterfall"' in html and html.count("<rect ") == 3
+    assert " style=" not in html  # the CSP forbids inline styles
+    assert "tokens in" in page_text(html, "timeline")
+
+
+def test_resumed_run_shows_two_attempts_and_who_resumed_it(
+    make_client: ClientFactory, app_store: Path, seeded: Seeded, page_text: Callable[..., str]
+) -> None:
+    client = make_client(app_store)
+    run_id = seeded.id("idempotent-resumed")
+    trace = run_json(client, run_id)["trace"]
+    assert isinstance(trace, dict)
+    first, resume = trace["attempts"]
+    assert first["kind"] == "first run" and first["status"] == "paused"
+    assert [s["status"] for s in first["steps"]] == ["ok", "paused"]
+    assert "InterruptSignal" in first["steps"][1]["error"]
+    assert resume["kind"] == "resume"
+    assert resume["resume_node"] == "turn:0/tool:refund"
+    assert resume["resumed_by"] == "demo-seed" and resume["approved"] is True
+    assert trace["answer"] == "Done: refunded 450.00 on A-1009."
+    text = page_text(client.get(f"/runs/{run_id}").text, "trace")
+    assert "Attempt 2: resume at turn:0/tool:refund, approved by demo-seed" in text
+
+
+def test_fork_is_an_attempt_of_its_own_run(
+    make_client: ClientFactory, app_store: Path, seeded: Seeded
+) -> None:
+    client = make_client(app_store)
+    trace = run_json(client, seeded.id("fork-of-completed"))["trace"]
+    assert isinstance(trace, dict)
+    assert [a["kind"] for a in trace["attempts"]] == ["fork"]
+    assert trace["answer"] == "Done: refunded 40.00 on A-1001."
+
+
+def test_crashed_run_says_it_left_no_spans(
+    make_client: ClientFactory, app_store: Path, seeded: Seeded
+) -> None:
+    client = make_client(app_store)
+    trace = run_json(client, seeded.id("crashed-in-tool"))["trace"]
+    assert trace == {
+        "traced": True,
+        "input": None,
+        "answer": None,
+        "attempts": [],
+        "note": NO_SPANS,
+    }
+
+
+def test_store_without_spans_says_tracing_was_off(
+    make_client: ClientFactory, store_copy: Path, seeded: Seeded, page_text: Callable[..., str]
+) -> None:
+    with sqlite3.connect(store_copy) as conn:
+        conn.execute("DROP TABLE spans")
+    client = make_client(store_copy)
+    run_id = seeded.id("completed")
+    trace = run_json(client, run_id)["trace"]
+    assert isinstance(trace, dict)
+    assert trace["traced"] is False and trace["note"] == TRACING_OFF
+    assert "FASTAIAGENT_TRACE_ENABLED=true" in page_text(
+        client.get(f"/runs/{run_id}").text, "trace"
+    )
+
+
+def test_traces_option_reads_spans_from_another_file(
+    make_client: ClientFactory, store_copy: Path, seeded: Seeded, tmp_path: Path
+) -> None:
+    """A PostgreSQL store's agents trace into a SQLite file of their own: ``--traces``."""
+    traces = tmp_path / "traces.db"
+    with sqlite3.connect(store_copy) as conn:
+        conn.execute("ATTACH DATABASE ? AS t", (str(traces),))
+        conn.execute("CREATE TABLE t.spans AS SELECT * FROM spans")
+        conn.execute("DELETE FROM spans")
+    plain = make_client(store_copy)
+    assert run_json(plain, seeded.id("completed"))["trace"]["attempts"] == []  # type: ignore[index]
+    client = make_client(store_copy, traces=str(traces))
+    trace = run_json(client, seeded.id("completed"))["trace"]
+    assert trace["answer"] == "Done: refunded 40.00 on A-1001."  # type: ignore[index]
+
+
+def test_malformed_spans_render_and_new_spans_are_folded_in(
+    make_client: ClientFactory, store_copy: Path, seeded: Seeded, tmp_path: Path
+) -> None:
+    """Hand-built spans the SDK cannot write: attributes that are not JSON, an agent
+    span without an execution id; and spans written after the index was built."""
+    run_id = seeded.id("completed")
+    index = SpanIndex(store_copy, index_dir=tmp_path / "idx")
+    try:
+        before = index.attempts(run_id)
+        assert before is not None and len(before) == 1
+        with sqlite3.connect(store_copy) as conn:
+            # The SDK's search trigger refuses malformed JSON; an older SDK's table,
+            # or another writer's, has no such trigger.
+            conn.execute("DROP TRIGGER spans_fts_ai")
+            conn.executemany(
+                "INSERT INTO spans (span_id, trace_id, parent_span_id, name, start_time,"
+                " end_time, status, attributes, events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    ("bad-agent", "tr-bad", None, "agent.x", "x", None, "OK", "{not json", "[]"),
+                    ("anon", "tr-anon", None, "agent.x", None, None, "OK", "{}", "oops"),
+                    (
+                        "again",
+                        "tr-again",
+                        None,
+                        "agent.refund-bot",
+                        "2999-01-01T00:00:00+00:00",
+                        "2999-01-01T00:00:01+00:00",
+                        "OK",
+                        json.dumps({"agent.execution_id": run_id, "agent.output": "later"}),
+                        "[]",
+                    ),
+                    (
+                        "child",
+                        "tr-again",
+                        "again",
+                        "tool.refund",
+                        "nope",
+                        None,
+                        "ERROR",
+                        "[1]",
+                        "[]",
+                    ),
+                ],
+            )
+        after = index.attempts(run_id)
+        assert after is not None and len(after) == 2
+        assert after[1].children[0].unreadable
+    finally:
+        index.close()
+    client = make_client(store_copy)
+    trace = run_json(client, run_id)["trace"]
+    assert trace["answer"] == "later"  # type: ignore[index]
+    step = trace["attempts"][1]["steps"][0]  # type: ignore[index]
+    assert step["status"] == "error" and "unreadable" in step["error"]
+    assert client.get(f"/runs/{run_id}").status_code == 200
