@@ -66,8 +66,15 @@ def test_resumed_run_shows_two_attempts_and_who_resumed_it(
     assert resume["resume_node"] == "turn:0/tool:refund"
     assert resume["resumed_by"] == "demo-seed" and resume["approved"] is True
     assert trace["answer"] == "Done: refunded 450.00 on A-1009."
-    text = page_text(client.get(f"/runs/{run_id}").text, "trace")
-    assert "Attempt 2: resume at turn:0/tool:refund, approved by demo-seed" in text
+    html = client.get(f"/runs/{run_id}").text
+    marker = "Attempt 2: resume at turn:0/tool:refund, approved by demo-seed"
+    assert marker in page_text(html, "trace")
+    # The timeline marks the row the resume re-entered at.
+    rows = run_json(client, run_id)["rows"]
+    assert isinstance(rows, list)
+    (marked,) = [r for r in rows if r["reentry"]]
+    assert marked["reentry"] == marker
+    assert marker in page_text(html, f"reentry-{marked['checkpoint_id']}")
 
 
 def test_fork_is_an_attempt_of_its_own_run(

@@ -30,7 +30,13 @@ from localui.views.approvals import (
 )
 from localui.views.common import context, html_only, off_loop, pretty_json, respond
 from localui.views.row import jsonable
-from localui.views.trace import StepView, TraceSection, steps_by_row, trace_section
+from localui.views.trace import (
+    StepView,
+    TraceSection,
+    reentries,
+    steps_by_row,
+    trace_section,
+)
 from localui.views.urls import Urls, dom_id, urls_of
 
 #: How many forks of forks the lineage walks before it stops listing.
@@ -74,6 +80,8 @@ class RowView:
     ago: str = html_only("")
     #: The model and tool calls the trace places on this row.
     calls: tuple[StepView, ...] = ()
+    #: A resume or fork re-entered the run here: which attempt, and who resumed it.
+    reentry: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +183,7 @@ def row_view(
     now: datetime,
     urls: Urls,
     calls: tuple[StepView, ...] = (),
+    reentry: str | None = None,
 ) -> RowView:
     return RowView(
         checkpoint_id=row.checkpoint_id,
@@ -191,6 +200,7 @@ def row_view(
         kind=row_kind(row),
         ago=runs.age_words(row.created_at, now),
         calls=calls,
+        reentry=reentry,
     )
 
 
@@ -320,12 +330,17 @@ def timeline_section(
     now: datetime,
     urls: Urls,
     calls: dict[str, tuple[StepView, ...]] | None = None,
+    marks: dict[str, str] | None = None,
 ) -> Timeline:
     shown = row_window(execution_id, len(headers), start, size, urls)
     visible = headers[shown.start : shown.start + shown.count]
     calls = calls or {}
+    marks = marks or {}
     rows = tuple(
-        row_view(execution_id, h, now, urls, calls.get(h.checkpoint_id, ())) for h in visible
+        row_view(
+            execution_id, h, now, urls, calls.get(h.checkpoint_id, ()), marks.get(h.checkpoint_id)
+        )
+        for h in visible
     )
     by_id = {r.checkpoint_id: r for r in rows}
     groups = tuple(
@@ -443,7 +458,14 @@ def build_run_page(
     )
     trace = trace_section(traces, execution_id, headers)
     timeline = timeline_section(
-        execution_id, headers, start, window, now, urls, steps_by_row(trace)
+        execution_id,
+        headers,
+        start,
+        window,
+        now,
+        urls,
+        steps_by_row(trace),
+        reentries(trace, headers),
     )
     origin = store.get_fork_origin(execution_id)
     acting = actions_section(actions, execution_id, facts.agent, plan, pending, now, urls)

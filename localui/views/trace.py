@@ -293,6 +293,23 @@ def trace_section(
     )
 
 
+def reentries(section: TraceSection, headers: Sequence[RowHeader]) -> dict[str, str]:
+    """Where each later attempt re-entered the timeline: its first row, with the
+    attempt's title (``Attempt 2: resume at turn:0/tool:refund, approved by ann``)."""
+    marks: dict[str, str] = {}
+    timed = [(runs.parse_time(h.created_at), h.checkpoint_id) for h in headers]
+    for attempt in section.attempts[1:]:
+        start = runs.parse_time(attempt.started_at or "")
+        if start is None:
+            continue
+        first = min(
+            ((at, cid) for at, cid in timed if at is not None and at >= start), default=None
+        )
+        if first is not None:
+            marks.setdefault(first[1], attempt.title)
+    return marks
+
+
 def steps_by_row(section: TraceSection) -> dict[str, tuple[StepView, ...]]:
     """The calls of every attempt, keyed by the timeline row they belong to."""
     by_row: dict[str, list[StepView]] = {}
