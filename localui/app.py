@@ -29,6 +29,7 @@ from localui.security import GuardMiddleware
 from localui.settings import Settings
 from localui.views import actions as action_views
 from localui.views import approvals as approval_views
+from localui.views import bundle as bundle_views
 from localui.views import cache as cache_views
 from localui.views import diff as diff_views
 from localui.views import live as live_views
@@ -72,6 +73,7 @@ def build_routes() -> list[Route | Mount]:
         ),
         *page_routes("/runs/{execution_id:localui_id}/diff", diff_views.run_diff, "run_diff"),
         *page_routes("/diff", diff_views.rows_diff, "diff"),
+        Route("/runs/{execution_id:localui_id}/bundle", bundle_views.run_bundle, name="run_bundle"),
         *page_routes("/runs/{execution_id:localui_id}", run_views.run_page, "run"),
         Route(
             "/runs/{execution_id:localui_id}/resume",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import signal
@@ -106,6 +107,38 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed-only", action="store_true", help="Write the store, print its path, and stop."
     )
     _add_server_options(demo)
+
+    export = sub.add_parser(
+        "export", help="Write one run (rows, pause, cache, decisions, forks, spans) to a file."
+    )
+    export.add_argument("execution_id", metavar="RUN_ID")
+    export.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="FILE",
+        help="Where to write it (default: RUN_ID.localui.gz here).",
+    )
+    export.add_argument("--store", default=None, help="The store, as for serve.")
+    export.add_argument("--pg-schema", default="fastaiagent", metavar="SCHEMA")
+    export.add_argument("--pg-app-schema", default="localui", metavar="SCHEMA")
+    export.add_argument(
+        "--traces",
+        default=None,
+        metavar="PATH",
+        help="The SQLite file the SDK traced into, as for serve.",
+    )
+    export.add_argument(
+        "--redact",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="Replace the values of this key everywhere in the file (repeatable).",
+    )
+
+    opened = sub.add_parser("open", help="Serve exported runs read-only, with the same pages.")
+    opened.add_argument("files", nargs="+", metavar="FILE")
+    _add_server_options(opened)
     return parser
 
 
@@ -253,8 +286,69 @@ def run_demo(args: argparse.Namespace) -> int:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+def run_export(args: argparse.Namespace) -> int:
+    from localui.app import trace_index
+    from localui.backends import open_backend
+    from localui.bundle import build_bundle
+
+    settings = Settings(
+        store=args.store or default_store(),
+        pg_schema=args.pg_schema,
+        pg_app_schema=args.pg_app_schema,
+        traces=args.traces,
+    )
+    try:
+        backend = open_backend(settings)
+    except LocalUIError as exc:
+        return fail(str(exc))
+    traces = trace_index(settings, backend)
+    decisions = backend.decision_log(writable=False)
+    try:
+        data = build_bundle(
+            backend.store,
+            [args.execution_id],
+            decisions=decisions,
+            traces=traces,
+            redact_keys=args.redact,
+        )
+    except LocalUIError as exc:
+        return fail(str(exc))
+    finally:
+        decisions.close()
+        if traces is not None:
+            traces.close()
+        backend.close()
+    target = Path(args.output or f"{args.execution_id}.localui.gz")
+    try:
+        target.write_bytes(data)
+    except OSError as exc:
+        return fail(f"cannot write {target}: {exc}")
+    print(f"localui: wrote run {args.execution_id} to {target}")
+    return 0
+
+
+def run_open(args: argparse.Namespace) -> int:
+    from localui.bundle import BundleError, load_bundles, read_bundle
+
+    temp_dir = tempfile.mkdtemp(prefix="localui-open-")
+    try:
+        store = Path(temp_dir) / "local.db"
+        try:
+            load_bundles([read_bundle(Path(f)) for f in args.files], store)
+        except BundleError as exc:
+            return fail(str(exc))
+        settings = dataclasses.replace(_settings(args, str(store)), read_only=True)
+        return serve(settings)
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return run_serve(args)
+    if args.command == "export":
+        return run_export(args)
+    if args.command == "open":
+        return run_open(args)
     return run_demo(args)

@@ -201,4 +201,6 @@ def _span(row: tuple[object, ...]) -> Span:
         attributes=decoded,
         unreadable=unreadable,
         error=first_exception(events if isinstance(events, str) else None),
+        raw_attributes=attributes if isinstance(attributes, str) else None,
+        raw_events=events if isinstance(events, str) else None,
     )

@@ -27,6 +27,9 @@ class Span:
     unreadable: bool = False
     #: The first exception recorded on the span, as ``Type: message``.
     error: str | None = None
+    #: The columns as stored, for a bundle that carries the span elsewhere.
+    raw_attributes: str | None = None
+    raw_events: str | None = None
 
     def text(self, key: str) -> str | None:
         value = self.attributes.get(key)
