@@ -187,3 +187,60 @@ def test_malformed_spans_render_and_new_spans_are_folded_in(
     step = trace["attempts"][1]["steps"][0]  # type: ignore[index]
     assert step["status"] == "error" and "unreadable" in step["error"]
     assert client.get(f"/runs/{run_id}").status_code == 200
+
+
+def test_runs_list_tells_each_runs_story(
+    make_client: ClientFactory, app_store: Path, seeded: Seeded, page_text: Callable[..., str]
+) -> None:
+    client = make_client(app_store)
+    rows = {r["execution_id"]: r for r in client.get("/runs.json").json()["runs"]}
+    completed = rows[seeded.id("completed")]
+    assert completed["input"] == "Refund order A-1001 for 40.00"
+    assert completed["outcome"] == "Done: refunded 40.00 on A-1001."
+    assert isinstance(completed["duration_ms"], int) and completed["duration_ms"] >= 0
+    paused = rows[seeded.id("paused-1")]
+    assert paused["outcome"] == "waiting for approval: manager_approval"
+    failed = rows[seeded.id("failed")]
+    assert failed["outcome"].startswith("error: ")
+    html = client.get("/").text
+    row_id = f"run-{seeded.id('paused-1')}"
+    text = page_text(html, row_id)
+    assert seeded.id("paused-1")[:8] in text and seeded.id("paused-1") not in text
+    # The full id is on hover, the paused row links to its card, times are short.
+    assert f'title="{seeded.id("paused-1")}"' in html
+    assert f'href="/approvals/{seeded.id("paused-1")}"' in html
+    assert "(UTC)" in html and ".000" not in text
+
+
+def test_rejected_run_says_who_rejected_it(
+    make_client: ClientFactory, store_copy: Path, seeded: Seeded
+) -> None:
+    """The in-process SDK runs with tracing off in tests, so the rejecting resume's
+    agent span is written by hand, with the attributes the SDK gives one."""
+    run_id = seeded.id("completed")
+    with sqlite3.connect(store_copy) as conn:
+        conn.execute(
+            "INSERT INTO spans (span_id, trace_id, parent_span_id, name, start_time, end_time,"
+            " status, attributes, events) VALUES (?, ?, NULL, ?, ?, ?, 'OK', ?, '[]')",
+            (
+                "reject-1",
+                "tr-reject",
+                "agent.refund-bot",
+                "2999-01-01T00:00:00+00:00",
+                "2999-01-01T00:00:01+00:00",
+                json.dumps(
+                    {
+                        "agent.execution_id": run_id,
+                        "agent.resumed_execution_id": run_id,
+                        "agent.resume.approved": False,
+                        "agent.resume.resolver": "ann",
+                        "agent.output": "Refund not made.",
+                    }
+                ),
+            ),
+        )
+    client = make_client(store_copy)
+    rows = {r["execution_id"]: r for r in client.get("/runs.json").json()["runs"]}
+    assert rows[run_id]["outcome"] == "rejected by ann: Refund not made."
+    text = client.get(f"/runs/{run_id}").text
+    assert "Attempt 2: resume, rejected by ann" in text

@@ -130,7 +130,7 @@ class RunsView:
 
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         page = build_runs_page(
-            ctx.store, self.filters, self.after, ctx.settings.page_size, self.urls
+            ctx.store, self.filters, self.after, ctx.settings.page_size, self.urls, ctx.traces
         )
         html = render_partial(ctx, "partials/_runs_table.html", self.urls, page=page, live=True)
         return Rendered(fragments=(Fragment("runs-table", html),))

@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from localui import runs
 from localui.backends.base import STATES, Store
+from localui.backends.traces import RunSummary, SpanIndex
 from localui.errors import BadRequest
 from localui.records import IndexProgress, RunFacts, RunQuery, StoreTotals
 from localui.views.common import (
@@ -21,6 +22,7 @@ from localui.views.common import (
     off_loop,
     respond,
 )
+from localui.views.trace import duration_words
 from localui.views.urls import Urls, urls_of
 
 OUTBOX_FILTERS = ("waiting", "quarantined")
@@ -43,7 +45,19 @@ class RunRow:
     rows_waiting: int
     rows_quarantined: int
     url: str
+    #: The run's input, first line, shortened (from its trace; null without one).
+    input: str | None = None
+    #: How it ended, in words: the answer's first line, the error, the pause reason.
+    outcome: str | None = None
+    #: From the first row to the last, in milliseconds.
+    duration_ms: int | None = None
     last_ago: str = html_only("")
+    short_id: str = html_only("")
+    first_local: str = html_only("")
+    last_local: str = html_only("")
+    duration: str = html_only("")
+    #: A paused run's approval card.
+    card_url: str | None = html_only(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +108,51 @@ class RunsPage:
     live_url: str = html_only("")
 
 
-def run_row(facts: RunFacts, now: datetime, urls: Urls) -> RunRow:
+#: The runs list shows this much of an input or an outcome; the run page has the rest.
+LINE_CHARS = 72
+
+
+def first_line(text: str | None) -> str | None:
+    """The first non-empty line of ``text``, shortened to ``LINE_CHARS`` with an ellipsis."""
+    if not text:
+        return None
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    if not line:
+        return None
+    return line if len(line) <= LINE_CHARS else line[: LINE_CHARS - 1].rstrip() + "…"
+
+
+def local_time(value: str) -> str:
+    """``Nov 30 19:44:01`` in this machine's time zone (localui runs where its user is)."""
+    at = runs.parse_time(value)
+    if at is None:
+        return value
+    return at.astimezone().strftime("%b %d %H:%M:%S")
+
+
+def outcome_of(state: str, facts: RunFacts, summary: RunSummary | None) -> str | None:
+    if state == runs.PAUSED and facts.pending_reason:
+        return f"waiting for approval: {facts.pending_reason}"
+    if summary is None:
+        return None
+    if state == runs.FAILED and summary.error:
+        return first_line(f"error: {summary.error}")
+    if summary.rejected_by:
+        return first_line(f"rejected by {summary.rejected_by}: {summary.answer or ''}")
+    if state == runs.COMPLETED and summary.answer:
+        return first_line(summary.answer)
+    return None
+
+
+def run_row(
+    facts: RunFacts, now: datetime, urls: Urls, summary: RunSummary | None = None
+) -> RunRow:
     state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
     stopped_at = None
     if state == runs.UNFINISHED:
         stopped_at = "tool" if runs.parse_node(facts.last_node_id).tool is not None else "turn"
+    first, last = runs.parse_time(facts.first_at), runs.parse_time(facts.last_at)
+    duration_ms = max(0, round((last - first).total_seconds() * 1000)) if first and last else None
     return RunRow(
         execution_id=facts.execution_id,
         state=state,
@@ -113,7 +167,15 @@ def run_row(facts: RunFacts, now: datetime, urls: Urls) -> RunRow:
         rows_waiting=facts.rows_waiting,
         rows_quarantined=facts.rows_quarantined,
         url=urls.run(facts.execution_id),
+        input=first_line(summary.input) if summary is not None else None,
+        outcome=outcome_of(state, facts, summary),
+        duration_ms=duration_ms,
         last_ago=runs.age_words(facts.last_at, now),
+        short_id=facts.execution_id[:8],
+        first_local=local_time(facts.first_at),
+        last_local=local_time(facts.last_at),
+        duration=duration_words(duration_ms) if duration_ms is not None else "",
+        card_url=urls.approval(facts.execution_id) if state == runs.PAUSED else None,
     )
 
 
@@ -135,7 +197,12 @@ def parse_filters(request: Request) -> tuple[RunFilters, tuple[str, str] | None]
 
 
 def build_runs_page(
-    store: Store, filters: RunFilters, after: tuple[str, str] | None, limit: int, urls: Urls
+    store: Store,
+    filters: RunFilters,
+    after: tuple[str, str] | None,
+    limit: int,
+    urls: Urls,
+    traces: SpanIndex | None = None,
 ) -> RunsPage:
     query = RunQuery(
         state=filters.state,
@@ -154,6 +221,11 @@ def build_runs_page(
     if next_cursor:
         next_url = urls.runs(filters.params(after=next_cursor))
     counts = {state: page.counts.get(state, 0) for state in STATES}
+    summaries = (
+        (traces.summaries([f.execution_id for f in page.runs]) or {})
+        if traces is not None and page.runs
+        else {}
+    )
     known = page.indexing is None
     tabs = [
         StateTab(
@@ -175,7 +247,7 @@ def build_runs_page(
         for state in STATES
     )
     return RunsPage(
-        runs=tuple(run_row(f, now, urls) for f in page.runs),
+        runs=tuple(run_row(f, now, urls, summaries.get(f.execution_id)) for f in page.runs),
         next=next_cursor,
         next_url=next_url,
         counts=counts if known else {},
@@ -193,6 +265,12 @@ async def runs_list(request: Request) -> Response:
     ctx = context(request)
     filters, after = parse_filters(request)
     page = await off_loop(
-        build_runs_page, ctx.store, filters, after, ctx.settings.page_size, urls_of(request)
+        build_runs_page,
+        ctx.store,
+        filters,
+        after,
+        ctx.settings.page_size,
+        urls_of(request),
+        ctx.traces,
     )
     return await respond(request, "pages/runs.html", page, partial="partials/_runs_table.html")

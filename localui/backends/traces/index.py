@@ -7,6 +7,8 @@ import os
 import sqlite3
 import tempfile
 import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -19,7 +21,7 @@ from localui.backends.traces.spans import (
 )
 
 #: Bump when the index's tables change: an index of another version is rebuilt.
-VERSION = "1"
+VERSION = "3"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -27,9 +29,21 @@ CREATE TABLE IF NOT EXISTS attempts (
     execution_id TEXT NOT NULL,
     trace_id     TEXT NOT NULL,
     span_id      TEXT NOT NULL,
+    -- What the runs list shows of a run, kept here so a page of 50 runs is one query.
+    started_at   TEXT,
+    ended_at     TEXT,
+    input        TEXT,
+    output       TEXT,
+    error        TEXT,
+    -- A resume that answered a pause: approved (1) or rejected (0), and by whom.
+    approved     INTEGER,
+    resolver     TEXT,
     PRIMARY KEY (execution_id, span_id)
 ) WITHOUT ROWID;
 """
+
+#: Of a summary's texts, the runs list needs a first line: keep this much.
+_SUMMARY_CHARS = 400
 
 #: The run an agent span belongs to: its own id, or the run it resumed or forked.
 #: ``json_valid`` first: one malformed row must not stop the whole fold.
@@ -37,6 +51,18 @@ _RUN_OF = """CASE WHEN json_valid(attributes) THEN COALESCE(
     json_extract(attributes, '$."agent.execution_id"'),
     json_extract(attributes, '$."agent.resumed_execution_id"'),
     json_extract(attributes, '$."agent.forked_execution_id"')) END"""
+
+#: A text attribute of an agent span, or null (malformed JSON, or not text).
+_TEXT_OF = """CASE WHEN json_valid(attributes)
+    AND json_type(attributes, '$."{key}"') = 'text'
+    THEN json_extract(attributes, '$."{key}"') END"""
+#: The first exception's message on an agent span that ended in error.
+_ERROR_OF = """CASE WHEN status = 'ERROR' AND json_valid(events)
+    THEN json_extract(events, '$[0].attributes."exception.message"') END"""
+
+_APPROVED = """CASE WHEN json_valid(attributes)
+    AND json_type(attributes, '$."agent.resume.approved"') IN ('true', 'false')
+    THEN json_extract(attributes, '$."agent.resume.approved"') END"""
 
 #: Spans folded per transaction while catching up, so a large first fold
 #: holds the index's write lock only briefly at a time.
@@ -64,6 +90,19 @@ def _identity(path: Path) -> str:
     return f"{st.st_dev}:{st.st_ino}"
 
 
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A run as its agent spans sum it up: first input, last answer, last error."""
+
+    input: str | None
+    answer: str | None
+    error: str | None
+    started_at: str | None
+    ended_at: str | None
+    #: Who rejected the pause this run's newest decided resume answered.
+    rejected_by: str | None = None
+
+
 class SpanIndex:
     """Finds a run's spans in one SQLite file the SDK traced into."""
 
@@ -82,6 +121,13 @@ class SpanIndex:
         )
         self._conn.execute("PRAGMA journal_mode = WAL")
         self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+        )
+        if self._meta("version") != VERSION:
+            # Another version's tables: start again (the spans are all still there).
+            self._conn.executescript("DROP TABLE IF EXISTS attempts; DELETE FROM meta;")
+            self._set_meta("version", VERSION)
         self._conn.executescript(_SCHEMA)
         self._attached = False
 
@@ -146,9 +192,19 @@ class SpanIndex:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self._conn.execute(
-                    f"""INSERT OR IGNORE INTO attempts (execution_id, trace_id, span_id)
-                        SELECT run_id, trace_id, span_id FROM (
-                            SELECT {_RUN_OF} AS run_id, trace_id, span_id FROM t.spans
+                    f"""INSERT OR IGNORE INTO attempts
+                        SELECT run_id, trace_id, span_id, start_time, end_time,
+                               substr(input, 1, {_SUMMARY_CHARS}),
+                               substr(output, 1, {_SUMMARY_CHARS}),
+                               substr(error, 1, {_SUMMARY_CHARS}), approved,
+                               substr(resolver, 1, {_SUMMARY_CHARS}) FROM (
+                            SELECT {_RUN_OF} AS run_id, trace_id, span_id, start_time, end_time,
+                                   {_TEXT_OF.format(key="agent.input")} AS input,
+                                   {_TEXT_OF.format(key="agent.output")} AS output,
+                                   {_ERROR_OF} AS error,
+                                   {_APPROVED} AS approved,
+                                   {_TEXT_OF.format(key="agent.resume.resolver")} AS resolver
+                            FROM t.spans
                             WHERE rowid > ? AND rowid <= ? AND name LIKE 'agent.%'
                         ) WHERE run_id IS NOT NULL AND typeof(run_id) = 'text'""",
                     (mark, upto),
@@ -164,6 +220,36 @@ class SpanIndex:
     def refresh(self) -> bool:
         with self.lock:
             return self._refresh()
+
+    def summaries(self, execution_ids: Sequence[str]) -> dict[str, RunSummary] | None:
+        """What the runs list shows of each run that left spans; None without a
+        ``spans`` table."""
+        with self.lock:
+            if not self._refresh():
+                return None
+            marks = ", ".join("?" for _ in execution_ids)
+            rows = self._conn.execute(
+                f"""SELECT execution_id, started_at, ended_at, input, output, error,
+                           approved, resolver
+                    FROM attempts WHERE execution_id IN ({marks})
+                    ORDER BY execution_id, started_at""",
+                tuple(execution_ids),
+            ).fetchall()
+        found: dict[str, RunSummary] = {}
+        for execution_id, started, ended, text_in, text_out, error, approved, resolver in rows:
+            before = found.get(execution_id)
+            rejected_by = before.rejected_by if before is not None else None
+            if approved is not None:
+                rejected_by = (resolver or "someone") if approved == 0 else None
+            found[execution_id] = RunSummary(
+                input=before.input if before is not None and before.input else text_in,
+                answer=text_out or (before.answer if before is not None else None),
+                error=error,
+                started_at=before.started_at if before is not None else started,
+                ended_at=ended,
+                rejected_by=rejected_by,
+            )
+        return found
 
     def attempts(self, execution_id: str) -> tuple[Attempt, ...] | None:
         """The run's attempts with their spans, oldest first; None without a ``spans``
