@@ -37,6 +37,7 @@ from localui.views import row as row_views
 from localui.views import run as run_views
 from localui.views import runs as runs_views
 from localui.views.common import AppState, error_response
+from localui.views.markup import code_spans
 from localui.views.urls import dom_id
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -169,6 +170,7 @@ def create_app(
     may resume; they must already be bound to the store (``localui.registry``)."""
     templates = Jinja2Templates(directory=str(templates_dir()))
     templates.env.filters["dom_id"] = dom_id
+    templates.env.filters["code_spans"] = code_spans
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

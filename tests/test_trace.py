@@ -244,3 +244,28 @@ def test_rejected_run_says_who_rejected_it(
     assert rows[run_id]["outcome"] == "rejected by ann: Refund not made."
     text = client.get(f"/runs/{run_id}").text
     assert "Attempt 2: resume, rejected by ann" in text
+
+
+def test_timeline_reads_without_markup_and_explains_its_words(
+    client: object, seeded: Seeded, page_text: Callable[..., str]
+) -> None:
+    for scenario in ("paused-1", "crashed-in-tool", "fork-of-completed"):
+        html = client.get(f"/runs/{seeded.id(scenario)}").text  # type: ignore[attr-defined]
+        verdict = page_text(html, "verdict")
+        assert "`" not in verdict, verdict
+        if scenario != "fork-of-completed":
+            # Node ids and tool names are set as code instead.
+            assert "<code>" in html.split('id="verdict"', 1)[1].split("</section>", 1)[0]
+        legend = page_text(html, "legend")
+        for word in ("outbox", "waiting", "quarantined", "fork origin", "orphaned", "unfinished"):
+            assert word in legend
+    listing = client.get("/").text  # type: ignore[attr-defined]
+    assert "orphaned" in page_text(listing, "legend")
+
+
+def test_code_spans_escape_what_the_store_wrote() -> None:
+    from localui.views.markup import code_spans
+
+    assert str(code_spans("at `<b>x</b>` & `y`")) == (
+        "at <code>&lt;b&gt;x&lt;/b&gt;</code> &amp; <code>y</code>"
+    )
