@@ -269,3 +269,37 @@ def test_code_spans_escape_what_the_store_wrote() -> None:
     assert str(code_spans("at `<b>x</b>` & `y`")) == (
         "at <code>&lt;b&gt;x&lt;/b&gt;</code> &amp; <code>y</code>"
     )
+
+
+def test_a_replaced_trace_file_is_indexed_again(
+    copy_store: Callable[[], Path], seeded: Seeded, tmp_path: Path
+) -> None:
+    first, second = copy_store(), copy_store()
+    with sqlite3.connect(second) as conn:
+        conn.execute("DELETE FROM spans")
+    index = SpanIndex(first, index_dir=tmp_path / "idx")
+    try:
+        assert index.attempts(seeded.id("completed"))
+        # Replaced as a new store would be: the old file's WAL files go with it.
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{first}{suffix}").unlink(missing_ok=True)
+            if Path(f"{second}{suffix}").exists():
+                Path(f"{second}{suffix}").replace(f"{first}{suffix}")
+        assert index.attempts(seeded.id("completed")) == ()
+    finally:
+        index.close()
+
+
+def test_a_large_backlog_is_indexed_in_the_background(
+    store_copy: Path, seeded: Seeded, tmp_path: Path
+) -> None:
+    """Pages answer at once, without spans, while a large store's spans are first read."""
+    index = SpanIndex(store_copy, index_dir=tmp_path / "idx", background_from=0)
+    try:
+        assert index.attempts(seeded.id("completed")) == ()
+        index.wait(timeout=30)
+        assert not index.indexing
+        (attempt,) = index.attempts(seeded.id("completed")) or ()
+        assert attempt.agent.text("agent.output") == "Done: refunded 40.00 on A-1001."
+    finally:
+        index.close()

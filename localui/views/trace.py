@@ -30,6 +30,8 @@ NO_SPANS = (
     "No trace spans for this run: it ran with tracing off, its spans were pruned, or its "
     "process died before the attempt ended (the SDK writes an attempt's span when it ends)."
 )
+#: Said while a large store's spans are first indexed.
+INDEXING = "Indexing this store's trace spans; the trace shows here when that is done."
 #: Waterfall bars narrower than this (percent of the axis) are drawn this wide.
 MIN_BAR = 0.6
 
@@ -275,6 +277,8 @@ def trace_section(
     found = index.attempts(execution_id) if index is not None else None
     if found is None:
         return TraceSection(traced=False, input=None, answer=None, attempts=(), note=TRACING_OFF)
+    if not found and index is not None and index.indexing:
+        return TraceSection(traced=True, input=None, answer=None, attempts=(), note=INDEXING)
     timed = []
     for row in headers:
         at = runs.parse_time(row.created_at)

@@ -64,9 +64,15 @@ _APPROVED = """CASE WHEN json_valid(attributes)
     AND json_type(attributes, '$."agent.resume.approved"') IN ('true', 'false')
     THEN json_extract(attributes, '$."agent.resume.approved"') END"""
 
+#: A backlog of more span rowids than this is folded in a thread: a first look at a
+#: large traced store must not hold its first page for seconds.
+BACKGROUND_FROM = 20_000
+#: What :meth:`SpanIndex.refresh` says.
+READY, OFF, INDEXING = "ready", "off", "indexing"
+
 #: Spans folded per transaction while catching up, so a large first fold
 #: holds the index's write lock only briefly at a time.
-_BATCH = 50_000
+_BATCH = 10_000
 
 
 def _index_dir() -> Path:
@@ -106,7 +112,14 @@ class RunSummary:
 class SpanIndex:
     """Finds a run's spans in one SQLite file the SDK traced into."""
 
-    def __init__(self, traces_path: str | Path, *, index_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        traces_path: str | Path,
+        *,
+        index_dir: Path | None = None,
+        background_from: int = BACKGROUND_FROM,
+    ) -> None:
+        self.background_from = background_from
         self.traces_path = Path(traces_path).resolve()
         name = hashlib.sha256(str(self.traces_path).encode()).hexdigest()[:24]
         self.path = (index_dir or _index_dir()) / f"spans-{name}.sqlite"
@@ -121,6 +134,8 @@ class SpanIndex:
         )
         self._conn.execute("PRAGMA journal_mode = WAL")
         self._conn.execute("PRAGMA synchronous = NORMAL")
+        # A run page reads a few pages of each file: a small cache keeps the server lean.
+        self._conn.execute("PRAGMA cache_size = -512")
         self._conn.execute(
             "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
         )
@@ -129,22 +144,34 @@ class SpanIndex:
             self._conn.executescript("DROP TABLE IF EXISTS attempts; DELETE FROM meta;")
             self._set_meta("version", VERSION)
         self._conn.executescript(_SCHEMA)
-        self._attached = False
+        #: The identity of the trace file attached as ``t``, or empty.
+        self._attached = ""
+        self._builder: threading.Thread | None = None
+        self._closed = False
 
     def close(self) -> None:
+        with self.lock:
+            self._closed = True
+        self.wait(timeout=10)
         with self.lock:
             self._conn.close()
 
     def _attach(self) -> bool:
-        """The trace file, read-only, as schema ``t``; False while it does not exist."""
-        if self._attached:
+        """The trace file, read-only, as schema ``t``; False while it does not exist.
+        A file replaced at the same path (a new store) is attached again."""
+        identity = _identity(self.traces_path)
+        if self._attached == identity:
             return True
-        if not self.traces_path.is_file():
+        if self._attached:
+            self._conn.execute("DETACH DATABASE t")
+            self._attached = ""
+        if identity == "missing":
             return False
         self._conn.execute(
             "ATTACH DATABASE ? AS t", (f"file:{quote(str(self.traces_path))}?mode=ro",)
         )
-        self._attached = True
+        self._conn.execute("PRAGMA t.cache_size = -512")
+        self._attached = identity
         return True
 
     def has_spans_table(self) -> bool:
@@ -167,16 +194,22 @@ class SpanIndex:
     def _set_meta(self, key: str, value: str) -> None:
         self._conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
-    def _refresh(self) -> bool:
-        """Fold in the spans written since the last call; False without a ``spans`` table.
+    def _refresh(self) -> str:
+        """Fold in the spans written since the last call: ``ready``, ``off`` (no
+        ``spans`` table: tracing was off) or ``indexing`` (a large backlog is being
+        folded in a thread; pages answer without spans until it is done).
 
         The SDK writes spans with ``INSERT OR REPLACE``, so a written or rewritten
         span always gets a rowid above every earlier one: the rowid is the mark.
         A file that was replaced, or whose rowids went below the mark (pruned and
         vacuumed), is indexed again from the start.
         """
+        if self._builder is not None:
+            if self._builder.is_alive():
+                return INDEXING
+            self._builder = None
         if not self._has_spans():
-            return False
+            return OFF
         newest = self._conn.execute("SELECT max(rowid) FROM t.spans").fetchone()[0] or 0
         identity = f"{VERSION}/{_identity(self.traces_path)}"
         mark = int(self._meta("mark") or 0)
@@ -187,46 +220,84 @@ class SpanIndex:
             self._set_meta("mark", "0")
             self._conn.execute("COMMIT")
             mark = 0
+        if newest - mark > self.background_from:
+            self._builder = threading.Thread(
+                target=self._fold_in_background, args=(newest,), name="localui-spans", daemon=True
+            )
+            self._builder.start()
+            return INDEXING
         while mark < newest:
             upto = min(newest, mark + _BATCH)
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._conn.execute(
-                    f"""INSERT OR IGNORE INTO attempts
-                        SELECT run_id, trace_id, span_id, start_time, end_time,
-                               substr(input, 1, {_SUMMARY_CHARS}),
-                               substr(output, 1, {_SUMMARY_CHARS}),
-                               substr(error, 1, {_SUMMARY_CHARS}), approved,
-                               substr(resolver, 1, {_SUMMARY_CHARS}) FROM (
-                            SELECT {_RUN_OF} AS run_id, trace_id, span_id, start_time, end_time,
-                                   {_TEXT_OF.format(key="agent.input")} AS input,
-                                   {_TEXT_OF.format(key="agent.output")} AS output,
-                                   {_ERROR_OF} AS error,
-                                   {_APPROVED} AS approved,
-                                   {_TEXT_OF.format(key="agent.resume.resolver")} AS resolver
-                            FROM t.spans
-                            WHERE rowid > ? AND rowid <= ? AND name LIKE 'agent.%'
-                        ) WHERE run_id IS NOT NULL AND typeof(run_id) = 'text'""",
-                    (mark, upto),
-                )
-                self._set_meta("mark", str(upto))
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
+            self._fold(mark, upto)
             mark = upto
-        return True
+        return READY
 
-    def refresh(self) -> bool:
+    def _fold_in_background(self, newest: int) -> None:
+        """Fold up to ``newest`` a batch at a time, letting requests in between."""
+        try:
+            while True:
+                with self.lock:
+                    if self._closed:
+                        return
+                    mark = int(self._meta("mark") or 0)
+                    if mark >= newest:
+                        return
+                    self._fold(mark, min(newest, mark + _BATCH))
+        except sqlite3.Error:
+            # The next request starts again from the mark the last batch left.
+            return
+
+    def _fold(self, mark: int, upto: int) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._conn.execute(
+                f"""INSERT OR IGNORE INTO attempts
+                    SELECT run_id, trace_id, span_id, start_time, end_time,
+                           substr(input, 1, {_SUMMARY_CHARS}),
+                           substr(output, 1, {_SUMMARY_CHARS}),
+                           substr(error, 1, {_SUMMARY_CHARS}), approved,
+                           substr(resolver, 1, {_SUMMARY_CHARS}) FROM (
+                        SELECT {_RUN_OF} AS run_id, trace_id, span_id, start_time, end_time,
+                               {_TEXT_OF.format(key="agent.input")} AS input,
+                               {_TEXT_OF.format(key="agent.output")} AS output,
+                               {_ERROR_OF} AS error,
+                               {_APPROVED} AS approved,
+                               {_TEXT_OF.format(key="agent.resume.resolver")} AS resolver
+                        FROM t.spans
+                        WHERE rowid > ? AND rowid <= ? AND name LIKE 'agent.%'
+                    ) WHERE run_id IS NOT NULL AND typeof(run_id) = 'text'""",
+                (mark, upto),
+            )
+            self._set_meta("mark", str(upto))
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+
+    def refresh(self) -> str:
+        """``ready``, ``off`` or ``indexing`` (see :meth:`_refresh`)."""
         with self.lock:
             return self._refresh()
+
+    @property
+    def indexing(self) -> bool:
+        """A large backlog of spans is being folded in: pages show none until it is."""
+        builder = self._builder
+        return builder is not None and builder.is_alive()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until a background fold, if any, has finished (for tests and scripts)."""
+        builder = self._builder
+        if builder is not None:
+            builder.join(timeout)
 
     def summaries(self, execution_ids: Sequence[str]) -> dict[str, RunSummary] | None:
         """What the runs list shows of each run that left spans; None without a
         ``spans`` table."""
         with self.lock:
-            if not self._refresh():
-                return None
+            state = self._refresh()
+            if state != READY:
+                return None if state == OFF else {}
             marks = ", ".join("?" for _ in execution_ids)
             rows = self._conn.execute(
                 f"""SELECT execution_id, started_at, ended_at, input, output, error,
@@ -255,8 +326,9 @@ class SpanIndex:
         """The run's attempts with their spans, oldest first; None without a ``spans``
         table (tracing was off), empty when tracing was on but the run left no span."""
         with self.lock:
-            if not self._refresh():
-                return None
+            state = self._refresh()
+            if state != READY:
+                return None if state == OFF else ()
             found = self._conn.execute(
                 "SELECT trace_id, span_id FROM attempts WHERE execution_id = ?", (execution_id,)
             ).fetchall()
