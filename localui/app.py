@@ -17,6 +17,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from localui.actions import ActionService
+from localui.auth import Authenticator, AuthMiddleware, template_values
 from localui.decisions import DecisionLog, SQLiteDecisionLog
 from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed, open_change_source
@@ -26,6 +27,7 @@ from localui.security import GuardMiddleware
 from localui.settings import Settings
 from localui.store import open_store
 from localui.store.base import Store
+from localui.users import new_token, open_users
 from localui.views import actions as action_views
 from localui.views import approvals as approval_views
 from localui.views import cache as cache_views
@@ -33,6 +35,7 @@ from localui.views import diff as diff_views
 from localui.views import live as live_views
 from localui.views import run as run_views
 from localui.views import runs as runs_views
+from localui.views import signin as signin_views
 from localui.views.common import AppContext, error_response
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -103,6 +106,8 @@ def build_routes() -> list[Route | Mount]:
         Route("/prune.json", as_json(action_views.prune_preview), name="prune_json"),
         Route("/prune", action_views.prune_preview, methods=["GET"], name="prune"),
         Route("/prune", action_views.prune_now, methods=["POST"], name="prune_now"),
+        Route("/signin", signin_views.signin, methods=["GET", "POST"], name="signin"),
+        Route("/signout", signin_views.signout, methods=["POST"], name="signout"),
         Mount("/static", app=StaticFiles(directory=static_dir()), name="static"),
     ]
 
@@ -154,8 +159,13 @@ def create_app(
 ) -> Starlette:
     """The app for one store. ``agents`` are those this process may resume; they must
     already be bound to the store (``localui.registry``)."""
-    templates = Jinja2Templates(directory=str(templates_dir()))
+    templates = Jinja2Templates(
+        directory=str(templates_dir()), context_processors=[template_values]
+    )
     templates.env.globals["static"] = "/static"
+    auth = Authenticator(
+        settings.sign_in, port=settings.port, token=settings.sign_in.token or new_token()
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -164,6 +174,9 @@ def create_app(
         ctx = AppContext(settings=settings, store=opened, templates=templates)
         registry = Registry(agents={a.name: a for a in agents})
         decisions = open_decisions(settings)
+        if settings.sign_in.required:
+            auth.users = open_users(settings)
+        ctx.extensions["auth"] = auth
         ctx.extensions["registry"] = registry
         ctx.extensions["actions"] = ActionService(
             settings=settings,
@@ -182,6 +195,9 @@ def create_app(
             # Ends every open live stream with the app.
             await feed.stop()
             decisions.close()
+            if auth.users is not None:
+                auth.users.close()
+                auth.users = None
             if owned:
                 opened.close()
 
@@ -189,6 +205,12 @@ def create_app(
         routes=build_routes(),
         middleware=[
             Middleware(GuardMiddleware, host_names=settings.host_names),
+            Middleware(
+                AuthMiddleware,
+                auth=auth,
+                signin_page=signin_views.signin_page_renderer(templates, settings),
+                public=("/static/",),
+            ),
             # Pages and the vendored htmx go compressed; event streams are left alone.
             # Level 1: level 9 spends ~300 ms on a 2 MB diff page for a few % smaller.
             Middleware(GZipMiddleware, minimum_size=512, compresslevel=1),

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui.actions import parse_age
+from localui.auth import OPERATOR, require
 from localui.errors import BadRequest
 from localui.store.records import PruneRun
 from localui.views.approvals import actions_of, outcome_view
@@ -29,18 +30,21 @@ def _answer(request: Request, payload: object, location: str) -> Response:
 
 
 async def resume_run(request: Request) -> Response:
+    person = require(request, OPERATOR)
     execution_id = request.path_params["execution_id"]
     form = await request.form()
+    typed = str(form.get("actor") or request.cookies.get("localui_approver", ""))
     outcome = await actions_of(request).resume(
         execution_id,
         checkpoint_id=str(form.get("checkpoint_id") or ""),
-        actor=str(form.get("actor") or request.cookies.get("localui_approver", "")),
+        actor=person.name if person.signed_in else typed,
         confirm=str(form.get("confirm") or "") in ("yes", "on", "true", "1"),
     )
     return _answer(request, outcome_view(outcome), f"/runs/{execution_id}#outcome")
 
 
 async def fork_run(request: Request) -> Response:
+    require(request, OPERATOR)
     execution_id = request.path_params["execution_id"]
     form = await request.form()
     new_input = str(form.get("input") or "").strip()
@@ -100,6 +104,7 @@ async def prune_preview(request: Request) -> Response:
 
 
 async def prune_now(request: Request) -> Response:
+    require(request, OPERATOR)
     actions = actions_of(request)
     actions.ensure_writable()
     form = await request.form()

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui import runs
 from localui.actions import ActionService, Outcome
+from localui.auth import APPROVER, require
 from localui.decisions import APPROVAL, Decision
 from localui.errors import BadRequest, NotFound
 from localui.store.records import Pending, Unreadable
@@ -279,9 +280,11 @@ async def answer_outcome(request: Request, outcome: Outcome, redirect_to: str) -
 
 
 async def _decide(request: Request, approved: bool) -> Response:
+    person = require(request, APPROVER)
     execution_id = request.path_params["execution_id"]
     form = await request.form()
-    approver = str(form.get("approver") or "")
+    # A signed-in person decides as themselves; only with sign-in off is it typed.
+    approver = person.name if person.signed_in else str(form.get("approver") or "")
     outcome = await actions_of(request).decide(
         execution_id,
         approved=approved,
@@ -290,10 +293,11 @@ async def _decide(request: Request, approved: bool) -> Response:
         checkpoint_id=str(form.get("checkpoint_id") or ""),
     )
     response = await answer_outcome(request, outcome, f"/approvals/{execution_id}")
-    # No accounts here: remember who this browser's approver is, for the next card.
-    response.set_cookie(
-        APPROVER_COOKIE, approver.strip(), max_age=365 * 86400, httponly=True, samesite="strict"
-    )
+    if not person.signed_in:
+        # No accounts here: remember who this browser's approver is, for the next card.
+        response.set_cookie(
+            APPROVER_COOKIE, approver.strip(), max_age=365 * 86400, httponly=True, samesite="strict"
+        )
     return response
 
 

@@ -33,6 +33,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
+from localui.auth import NOBODY, Person, person_of
 from localui.errors import BadRequest, LocalUIError, NotFound
 from localui.live import ChangeFeed, Changes, Resync, Subscription
 from localui.views.approvals import APPROVER_COOKIE, actions_of, build_approvals_page
@@ -135,10 +136,12 @@ class RunView:
     execution_id: str
     #: This browser's approver name, prefilled in the card of a paused run.
     approver: str = ""
+    #: Who watches: the actions shown depend on their role.
+    person: Person = NOBODY
 
     @property
     def key(self) -> Hashable:
-        return ("run", self.execution_id, self.approver)
+        return ("run", self.execution_id, self.approver, self.person)
 
     def affected_by(self, changes: Changes) -> bool:
         return changes.touches(self.execution_id)
@@ -154,7 +157,7 @@ class RunView:
         )
         return Rendered(
             fragments=tuple(
-                Fragment(event, render_partial(ctx, name, page=page, live=True))
+                Fragment(event, render_partial(ctx, name, page=page, live=True, person=self.person))
                 for event, name in parts
             ),
         )
@@ -167,10 +170,11 @@ class QueueView:
     after: tuple[str, str] | None
     newest_first: bool
     approver: str
+    person: Person = NOBODY
 
     @property
     def key(self) -> Hashable:
-        return ("queue", self.after, self.newest_first, self.approver)
+        return ("queue", self.after, self.newest_first, self.approver, self.person)
 
     def affected_by(self, changes: Changes) -> bool:
         return changes.pauses_changed
@@ -183,7 +187,9 @@ class QueueView:
         before_shown, before_gone = previous.memo if previous is not None else ((), ())
         gone = [eid for eid in (*before_gone, *before_shown) if eid not in shown]
         gone = list(dict.fromkeys(gone))[-RECENTLY_GONE:]
-        html = render_partial(ctx, "partials/_queue.html", page=page, live=True, gone=gone)
+        html = render_partial(
+            ctx, "partials/_queue.html", page=page, live=True, gone=gone, person=self.person
+        )
         return Rendered(fragments=(Fragment("queue", html),), memo=(shown, tuple(gone)))
 
 
@@ -345,7 +351,8 @@ async def live_run(request: Request) -> Response:
     if await off_loop(context(request).store.get_run, execution_id) is None:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
     approver = request.cookies.get(APPROVER_COOKIE, "")
-    return stream(request, (NAV, RunView(execution_id=execution_id, approver=approver)))
+    view = RunView(execution_id=execution_id, approver=approver, person=person_of(request))
+    return stream(request, (NAV, view))
 
 
 async def live_approvals(request: Request) -> Response:
@@ -360,5 +367,6 @@ async def live_approvals(request: Request) -> Response:
         after=after,
         newest_first=order == "newest",
         approver=request.cookies.get(APPROVER_COOKIE, ""),
+        person=person_of(request),
     )
     return stream(request, (NAV, view))
