@@ -136,6 +136,7 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer
         str(store),
         "--port",
         str(free_port()),
+        "--no-auth",
     ]
     process = subprocess.Popen(
         command,

@@ -54,6 +54,7 @@ def approvals_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         str(store),
         "--port",
         str(free_port()),
+        "--no-auth",
     ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(

@@ -66,7 +66,8 @@ def test_the_runs_page_fills_in_when_the_index_is_ready(page: Page, tmp_path: Pa
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "localui", "serve", "--store", str(store), "--port", str(port)],
+        [sys.executable, "-m", "localui", "serve", "--store", str(store), "--port", str(port)]
+        + ["--no-auth"],
         cwd=tmp_path,
         env={**os.environ, "XDG_CACHE_HOME": str(cache)},
         stdout=subprocess.DEVNULL,

@@ -80,6 +80,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
         str(store),
         "--port",
         str(free_port()),
+        "--no-auth",
     ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(

@@ -35,11 +35,31 @@ with warnings.catch_warnings():
 
 from localui.app import create_app
 from localui.demo.scenarios import SeedReport, seed
-from localui.settings import Settings
+from localui.settings import Settings, SignIn
 from localui.store.sqlite import SQLiteStore
 
 #: What every address in the app tests looks like: a loopback Host it answers to.
 BASE_URL = "http://127.0.0.1:8765"
+#: Where the app tests' requests come from: a loopback client, as a browser on this
+#: machine is (the server accepts loopback Host names from loopback clients only).
+LOOPBACK_CLIENT = ("127.0.0.1", 50000)
+#: Sign-in off (``--no-auth``), for the app tests that are not about who may act.
+NO_SIGN_IN = SignIn(required=False)
+#: The start-up token of app tests that sign in (``signed_in``).
+TEST_TOKEN = "start-up-token-of-the-tests"
+
+
+def signed_in(client: TestClient, token: str = TEST_TOKEN) -> TestClient:
+    """``client`` sending ``token`` on every request, as a script would."""
+    client.headers["Authorization"] = f"Bearer {token}"
+    return client
+
+
+def sign_in_settings(**changes: Any) -> SignIn:
+    """Sign-in on, with the tests' known start-up token and quick lockouts."""
+    values: dict[str, Any] = {"token": TEST_TOKEN, "owner": "the-owner"}
+    values.update(changes)
+    return SignIn(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,15 +391,20 @@ ClientFactory = Callable[..., TestClient]
 @pytest.fixture
 def make_client() -> Iterator[ClientFactory]:
     """``make_client(store_path, raise_server_exceptions=True, **settings)``: a
-    TestClient with the app's lifespan running, closed when the test ends."""
+    TestClient with the app's lifespan running, closed when the test ends. Sign-in is
+    off unless ``sign_in=sign_in_settings()`` is given."""
     with ExitStack() as stack:
 
         def make(
             store_path: Path, *, raise_server_exceptions: bool = True, **settings: Any
         ) -> TestClient:
+            settings.setdefault("sign_in", NO_SIGN_IN)
             app = create_app(Settings(store=str(store_path), **settings))
             client = TestClient(
-                app, base_url=BASE_URL, raise_server_exceptions=raise_server_exceptions
+                app,
+                base_url=BASE_URL,
+                raise_server_exceptions=raise_server_exceptions,
+                client=LOOPBACK_CLIENT,
             )
             return stack.enter_context(client)
 
@@ -506,9 +531,13 @@ def make_acting_client() -> Iterator[ActingClientFactory]:
                 agents = [
                     build_agent(checkpointer, ledger=ledger.path if ledger is not None else None)
                 ]
+            settings.setdefault("sign_in", NO_SIGN_IN)
             app = create_app(Settings(store=str(store_path), **settings), agents=agents)
             client = TestClient(
-                app, base_url=BASE_URL, raise_server_exceptions=raise_server_exceptions
+                app,
+                base_url=BASE_URL,
+                raise_server_exceptions=raise_server_exceptions,
+                client=LOOPBACK_CLIENT,
             )
             return stack.enter_context(client)
 
@@ -647,6 +676,7 @@ class PgStore:
         return PgRaw(self.dsn, self.app_schema)
 
     def settings(self, **changes: Any) -> Settings:
+        changes.setdefault("sign_in", NO_SIGN_IN)
         return Settings(
             store=self.dsn, pg_schema=self.schema, pg_app_schema=self.app_schema, **changes
         )
@@ -689,9 +719,13 @@ def make_pg_client() -> Iterator[Callable[..., TestClient]]:
                 agents = [
                     build_agent(checkpointer, ledger=ledger.path if ledger is not None else None)
                 ]
+            settings.setdefault("sign_in", NO_SIGN_IN)
             app = create_app(store.settings(**settings), agents=agents)
             client = TestClient(
-                app, base_url=BASE_URL, raise_server_exceptions=raise_server_exceptions
+                app,
+                base_url=BASE_URL,
+                raise_server_exceptions=raise_server_exceptions,
+                client=LOOPBACK_CLIENT,
             )
             return stack.enter_context(client)
 

@@ -151,7 +151,7 @@ def test_serve_answers_loopback_and_refuses_a_foreign_host(
     cwd: Path, store_copy: Path, seeded: Seeded
 ) -> None:
     port = free_port()
-    args = [LOCALUI, "serve", "--store", str(store_copy), "--port", str(port)]
+    args = [LOCALUI, "serve", "--store", str(store_copy), "--port", str(port), "--no-auth"]
     with serving(args, cwd, port) as child:
         base = f"http://127.0.0.1:{port}"
         page = httpx.get(f"{base}/", timeout=10)
@@ -210,7 +210,7 @@ def test_serve_stops_quietly_on_ctrl_c_and_sigterm(
 
 def test_demo_removes_its_temporary_store_when_stopped(cwd: Path) -> None:
     port = free_port()
-    with serving([LOCALUI, "demo", "--port", str(port)], cwd, port) as child:
+    with serving([LOCALUI, "demo", "--port", str(port), "--no-auth"], cwd, port) as child:
         runs = httpx.get(f"http://127.0.0.1:{port}/runs.json", timeout=10).json()["runs"]
         assert len(runs) == len(SCENARIO_NAMES)
         child.send_signal(signal.SIGTERM)

@@ -199,7 +199,7 @@ def start_server(
     command = [
         str(LOCALUI), "serve", "--store", dsn, "--pg-schema", schema,
         "--pg-app-schema", app_schema, "--agents", f"{workdir / 'fleet_agents.py'}:payout_bot",
-        "--port", str(port),
+        "--port", str(port), "--no-auth",
     ]  # fmt: skip
     process = subprocess.Popen(
         command, cwd=workdir, env=env, stdout=log_file, stderr=subprocess.STDOUT

@@ -83,6 +83,7 @@ def start_server(store: Path, agents: Path, workdir: Path, name: str) -> Server:
         f"{agents}:refund_bot",
         "--port",
         str(port),
+        "--no-auth",
     ]
     process = subprocess.Popen(
         command, cwd=workdir, env=env, stdout=log_file, stderr=subprocess.STDOUT

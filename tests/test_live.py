@@ -28,6 +28,7 @@ import anyio
 import httpx
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
+from conftest import NO_SIGN_IN
 from starlette.applications import Starlette
 
 from localui.app import create_app
@@ -242,7 +243,8 @@ def acting_app(store: Path, **settings: Any) -> Iterator[Starlette]:
     try:
         agent = build_agent(checkpointer)
         yield create_app(
-            Settings(store=str(store), poll_interval=INTERVAL, **settings), agents=[agent]
+            Settings(store=str(store), poll_interval=INTERVAL, sign_in=NO_SIGN_IN, **settings),
+            agents=[agent],
         )
     finally:
         checkpointer.close()
@@ -450,7 +452,7 @@ async def test_the_generic_source_sees_pauses_and_rows_through_the_store(
 async def test_the_runs_stream_opens_with_the_table_and_pushes_a_new_run(
     store_copy: Path, tmp_path: Path, page_text: Callable[..., str]
 ) -> None:
-    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL))
+    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL, sign_in=NO_SIGN_IN))
     async with running(app), open_stream(app, "/live/runs") as stream:
         assert stream.status == 200
         opening = await stream.first("nav-badge", "runs-table")
@@ -478,7 +480,7 @@ async def test_the_runs_stream_opens_with_the_table_and_pushes_a_new_run(
 async def test_the_runs_stream_follows_the_page_filters(
     store_copy: Path, seeded: Seeded, tmp_path: Path
 ) -> None:
-    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL))
+    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL, sign_in=NO_SIGN_IN))
     async with running(app), open_stream(app, "/live/runs?state=failed") as stream:
         table = (await stream.first("runs-table"))["runs-table"].data
         assert table.count('<tr id="run-') == 1 and f'id="run-{seeded.id("failed")}"' in table
@@ -569,7 +571,7 @@ async def test_a_client_that_stops_reading_gets_a_resync_then_everything(
     store_copy: Path, tmp_path: Path, page_text: Callable[..., str]
 ) -> None:
     # The feed polls only when the test says so.
-    app = create_app(Settings(store=str(store_copy), poll_interval=3600))
+    app = create_app(Settings(store=str(store_copy), poll_interval=3600, sign_in=NO_SIGN_IN))
     async with running(app) as ctx:
         feed: ChangeFeed = ctx.extensions["feed"]
         feed.queue_size = 1
@@ -592,7 +594,7 @@ async def test_a_client_that_stops_reading_gets_a_resync_then_everything(
 @pytest.mark.anyio
 async def test_a_reconnect_gets_the_current_state_first(store_copy: Path, tmp_path: Path) -> None:
     """A browser that lost its stream missed changes; the new stream opens with them."""
-    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL))
+    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL, sign_in=NO_SIGN_IN))
     async with running(app):
         async with open_stream(app, "/live/approvals") as stream:
             first = (await stream.first("queue"))["queue"].data
@@ -609,7 +611,9 @@ async def test_streams_share_renders_and_idle_streams_read_nothing(
     store_copy: Path, seeded: Seeded
 ) -> None:
     store = CountingStore(store_copy)
-    app = create_app(Settings(store=str(store_copy), poll_interval=0.01), store=store)
+    app = create_app(
+        Settings(store=str(store_copy), poll_interval=0.01, sign_in=NO_SIGN_IN), store=store
+    )
     try:
         async with running(app) as ctx:
             feed: ChangeFeed = ctx.extensions["feed"]
@@ -645,7 +649,7 @@ async def test_streams_share_renders_and_idle_streams_read_nothing(
 
 @pytest.mark.anyio
 async def test_the_app_stopping_ends_open_streams(store_copy: Path, seeded: Seeded) -> None:
-    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL))
+    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL, sign_in=NO_SIGN_IN))
     async with running(app) as ctx:
         async with (
             open_stream(app, "/live/nav") as nav,
@@ -660,7 +664,7 @@ async def test_the_app_stopping_ends_open_streams(store_copy: Path, seeded: Seed
 
 @pytest.mark.anyio
 async def test_a_stream_for_a_run_that_does_not_exist_is_a_404(store_copy: Path) -> None:
-    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL))
+    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL, sign_in=NO_SIGN_IN))
     async with running(app), http(app) as client:
         response = await client.get("/live/runs/no-such-run")
     assert response.status_code == 404
@@ -711,6 +715,7 @@ def test_a_server_with_open_streams_stops_at_once(store_copy: Path, tmp_path: Pa
                 str(store_copy),
                 "--port",
                 str(port),
+                "--no-auth",
             ],
             cwd=tmp_path,
             stdout=out,
