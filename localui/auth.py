@@ -66,7 +66,7 @@ class Person:
 
     @property
     def signed_in(self) -> bool:
-        return self.via != "open"
+        return self.via in ("owner", "user", "proxy")
 
     def may(self, role: str) -> bool:
         return ROLES.index(self.role) >= ROLES.index(role)
