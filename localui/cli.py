@@ -254,18 +254,19 @@ def sign_in_lines(settings: Settings, url: str) -> list[str]:
     sign_in = settings.sign_in
     if not sign_in.required:
         return ["sign-in is OFF (--no-auth): anyone who can reach this address may act"]
-    lines = [f"sign in at {url}?token={sign_in.token} (as {sign_in.owner}, operator)"]
-    if sign_in.proxy_user_header:
-        lines.append(
-            f"people signed in by the proxy at {', '.join(sign_in.trusted_proxies)}"
-            f" are named by its {sign_in.proxy_user_header} header"
-        )
+    lines = []
     if not is_loopback_host(settings.host):
         ways = "a session, a Bearer token" + (", or the proxy" if sign_in.proxy_user_header else "")
         lines.append(
             f"listening on {settings.host}, beyond this machine: every request must sign in"
             f" ({ways})"
         )
+    if sign_in.proxy_user_header:
+        lines.append(
+            f"people signed in by the proxy at {', '.join(sign_in.trusted_proxies)}"
+            f" are named by its {sign_in.proxy_user_header} header"
+        )
+    lines.append(f"sign in at {url}?token={sign_in.token} (as {sign_in.owner}, operator)")
     return lines
 
 
