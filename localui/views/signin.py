@@ -24,7 +24,9 @@ def signin_page_renderer(templates: Jinja2Templates, settings: Settings) -> Sign
     def render(scope: Scope, message: str, status: int) -> Response:
         here = without_token(scope)
         root = scope.get("root_path", "")
-        next_url = here if not here.rstrip("/").endswith("/signin") else root + "/"
+        # After signing in the browser GETs this: an action's URL would only answer 405.
+        looked = scope.get("method") in ("GET", "HEAD") and not here.endswith("/signin")
+        next_url = here if looked else root + "/"
         return _page(templates, settings, message, next_url, status)
 
     return render
