@@ -206,6 +206,7 @@ class Authenticator:
         self.trusted = parse_networks(policy.trusted_proxies)
         self.users: UserDirectory | None = None
         self._cache: OrderedDict[tuple[str, str], tuple[float, User | None]] = OrderedDict()
+        self._sessions: OrderedDict[str, tuple[float, Any]] = OrderedDict()
 
     # --- the users table, read through a short cache -----------------------------
 
@@ -262,11 +263,24 @@ class Authenticator:
     def session_value(self, person: Person, mark: str) -> str:
         return self._serializer.dumps({"n": person.name, "v": person.via, "m": mark})
 
-    async def person_for_session(self, value: str) -> Person | None:
+    def _session_data(self, value: str) -> Any:
+        """The signed payload of a session cookie, or None; a cookie checked in the last
+        :data:`CACHE_SECONDS` is not checked again (its HMAC is most of a session's cost)."""
+        now = time.monotonic()
+        cached = self._sessions.get(value)
+        if cached is not None and cached[0] > now:
+            return cached[1]
         try:
             data = self._serializer.loads(value, max_age=self.policy.session_seconds)
         except BadSignature:
-            return None
+            data = None
+        self._sessions[value] = (now + CACHE_SECONDS, data)
+        while len(self._sessions) > 1000:
+            self._sessions.popitem(last=False)
+        return data
+
+    async def person_for_session(self, value: str) -> Person | None:
+        data = self._session_data(value)
         if not isinstance(data, dict):
             return None
         name, via, mark = data.get("n"), data.get("v"), data.get("m")
