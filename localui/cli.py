@@ -30,7 +30,7 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         "--host",
         default="127.0.0.1",
         help="Interface to listen on. Loopback by default: the app can approve and resume "
-        "runs, so expose it to a network only behind your own authentication.",
+        "runs, so any other address requires sign-in (or --auth-proxy-header).",
     )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument(
@@ -246,6 +246,12 @@ def sign_in_problem(args: argparse.Namespace) -> str | None:
         return "--no-auth and --auth-proxy-header contradict each other: pick one"
     if args.auth_proxy_header and not args.trusted_proxy:
         return "--auth-proxy-header needs --trusted-proxy: the addresses of your proxy"
+    from localui.auth import parse_networks
+
+    try:
+        parse_networks(tuple(args.trusted_proxy))
+    except LocalUIError as exc:
+        return str(exc)
     return None
 
 

@@ -183,6 +183,10 @@ def test_no_auth_is_refused_beyond_loopback(tmp_path: Path, store_copy: Path) ->
         tmp_path,
     )
     assert_one_line_error(proxy, "--trusted-proxy")
+    bad = run_cli(
+        [LOCALUI, "serve", "--store", str(store_copy), "--trusted-proxy", "10.0.0.300"], tmp_path
+    )
+    assert_one_line_error(bad, "--trusted-proxy '10.0.0.300'")
 
 
 def test_no_auth_on_loopback_says_so_at_start(tmp_path: Path, store_copy: Path) -> None:
