@@ -258,6 +258,11 @@ def test_a_viewer_sees_everything_and_changes_nothing(backend: Backend, ledger: 
     assert "Resume at" not in crashed and "operators resume" in crashed
     prune = desk.client.get("/prune?older_than=0s", headers=html).text
     assert "Prune these" not in prune and "operators prune" in prune
+    # Signing out is not a change a viewer is refused.
+    browser = other_client(desk, client=LOOPBACK_CLIENT, base_url=BASE_URL)
+    assert browser.get(f"/?token={viewer}", follow_redirects=False).status_code == 303
+    assert browser.post("/signout", follow_redirects=False).status_code == 303
+    assert browser.get("/").status_code == 401
 
 
 def test_an_approver_decides_as_themselves_and_cannot_prune(

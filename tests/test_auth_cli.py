@@ -96,10 +96,13 @@ class Running:
 
 
 @contextmanager
-def server(args: Sequence[str], cwd: Path, port: int, host: str = "127.0.0.1") -> Iterator[Running]:
-    """A real ``localui serve``, up once it printed its sign-in lines and answers."""
+def server(
+    args: Sequence[str], cwd: Path, port: int, host: str = "127.0.0.1", command: str = "serve"
+) -> Iterator[Running]:
+    """A real ``localui serve`` (or ``demo``), up once it printed its sign-in lines and
+    answers."""
     process = subprocess.Popen(
-        [LOCALUI, "serve", *args, "--port", str(port)],
+        [LOCALUI, command, *args, "--port", str(port)],
         cwd=cwd,
         env=child_env(),
         stdout=subprocess.PIPE,
@@ -255,3 +258,14 @@ def test_beyond_loopback_every_request_signs_in(
         Raw(store_copy).query("SELECT COUNT(*) AS n FROM checkpoints")[0]["n"]
         == Raw(seeded.path).query("SELECT COUNT(*) AS n FROM checkpoints")[0]["n"]
     )
+
+
+def test_the_demo_prints_its_sign_in_link(tmp_path: Path) -> None:
+    port = free_port()
+    with server([], tmp_path, port, command="demo") as running:
+        link = running.line(r"sign in at (http://127\.0\.0\.1:\d+/\?token=\S+)").group(1)
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/runs.json", trust_env=False).status_code == 401
+        with httpx.Client(trust_env=False, follow_redirects=True) as browser:
+            assert browser.get(link).status_code == 200
+            assert len(browser.get(f"{base}/runs.json").json()["runs"]) == 10
