@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import html
 import ipaddress
 import secrets
 import time
@@ -512,7 +513,7 @@ class AuthMiddleware:
             return JSONResponse(body, status_code=status, headers=extra)
         if headers.get("hx-request") == "true" or status != 401:
             return HTMLResponse(
-                f"<p class='bad problem'>{_escape(message)}</p>", status_code=status
+                f"<p class='bad problem'>{html.escape(message)}</p>", status_code=status
             )
         return Response(message, status_code=status, headers=extra, media_type="text/plain")
 
@@ -524,12 +525,6 @@ class AuthMiddleware:
         response = self.signin_page(scope, str(exc), 429)
         response.headers.update(retry)
         return response
-
-
-def _escape(text: str) -> str:
-    return (
-        text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
-    )
 
 
 def _query_token(scope: Scope) -> str | None:
