@@ -51,14 +51,14 @@ async def _measure(
 
     from bench.agents import refund_bot
     from localui.app import create_app
-    from localui.registry import Registry, StoreTarget
+    from localui.backends import open_backend
+    from localui.registry import Registry
     from localui.settings import Settings, SignIn
-    from localui.store import open_store
 
     settings = Settings(store=str(store), sign_in=SignIn(required=sign_in != "off", token=TOKEN))
-    opened = open_store(settings)
-    registry = Registry.build([refund_bot()], StoreTarget(sqlite_path=store))
-    app = create_app(settings, agents=registry.agents.values(), store=opened)
+    opened = open_backend(settings)
+    registry = Registry.build([refund_bot()], opened.target)
+    app = create_app(settings, agents=registry.agents.values(), backend=opened)
     results: dict[str, Any] = {}
     try:
         async with app.router.lifespan_context(app):

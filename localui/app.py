@@ -18,16 +18,15 @@ from starlette.templating import Jinja2Templates
 
 from localui.actions import ActionService
 from localui.auth import Authenticator, AuthMiddleware, template_values
-from localui.decisions import DecisionLog, SQLiteDecisionLog
+from localui.backends import open_backend
+from localui.backends.base import Backend
+from localui.backends.users import new_token
 from localui.errors import LocalUIError, NotFound
-from localui.live import ChangeFeed, open_change_source
+from localui.live import ChangeFeed
 from localui.paths import static_dir, templates_dir
 from localui.registry import Registry
 from localui.security import GuardMiddleware
 from localui.settings import Settings
-from localui.store import open_store
-from localui.store.base import Store
-from localui.users import new_token, open_users
 from localui.views import actions as action_views
 from localui.views import approvals as approval_views
 from localui.views import cache as cache_views
@@ -36,7 +35,7 @@ from localui.views import live as live_views
 from localui.views import run as run_views
 from localui.views import runs as runs_views
 from localui.views import signin as signin_views
-from localui.views.common import AppContext, error_response
+from localui.views.common import AppState, error_response
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -127,38 +126,15 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return await error_response(request, error)
 
 
-def open_decisions(settings: Settings) -> DecisionLog:
-    """The decision record, in the store's own database (read-only mode never writes it)."""
-    from localui.pg import is_postgres_url
-
-    if is_postgres_url(settings.store):
-        from localui.decisions_pg import PostgresDecisionLog
-
-        return PostgresDecisionLog(
-            settings.store, schema=settings.pg_app_schema, writable=not settings.read_only
-        )
-    return SQLiteDecisionLog(settings.store, writable=not settings.read_only)
-
-
-def sdk_checkpointer(settings: Settings) -> Any:
-    """An SDK checkpointer on the served store: prune goes through the SDK, never our SQL."""
-    from localui.pg import PostgresPrune, is_postgres_url
-
-    if is_postgres_url(settings.store):
-        return PostgresPrune(settings.store, schema=settings.pg_schema)
-    from fastaiagent.checkpointers import SQLiteCheckpointer
-
-    return SQLiteCheckpointer(settings.store)
-
-
 def create_app(
     settings: Settings,
     *,
     agents: Iterable[Any] = (),
-    store: Store | None = None,
+    backend: Backend | None = None,
 ) -> Starlette:
-    """The app for one store. ``agents`` are those this process may resume; they must
-    already be bound to the store (``localui.registry``)."""
+    """The app for one store: ``backend``, or the one ``settings.store`` names, opened
+    by the lifespan (and then closed by it too). ``agents`` are those this process
+    may resume; they must already be bound to the store (``localui.registry``)."""
     templates = Jinja2Templates(
         directory=str(templates_dir()), context_processors=[template_values]
     )
@@ -169,25 +145,30 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        owned = store is None
-        opened = store if store is not None else open_store(settings)
-        ctx = AppContext(settings=settings, store=opened, templates=templates)
+        owned = backend is None
+        opened = backend if backend is not None else open_backend(settings)
+        templates.env.globals["store_label"] = opened.label
         registry = Registry(agents={a.name: a for a in agents})
-        decisions = open_decisions(settings)
+        decisions = opened.decision_log(writable=not settings.read_only)
         if settings.sign_in.required:
-            auth.users = open_users(settings)
-        ctx.extensions["auth"] = auth
-        ctx.extensions["registry"] = registry
-        ctx.extensions["actions"] = ActionService(
+            auth.users = opened.users(writable=False)
+        actions = ActionService(
             settings=settings,
-            store=opened,
+            store=opened.store,
             registry=registry,
             decisions=decisions,
-            make_checkpointer=lambda: sdk_checkpointer(settings),
+            make_checkpointer=opened.checkpointer,
         )
-        feed = ChangeFeed(open_change_source(opened), interval=settings.poll_interval)
-        ctx.extensions["feed"] = feed
-        app.state.localui = ctx
+        feed = ChangeFeed(opened.change_source(), interval=settings.poll_interval)
+        app.state.localui = AppState(
+            settings=settings,
+            backend=opened,
+            templates=templates,
+            registry=registry,
+            actions=actions,
+            feed=feed,
+            auth=auth,
+        )
         await feed.start()
         try:
             yield

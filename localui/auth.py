@@ -3,7 +3,7 @@
 Sign-in works the way local notebook servers do it: the server makes a token at
 start and prints a link carrying it; opening the link sets a signed session
 cookie and redirects to the same URL without the token. People added with
-``localui users add`` get links of their own (``localui.users``). Scripts send
+``localui users add`` get links of their own (``localui.backends.users``). Scripts send
 either token as ``Authorization: Bearer``. Teams behind their own single sign-on
 put localui behind a proxy that names the person in a header, believed only from
 the proxy's addresses (``--trusted-proxy``), as Grafana's auth proxy works.
@@ -40,9 +40,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from localui.backends.base import UserDirectory
+from localui.backends.users import check_name, token_hash
 from localui.errors import BadRequest, Forbidden
+from localui.records import User
 from localui.settings import ROLES, SignIn
-from localui.users import User, UserDirectory, check_name, token_hash
 
 VIEWER, APPROVER, OPERATOR = ROLES
 #: How long a looked-up person is believed before the users table is asked again.

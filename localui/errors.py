@@ -26,6 +26,8 @@ class ReadOnly(LocalUIError):
 
 
 class Forbidden(LocalUIError):
+    """The person's role does not allow this action."""
+
     status_code = 403
     title = "Refused"
 

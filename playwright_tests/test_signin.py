@@ -12,17 +12,16 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import SCREENSHOTS, START_TIMEOUT_S, STOP_TIMEOUT_S, answers_ok, free_port
+from conftest import SCREENSHOTS, START_TIMEOUT_S, STOP_TIMEOUT_S
+from helpers import LOCALUI, LocalServer, start_localui
 from playwright.sync_api import Browser, expect
 
-LOCALUI = str(Path(sys.executable).parent / "localui")
 LINK = re.compile(r"(http://\S+/\?token=\S+)")
 #: Bound by ``localui serve`` to whichever store it serves.
 AGENTS = """from localui.demo.agent import build_agent
@@ -81,30 +80,23 @@ def signin_server(
         drop_schemas += [schema, app_schema]
         seed(dsn, workdir, pg_schema=schema)
         store_args = ["--store", dsn, "--pg-schema", schema, "--pg-app-schema", app_schema]
-    port = free_port()
-    log_path = workdir / "serve.log"
-    command = [LOCALUI, "serve", *store_args, "--port", str(port)]
-    command += ["--agents", f"{workdir / 'agents.py'}:refund_bot"]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command, cwd=workdir, env=_env(), stdout=log, stderr=subprocess.STDOUT
-        )
+    command = ["serve", *store_args, "--agents", f"{workdir / 'agents.py'}:refund_bot"]
+    server: LocalServer | None = None
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while "sign in at" not in log_path.read_text() and time.monotonic() < deadline:
-            if process.poll() is not None:
-                pytest.fail(f"serve exited: {log_path.read_text()}", pytrace=False)
-            time.sleep(0.1)
-        url = f"http://127.0.0.1:{port}"
-        assert answers_ok(f"{url}/static/localui.css", timeout=30), log_path.read_text()
-        yield SignInServer(url=url, store_args=store_args, workdir=workdir)
+        # Ready when the sign-in page answers: nothing else does without a session.
+        server = start_localui(
+            command,
+            cwd=workdir,
+            log=workdir / "serve.log",
+            env=_env(),
+            ready="/signin",
+            timeout=START_TIMEOUT_S,
+        )
+        assert "sign in at" in server.output(), server.output()
+        yield SignInServer(url=server.url, store_args=store_args, workdir=workdir)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if server is not None:
+            server.stop(timeout=STOP_TIMEOUT_S)
         if drop_schemas:
             import psycopg
 
@@ -119,7 +111,7 @@ def add_person(server: SignInServer, name: str, role: str) -> str:
         at = args.index("--pg-schema")
         del args[at : at + 2]
     done = subprocess.run(
-        [LOCALUI, "users", "add", name, "--role", role, *args, "--url", server.url],
+        [str(LOCALUI), "users", "add", name, "--role", role, *args, "--url", server.url],
         cwd=server.workdir,
         env=_env(),
         capture_output=True,

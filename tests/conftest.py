@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 import pytest
+from helpers import LOOPBACK_CLIENT, NO_SIGN_IN
 from starlette.exceptions import StarletteDeprecationWarning
 
 # Starlette 1.x warns at import when the TestClient runs on ``httpx`` rather
@@ -34,32 +35,12 @@ with warnings.catch_warnings():
     from starlette.testclient import TestClient
 
 from localui.app import create_app
+from localui.backends.sqlite.store import SQLiteStore
 from localui.demo.scenarios import SeedReport, seed
-from localui.settings import Settings, SignIn
-from localui.store.sqlite import SQLiteStore
+from localui.settings import Settings
 
 #: What every address in the app tests looks like: a loopback Host it answers to.
 BASE_URL = "http://127.0.0.1:8765"
-#: Where the app tests' requests come from: a loopback client, as a browser on this
-#: machine is (the server accepts loopback Host names from loopback clients only).
-LOOPBACK_CLIENT = ("127.0.0.1", 50000)
-#: Sign-in off (``--no-auth``), for the app tests that are not about who may act.
-NO_SIGN_IN = SignIn(required=False)
-#: The start-up token of app tests that sign in (``signed_in``).
-TEST_TOKEN = "start-up-token-of-the-tests"
-
-
-def signed_in(client: TestClient, token: str = TEST_TOKEN) -> TestClient:
-    """``client`` sending ``token`` on every request, as a script would."""
-    client.headers["Authorization"] = f"Bearer {token}"
-    return client
-
-
-def sign_in_settings(**changes: Any) -> SignIn:
-    """Sign-in on, with the tests' known start-up token and quick lockouts."""
-    values: dict[str, Any] = {"token": TEST_TOKEN, "owner": "the-owner"}
-    values.update(changes)
-    return SignIn(**values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,26 +16,28 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import BASE_URL, LOOPBACK_CLIENT, TEST_TOKEN, sign_in_settings
+from conftest import BASE_URL
+from helpers import LOOPBACK_CLIENT, TEST_TOKEN, sign_in_settings
 from starlette.exceptions import StarletteDeprecationWarning
 from test_backends import (  # noqa: F401  (fixtures the backend fixture needs)
     JSON,
     Backend,
     _pg_schemas_to_drop,
     backend,
+    message,
     pg_seeded_store,
 )
 
 from localui.auth import CACHE_SECONDS, Throttle
+from localui.backends.base import UserDirectory
+from localui.backends.users import new_token, token_hash
 from localui.settings import SignIn
-from localui.users import new_token, open_users, token_hash
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", category=StarletteDeprecationWarning)
     from starlette.testclient import TestClient
 
 if TYPE_CHECKING:
-    import httpx
     from conftest import Ledger
     from test_backends import Acting
 
@@ -52,9 +54,15 @@ def serve(backend: Backend, ledger: Ledger | None = None, **sign_in: Any) -> Act
     return backend.acting(ledger, sign_in=sign_in_settings(**sign_in), allowed_hosts=(PUBLIC_HOST,))
 
 
+def users_of(desk: Acting) -> UserDirectory:
+    """The served store's users table, as ``localui users`` writes it."""
+    users: UserDirectory = desk.client.app.state.localui.backend.users(writable=True)
+    return users
+
+
 def add_user(desk: Acting, name: str, role: str) -> str:
     """A person added to the served store's users table; their token."""
-    users = open_users(desk.client.app.state.localui.settings, writable=True)
+    users = users_of(desk)
     try:
         token = new_token()
         users.add(name, role, token_hash(token))
@@ -64,7 +72,7 @@ def add_user(desk: Acting, name: str, role: str) -> str:
 
 
 def reset_user(desk: Acting, name: str) -> str:
-    users = open_users(desk.client.app.state.localui.settings, writable=True)
+    users = users_of(desk)
     try:
         token = new_token()
         assert users.set_token(name, token_hash(token)) is not None
@@ -76,10 +84,6 @@ def reset_user(desk: Acting, name: str) -> str:
 def other_client(desk: Acting, *, client: tuple[str, int], base_url: str) -> TestClient:
     """Another client of the same running app (its lifespan already runs)."""
     return TestClient(desk.client.app, base_url=base_url, client=client)
-
-
-def message(response: httpx.Response) -> str:
-    return str(response.json()["error"]["message"])
 
 
 def card(desk: Acting, execution_id: str) -> dict[str, Any]:
@@ -320,7 +324,7 @@ def test_removing_or_resetting_a_person_ends_their_sessions(backend: Backend) ->
     assert bo.get("/approvals").status_code == 200
 
     new = reset_user(desk, "Ada")
-    users = open_users(desk.client.app.state.localui.settings, writable=True)
+    users = users_of(desk)
     try:
         assert users.remove("Bo")
     finally:

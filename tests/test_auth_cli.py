@@ -11,7 +11,6 @@ from __future__ import annotations
 import ipaddress
 import re
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from test_cli import LOCALUI, assert_one_line_error, child_env, free_port, run_cli
+from helpers import LocalServer, free_port, start_localui
+from test_cli import LOCALUI, assert_one_line_error, child_env, run_cli
 
 if TYPE_CHECKING:
     from conftest import PgStore, Seeded
@@ -85,56 +85,33 @@ def test_users_add_list_reset_remove(served_store: list[str], tmp_path: Path) ->
 
 @dataclass
 class Running:
-    process: subprocess.Popen[str]
-    lines: list[str]
+    server: LocalServer
 
     def line(self, pattern: str) -> re.Match[str]:
-        for text in self.lines:
+        lines = self.server.output().splitlines()
+        for text in lines:
             if match := re.search(pattern, text):
                 return match
-        raise AssertionError(f"no line matching {pattern!r} in {self.lines}")
+        raise AssertionError(f"no line matching {pattern!r} in {lines}")
 
 
 @contextmanager
-def server(
-    args: Sequence[str], cwd: Path, port: int, host: str = "127.0.0.1", command: str = "serve"
-) -> Iterator[Running]:
-    """A real ``localui serve`` (or ``demo``), up once it printed its sign-in lines and
-    answers."""
-    process = subprocess.Popen(
-        [LOCALUI, command, *args, "--port", str(port)],
+def server(args: Sequence[str], cwd: Path, port: int, command: str = "serve") -> Iterator[Running]:
+    """A real ``localui serve`` (or ``demo``) on ``port``, up once it answers; it prints
+    its sign-in lines before it listens."""
+    started = start_localui(
+        [command, *args],
         cwd=cwd,
+        log=cwd / f"{command}.log",
         env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        # Answered with sign-in on or off, from any address.
+        ready="/static/localui.css",
+        port=port,
     )
-    assert process.stdout is not None
-    lines: list[str] = []
     try:
-        # The last line about sign-in: the link, or that sign-in is off.
-        while not any("sign in at" in line or "sign-in is OFF" in line for line in lines):
-            line = process.stdout.readline()
-            if not line:
-                pytest.fail(f"server exited ({process.wait()}): {''.join(lines)}")
-            lines.append(line)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"http://{host}:{port}/static/localui.css", timeout=1, trust_env=False)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    pytest.fail("server did not answer within 30 s")
-                time.sleep(0.05)
-        yield Running(process, lines)
+        yield Running(started)
     finally:
-        process.terminate()
-        try:
-            process.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
+        started.stop()
 
 
 def test_serve_prints_a_link_that_signs_in(served_store: list[str], tmp_path: Path) -> None:
@@ -219,7 +196,7 @@ def test_beyond_loopback_every_request_signs_in(
     port = free_port()
     paused = seeded.id("paused-1")
     args = ["--store", str(store_copy), "--host", "0.0.0.0", "--allow-host", address]
-    with server(args, tmp_path, port, host=address) as running:
+    with server(args, tmp_path, port) as running:
         running.line(r"listening on 0\.0\.0\.0, beyond this machine: every request must sign in")
         token = running.line(r"\?token=(\S+)").group(1)
         remote = f"http://{address}:{port}"

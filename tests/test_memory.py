@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import LOOPBACK_CLIENT, NO_SIGN_IN
+from helpers import LOOPBACK_CLIENT, NO_SIGN_IN
 
 from localui.app import create_app
 from localui.memory import (

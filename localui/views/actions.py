@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from localui.actions import parse_age
 from localui.auth import OPERATOR, require
 from localui.errors import BadRequest
-from localui.store.records import PruneRun
+from localui.records import PruneRun
 from localui.views.approvals import actions_of, outcome_view
 from localui.views.common import html_only, is_htmx, off_loop, respond, to_jsonable, wants_json
 

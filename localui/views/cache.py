@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localui.actions import parse_age
-from localui.store.base import Store
-from localui.store.records import CacheEntry
+from localui.backends.base import Store
+from localui.records import CacheEntry
 from localui.views.common import (
     context,
     decode_cursor,

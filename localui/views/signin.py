@@ -13,7 +13,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 from starlette.types import Scope
 
-from localui.auth import Authenticator, Locked, SigninPage, person_of, safe_next, without_token
+from localui.auth import Locked, SigninPage, person_of, safe_next, without_token
 from localui.settings import Settings
 from localui.views.common import context
 
@@ -42,11 +42,6 @@ def _page(
     return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
 
 
-def _authenticator(request: Request) -> Authenticator:
-    auth: Authenticator = context(request).extensions["auth"]
-    return auth
-
-
 async def signin(request: Request) -> Response:
     ctx = context(request)
     root = request.scope.get("root_path", "")
@@ -57,7 +52,7 @@ async def signin(request: Request) -> Response:
         return _page(ctx.templates, ctx.settings, "", next_url, 200)
     form = await request.form()
     next_url = safe_next(str(form.get("next") or ""), root)
-    auth = _authenticator(request)
+    auth = ctx.auth
     client = request.client.host if request.client else "local"
     try:
         found = await auth.check_token(str(form.get("token") or "").strip(), client)
@@ -75,7 +70,7 @@ async def signin(request: Request) -> Response:
 
 
 async def signout(request: Request) -> Response:
-    auth = _authenticator(request)
+    auth = context(request).auth
     root = request.scope.get("root_path", "")
     response = RedirectResponse(root + "/signin", status_code=303)
     response.delete_cookie(auth.cookie, path=root or "/", httponly=True, samesite="strict")
