@@ -24,9 +24,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.templating import Jinja2Templates
 
 from localui.actions import ActionService
+from localui.auth import Authenticator
 from localui.backends.base import Backend, Store
 from localui.backends.traces import SpanIndex
-from localui.errors import BadRequest, LocalUIError
+from localui.errors import BadRequest, LifespanNotRun, LocalUIError
 from localui.live import ChangeFeed
 from localui.records import Unreadable
 from localui.registry import Registry
@@ -60,6 +61,9 @@ class AppState:
     registry: Registry
     actions: ActionService
     feed: ChangeFeed
+    #: Who may use the server: tokens, sessions, the proxy header, and the users
+    #: table it reads (the auth middleware holds the same one).
+    auth: Authenticator
     #: Where the run pages find the SDK's trace spans; None for a PostgreSQL
     #: store served without ``--traces``.
     traces: SpanIndex | None = None
@@ -74,12 +78,7 @@ class AppState:
 def context(request: Request) -> AppState:
     ctx: AppState | None = getattr(request.app.state, "localui", None)
     if ctx is None:
-        # Starlette runs only the outermost app's lifespan: a parent that mounts
-        # localui must enter localui's (see ``localui.app.lifespan_of``).
-        raise RuntimeError(
-            "localui's lifespan has not run: the app that mounts it must enter "
-            "localui.app.lifespan_of(app) in its own lifespan"
-        )
+        raise LifespanNotRun()
     return ctx
 
 
