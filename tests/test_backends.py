@@ -627,9 +627,9 @@ def test_verdict_of_a_run_that_died_in_its_tool(
 ) -> None:
     html = backend.client().get(f"/runs/{backend.seeded.id('crashed-in-tool')}").text
     banner = page_text(html, "verdict")
-    assert "No end marker: still running, or its process died inside tool `refund`" in banner
+    assert "No end marker: still running, or its process died inside tool refund" in banner
     assert (
-        'Resume: Resume re-invokes `refund` with the saved arguments {"amount": 80.0, '
+        'Resume: Resume re-invokes refund with the saved arguments {"amount": 80.0, '
         '"order_id": "A-1006"}; the model is not called again.' in banner
     )
 
