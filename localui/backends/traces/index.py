@@ -174,11 +174,6 @@ class SpanIndex:
         self._attached = identity
         return True
 
-    def has_spans_table(self) -> bool:
-        """Whether the file holds the SDK's ``spans`` table: tracing was on."""
-        with self.lock:
-            return self._has_spans()
-
     def _has_spans(self) -> bool:
         if not self._attach():
             return False
@@ -273,11 +268,6 @@ class SpanIndex:
         except BaseException:
             self._conn.execute("ROLLBACK")
             raise
-
-    def refresh(self) -> str:
-        """``ready``, ``off`` or ``indexing`` (see :meth:`_refresh`)."""
-        with self.lock:
-            return self._refresh()
 
     @property
     def indexing(self) -> bool:
