@@ -15,6 +15,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp
 
 from localui.actions import ActionService
 from localui.decisions import DecisionLog, SQLiteDecisionLog
@@ -22,8 +23,9 @@ from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed, open_change_source
 from localui.paths import static_dir, templates_dir
 from localui.registry import Registry
-from localui.security import GuardMiddleware
+from localui.security import BodyLimitMiddleware, GuardMiddleware, SecurityHeadersMiddleware
 from localui.settings import Settings
+from localui.signing import Signer
 from localui.store import open_store
 from localui.store.base import Store
 from localui.views import actions as action_views
@@ -146,6 +148,14 @@ def sdk_checkpointer(settings: Settings) -> Any:
     return SQLiteCheckpointer(settings.store)
 
 
+class LocalUIApp(Starlette):
+    """Starlette with the security headers outside everything, so the server-error
+    page Starlette's outermost middleware writes carries them too."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return SecurityHeadersMiddleware(super().build_middleware_stack())
+
+
 def create_app(
     settings: Settings,
     *,
@@ -165,6 +175,7 @@ def create_app(
         registry = Registry(agents={a.name: a for a in agents})
         decisions = open_decisions(settings)
         ctx.extensions["registry"] = registry
+        ctx.extensions["signer"] = Signer()
         ctx.extensions["actions"] = ActionService(
             settings=settings,
             store=opened,
@@ -185,10 +196,11 @@ def create_app(
             if owned:
                 opened.close()
 
-    return Starlette(
+    return LocalUIApp(
         routes=build_routes(),
         middleware=[
             Middleware(GuardMiddleware, host_names=settings.host_names),
+            Middleware(BodyLimitMiddleware),
             # Pages and the vendored htmx go compressed; event streams are left alone.
             # Level 1: level 9 spends ~300 ms on a 2 MB diff page for a few % smaller.
             Middleware(GZipMiddleware, minimum_size=512, compresslevel=1),

@@ -107,6 +107,7 @@ def serve(settings: Settings, agents: Sequence[Any]) -> int:
     from starlette.types import ASGIApp
 
     from localui.app import create_app
+    from localui.limits import server_limits
     from localui.memory import ReleaseFreedMemory, keep_thresholds
     from localui.store import open_store
 
@@ -148,6 +149,7 @@ def serve(settings: Settings, agents: Sequence[Any]) -> int:
         log_level="warning",
         # Open streams must not hold a stopping server for long.
         timeout_graceful_shutdown=2,
+        **server_limits(),
     )
     # uvicorn stops on Ctrl-C or SIGTERM, then raises the signal again for whoever
     # installed a handler; these make that a quiet exit 0 through the clean-up below,
