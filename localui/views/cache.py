@@ -13,7 +13,6 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import Response
 
-from localui.actions import parse_age
 from localui.store.base import Store
 from localui.store.records import CacheEntry
 from localui.views.common import (
@@ -25,6 +24,7 @@ from localui.views.common import (
     pretty_json,
     respond,
 )
+from localui.views.params import parse_age
 
 
 @dataclass(frozen=True, slots=True)
