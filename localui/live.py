@@ -35,6 +35,7 @@ from typing import Protocol
 from urllib.parse import quote
 
 from localui.store.base import Store
+from localui.store.records import decode_text
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +185,7 @@ class SQLiteChangeSource:
                 check_same_thread=False,
                 isolation_level=None,
             )
+            conn.text_factory = decode_text
             conn.execute("PRAGMA query_only = 1")
             conn.set_trace_callback(self._trace)
             self._conn = conn

@@ -51,6 +51,7 @@ from localui.store.records import (
     StoreTotals,
     parse_json,
     row_detail,
+    stored_int,
     unwrap_cached,
 )
 from localui.store.sql import STATE_SQL
@@ -406,7 +407,7 @@ class PostgresStore:
             parent_checkpoint_id=row["parent_checkpoint_id"],
             agent=row["chain_name"] or "",
             node_id=row["node_id"] or "",
-            node_index=int(row["node_index"] or 0),
+            node_index=stored_int(row["node_index"]),
             step_type=row["step_type"],
             status=row["status"] or "completed",
             interrupt_reason=row["interrupt_reason"],

@@ -52,6 +52,7 @@ from localui.store.records import (
     RunFacts,
     RunFactsPage,
     RunQuery,
+    decode_text,
 )
 
 #: Bump when the index's tables change: an index of another version is rebuilt.
@@ -350,6 +351,7 @@ class RunIndex:
             check_same_thread=False,
             isolation_level=None,
         )
+        conn.text_factory = decode_text
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         return conn
@@ -360,8 +362,11 @@ class RunIndex:
 
     def _attach(self) -> None:
         """Attach the store as it is on disk now; a replaced file is attached anew."""
-        if self._attached:
+        # Asked of SQLite, not remembered: an ATTACH that failed (junk where the store
+        # was) leaves nothing to detach, and the next refresh must try again.
+        if any(row[1] == "s" for row in self._conn.execute("PRAGMA database_list")):
             self._conn.execute("DETACH DATABASE s")
+        self._attached = ""
         self._attach_store(self._conn, self.store_path)
         self._attached = self._identity()
         self._seen_version = None

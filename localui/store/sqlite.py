@@ -37,8 +37,10 @@ from localui.store.records import (
     RunFactsPage,
     RunQuery,
     StoreTotals,
+    decode_text,
     parse_json,
     row_detail,
+    stored_int,
     unwrap_cached,
 )
 from localui.store.run_index import BACKGROUND_FROM_ROWS, RunIndex, StoreColumns
@@ -81,7 +83,7 @@ def _row_header(r: tuple[Any, ...]) -> RowHeader:
         parent_checkpoint_id=r[2],
         agent=r[3] or "",
         node_id=r[4] or "",
-        node_index=int(r[5] or 0),
+        node_index=stored_int(r[5]),
         step_type=r[6],
         status=r[7] or "completed",
         interrupt_reason=r[8],
@@ -137,6 +139,7 @@ class SQLiteStore:
         uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
         conn = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout, check_same_thread=False)
         conn.row_factory = sqlite3.Row
+        conn.text_factory = decode_text
         conn.execute("PRAGMA query_only = 1")
         conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
         with self._lock:
@@ -273,9 +276,12 @@ class SQLiteStore:
             checkpoint_key="checkpoint_id" if "checkpoint_id" in s.checkpoint_columns else "id",
         )
 
-    def list_runs(self, query: RunQuery) -> RunFactsPage:
+    @contextmanager
+    def _index_errors(self) -> Iterator[None]:
+        """Any failure of the runs index to read the store is the store being unavailable
+        (a locked, replaced or damaged file); the next call attaches it again."""
         try:
-            return self._index.list_runs(query)
+            yield
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
                 raise Unavailable(
@@ -285,8 +291,13 @@ class SQLiteStore:
         except sqlite3.DatabaseError as exc:
             raise Unavailable(f"the store {self.path} cannot be read: {exc}") from exc
 
+    def list_runs(self, query: RunQuery) -> RunFactsPage:
+        with self._index_errors():
+            return self._index.list_runs(query)
+
     def get_run(self, execution_id: str) -> RunFacts | None:
-        return self._index.get_run(execution_id)
+        with self._index_errors():
+            return self._index.get_run(execution_id)
 
     # --- rows ---------------------------------------------------------
 
@@ -318,7 +329,7 @@ class SQLiteStore:
             parent_checkpoint_id=row["parent_checkpoint_id"],
             agent=row["chain_name"] or "",
             node_id=row["node_id"] or "",
-            node_index=int(row["node_index"] or 0),
+            node_index=stored_int(row["node_index"]),
             step_type=row["step_type"],
             status=row["status"] or "completed",
             interrupt_reason=row["interrupt_reason"],
@@ -525,6 +536,8 @@ class SQLiteStore:
                     return ()
                 return self._fork_links(conn, "src.execution_id = ?", (execution_id,))
         # The runs index knows each fork's parent row, so no scan of the SDK's table.
+        with self._index_errors():
+            forks = self._index.forks_of(execution_id)
         return tuple(
             ForkLink(
                 execution_id=fork_id,
@@ -533,7 +546,7 @@ class SQLiteStore:
                 source_node_id=node_id,
                 created_at=first_at,
             )
-            for fork_id, parent, node_id, first_at in self._index.forks_of(execution_id)
+            for fork_id, parent, node_id, first_at in forks
         )
 
     # --- actions' helpers ---------------------------------------------
@@ -589,13 +602,15 @@ class SQLiteStore:
             )
             for r in rows
         )
+        with self._index_errors():
+            resumable_cache = self._index.resumable_cache_before(cutoff)
         return PrunePreview(
             cutoff=cutoff,
             checkpoint_rows=sum(r.rows_deleted for r in runs),
             cache_rows=cache,
             runs=runs,
             pauses_kept=pauses,
-            resumable_cache=self._index.resumable_cache_before(cutoff),
+            resumable_cache=resumable_cache,
         )
 
     # --- totals -------------------------------------------------------
@@ -608,7 +623,8 @@ class SQLiteStore:
 
     def totals(self) -> StoreTotals:
         # Kept by the runs index: counting the outbox marks in the SDK's table is a scan.
-        rows, waiting, quarantined = self._index.totals()
+        with self._index_errors():
+            rows, waiting, quarantined = self._index.totals()
         return StoreTotals(
             rows=rows,
             rows_waiting=waiting,
