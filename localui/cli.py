@@ -181,7 +181,11 @@ def run_serve(args: argparse.Namespace) -> int:
         # The SDK resolves its own default store from this variable, and caches its
         # config on first use: set it before any agent module is imported.
         os.environ.setdefault("FASTAIAGENT_LOCAL_DB", store)
-        if not Path(store).is_file():
+        try:
+            is_file = Path(store).is_file()
+        except OSError as exc:
+            return fail(f"the store {store} cannot be read: {exc.strerror}")
+        if not is_file:
             return fail(f"no store at {store} (pass --store or set FASTAIAGENT_LOCAL_DB)")
     agents: list[Any] = []
     try:

@@ -32,10 +32,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Protocol
-from urllib.parse import quote
 
 from localui.store.base import Store
 from localui.store.records import decode_text
+from localui.store.sqlite_files import read_uri
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class SQLiteChangeSource:
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+            uri = read_uri(self.path)
             # Used from one worker thread at a time (the feed serialises its calls).
             conn = sqlite3.connect(
                 uri,

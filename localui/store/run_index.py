@@ -54,6 +54,7 @@ from localui.store.records import (
     RunQuery,
     decode_text,
 )
+from localui.store.sqlite_files import read_uri
 
 #: Bump when the index's tables change: an index of another version is rebuilt.
 VERSION = "3"
@@ -358,7 +359,7 @@ class RunIndex:
 
     @staticmethod
     def _attach_store(conn: sqlite3.Connection, store_path: Path) -> None:
-        conn.execute("ATTACH DATABASE ? AS s", (f"file:{quote(str(store_path))}?mode=ro",))
+        conn.execute("ATTACH DATABASE ? AS s", (read_uri(store_path),))
 
     def _attach(self) -> None:
         """Attach the store as it is on disk now; a replaced file is attached anew."""

@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from localui.errors import LocalUIError, StoreMissing, Unavailable
 from localui.store.records import (
@@ -44,6 +43,7 @@ from localui.store.records import (
     unwrap_cached,
 )
 from localui.store.run_index import BACKGROUND_FROM_ROWS, RunIndex, StoreColumns
+from localui.store.sqlite_files import read_uri
 
 #: Read connections open at once, and the page cache of each (SQLite's default is 2 MiB).
 POOL_SIZE = 4
@@ -107,8 +107,16 @@ class SQLiteStore:
     ) -> None:
         self.path = Path(path)
         self.location = str(self.path)
-        if not self.path.is_file():
+        try:
+            is_file = self.path.is_file()
+        except OSError as exc:
+            raise StoreMissing(f"the store {self.path} cannot be read: {exc.strerror}") from exc
+        if not is_file:
             raise StoreMissing(f"no store at {self.path} (check --store or FASTAIAGENT_LOCAL_DB)")
+        if not os.access(self.path, os.R_OK):
+            raise StoreMissing(
+                f"the store {self.path} cannot be read: permission denied for this user"
+            )
         self._busy_timeout = busy_timeout
         self._identity = self._file_identity()
         self._lock = threading.Lock()
@@ -136,7 +144,7 @@ class SQLiteStore:
     # --- connections --------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+        uri = read_uri(self.path)
         conn = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout, check_same_thread=False)
         conn.row_factory = sqlite3.Row
         conn.text_factory = decode_text
@@ -215,9 +223,17 @@ class SQLiteStore:
             with self._borrow() as conn:
                 conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            code = getattr(exc, "sqlite_errorcode", None)
+            if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 raise Unavailable(f"the store {self.path} is locked by another process") from exc
-            raise StoreMissing(f"{self.path} is not a SQLite store: {exc}") from exc
+            if code == sqlite3.SQLITE_NOTADB:
+                raise StoreMissing(f"{self.path} is not a SQLite store: {exc}") from exc
+            if code == sqlite3.SQLITE_CANTOPEN:
+                raise StoreMissing(
+                    f"the store {self.path} cannot be opened: {exc} (is its directory "
+                    "readable, and its -wal and -shm files too?)"
+                ) from exc
+            raise StoreMissing(f"the store {self.path} cannot be read: {exc}") from exc
 
     def _schema_for(self, conn: sqlite3.Connection) -> _Schema:
         version = int(conn.execute("PRAGMA schema_version").fetchone()[0])
