@@ -809,7 +809,13 @@ def test_prune_through_the_app_deletes_what_it_previewed(
         5,
     )
     done = client.post(
-        "/prune", data={"older_than": "0s", "cutoff": preview["cutoff"]}, headers=JSON
+        "/prune",
+        data={
+            "older_than": "0s",
+            "cutoff": preview["cutoff"],
+            "prune_token": preview["prune_token"],
+        },
+        headers=JSON,
     )
     assert done.status_code == 200, done.text
     assert done.json()["deleted"] == preview["would_delete"] == 33
@@ -1158,7 +1164,13 @@ def test_a_member_of_the_fleets_role_acts_through_the_sdk(
         assert response.json()["status"] == "completed"
         preview = client.get("/prune.json", params={"older_than": "0s"}).json()
         done = client.post(
-            "/prune", data={"older_than": "0s", "cutoff": preview["cutoff"]}, headers=JSON
+            "/prune",
+            data={
+                "older_than": "0s",
+                "cutoff": preview["cutoff"],
+                "prune_token": preview["prune_token"],
+            },
+            headers=JSON,
         )
         assert done.json()["deleted"] == preview["would_delete"]
     finally:
