@@ -133,12 +133,12 @@ async def prune_now(request: Request) -> Response:
             "prune needs the cutoff and prune_token of a preview: "
             "GET /prune.json?older_than=7d, then POST both back"
         )
+    cutoff = parse_instant("cutoff", cutoff_text)
     if not _signer(request).verify(PRUNE_PURPOSE, cutoff_text, token):
         raise Forbidden(
             "this cutoff is not one a preview of this server showed: preview again, "
             "then prune what it shows"
         )
-    cutoff = parse_instant("cutoff", cutoff_text)
     deleted = await off_loop(actions.prune, cutoff)
     page = PrunePage(
         older_than=older_than,
