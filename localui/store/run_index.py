@@ -284,6 +284,12 @@ def _fold_in_order(
         yield folded
 
 
+def _undecodable(exc: sqlite3.OperationalError) -> bool:
+    """A stored text that is not UTF-8: Python's sqlite3 raises this itself while it
+    converts a value, so unlike SQLite's own errors it carries no error code."""
+    return not hasattr(exc, "sqlite_errorcode")
+
+
 def _fold(rows: Iterable[tuple[Any, ...]]) -> dict[str, _Summary]:
     folded: dict[str, _Summary] = {}
     for row in rows:
@@ -352,7 +358,6 @@ class RunIndex:
             check_same_thread=False,
             isolation_level=None,
         )
-        conn.text_factory = decode_text
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         return conn
@@ -450,23 +455,34 @@ class RunIndex:
             version = int(self._conn.execute("PRAGMA s.data_version").fetchone()[0])
             if version == self._seen_version:
                 return True
-            columns = self._columns()
-            if columns is not None and self._stale(self._conn):
-                complete = self._build(columns)
-            else:
-                try:
-                    with self._write(self._conn) as conn:
-                        if columns is None:
-                            self._clear(conn, self._identity())
-                        elif not self._catch_up(conn, columns):
-                            raise _Rebuild
-                    complete = True
-                except _Rebuild:
-                    assert columns is not None
-                    complete = self._build(columns)
+            try:
+                complete = self._bring_up_to_date()
+            except sqlite3.OperationalError as exc:
+                if not _undecodable(exc) or self._conn.text_factory is decode_text:
+                    raise
+                # Text that is not UTF-8 somewhere in the store: read it all through the
+                # tolerant decoder (slower, so only once it is needed) and try again.
+                self._conn.text_factory = decode_text
+                complete = self._bring_up_to_date()
             if complete:
                 self._seen_version = version
             return complete
+
+    def _bring_up_to_date(self) -> bool:
+        """``refresh`` past its quick checks. Called with the lock held."""
+        columns = self._columns()
+        if columns is not None and self._stale(self._conn):
+            return self._build(columns)
+        try:
+            with self._write(self._conn) as conn:
+                if columns is None:
+                    self._clear(conn, self._identity())
+                elif not self._catch_up(conn, columns):
+                    raise _Rebuild
+            return True
+        except _Rebuild:
+            assert columns is not None
+            return self._build(columns)
 
     def _build(self, columns: StoreColumns) -> bool:
         """Build the index anew: now on a small store (True), in the background on a
@@ -500,13 +516,13 @@ class RunIndex:
                     self._build_conn = conn
                 self._attach_store(conn, self.store_path)
                 identity = self._identity()
-                with self._write(conn):
-                    # Another process may have built it while this one waited its turn.
-                    try:
-                        if self._stale(conn, identity) or not self._catch_up(conn, columns):
-                            raise _Rebuild
-                    except _Rebuild:
-                        self._rebuild(conn, columns, identity)
+                try:
+                    self._build_on(conn, columns, identity)
+                except sqlite3.OperationalError as exc:
+                    if not _undecodable(exc):
+                        raise
+                    conn.text_factory = decode_text  # as in ``refresh``
+                    self._build_on(conn, columns, identity)
             finally:
                 conn.close()
         except Exception as exc:
@@ -516,6 +532,15 @@ class RunIndex:
             self._seen_version = None  # the reading connection catches up from here
             if failure is not None and not isinstance(failure, _Closing):
                 self._failed = (number, failure)
+
+    def _build_on(self, conn: sqlite3.Connection, columns: StoreColumns, identity: str) -> None:
+        with self._write(conn):
+            # Another process may have built it while this one waited its turn.
+            try:
+                if self._stale(conn, identity) or not self._catch_up(conn, columns):
+                    raise _Rebuild
+            except _Rebuild:
+                self._rebuild(conn, columns, identity)
 
     def progress(self) -> IndexProgress | None:
         """How far a background build has got, or None when none runs."""
