@@ -6,7 +6,7 @@ the row the person saw is still the one the action would act on. That order
 matters because ``Agent.aresume`` claims the pending row *first* and looks the
 tool up *after*: a resume that fails its lookup has already lost the pause.
 
-Exactly-once comes from the decision record (``localui.decisions``): a claim on
+Exactly-once comes from the decision record (``localui.backends.decisions``): a claim on
 ``(kind, execution_id, checkpoint_id)`` that one request in one process wins,
 with the SDK's own atomic claim behind it as the second guard.
 """
@@ -21,12 +21,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from localui import runs
-from localui.decisions import APPROVAL, RESUME, Decision, DecisionLog
+from localui.backends import is_busy
+from localui.backends.base import DecisionLog, Store
 from localui.errors import BadRequest, Conflict, NotFound, ReadOnly, Refused
+from localui.records import APPROVAL, RESUME, Decision, Pending, PrunePreview, RowHeader
 from localui.registry import Registry
 from localui.settings import Settings
-from localui.store.base import Store
-from localui.store.records import Pending, PrunePreview, RowHeader
 
 #: A newest row younger than this may belong to a run that is still alive.
 RECENT_SECONDS = 120.0
@@ -332,7 +332,7 @@ class ActionService:
                     finished,
                 ) from exc
             except Exception as exc:
-                if _is_locked(exc) and resume_value is not None:
+                if is_busy(exc) and resume_value is not None:
                     # Only a claim that did not happen may be tried again.
                     still = await asyncio.to_thread(self.store.get_pending, execution_id)
                     if still is not None and asyncio.get_running_loop().time() < deadline:
@@ -409,11 +409,6 @@ class ActionService:
             self._checkpointer = self._make_checkpointer()
         deleted: int = self._checkpointer.prune(older_than)
         return deleted
-
-
-def _is_locked(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return "database is locked" in text or "database is busy" in text
 
 
 def seconds_since(value: str) -> float | None:

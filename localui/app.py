@@ -18,16 +18,15 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp
 
 from localui.actions import ActionService
-from localui.decisions import DecisionLog, SQLiteDecisionLog
+from localui.backends import open_backend
+from localui.backends.base import Backend
 from localui.errors import LocalUIError, NotFound
-from localui.live import ChangeFeed, open_change_source
+from localui.live import ChangeFeed
 from localui.paths import static_dir, templates_dir
 from localui.registry import Registry
 from localui.security import BodyLimitMiddleware, GuardMiddleware, SecurityHeadersMiddleware
 from localui.settings import Settings
 from localui.signing import Signer
-from localui.store import open_store
-from localui.store.base import Store
 from localui.views import actions as action_views
 from localui.views import approvals as approval_views
 from localui.views import cache as cache_views
@@ -35,7 +34,7 @@ from localui.views import diff as diff_views
 from localui.views import live as live_views
 from localui.views import run as run_views
 from localui.views import runs as runs_views
-from localui.views.common import AppContext, error_response
+from localui.views.common import AppState, error_response
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -124,30 +123,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return await error_response(request, error)
 
 
-def open_decisions(settings: Settings) -> DecisionLog:
-    """The decision record, in the store's own database (read-only mode never writes it)."""
-    from localui.pg import is_postgres_url
-
-    if is_postgres_url(settings.store):
-        from localui.decisions_pg import PostgresDecisionLog
-
-        return PostgresDecisionLog(
-            settings.store, schema=settings.pg_app_schema, writable=not settings.read_only
-        )
-    return SQLiteDecisionLog(settings.store, writable=not settings.read_only)
-
-
-def sdk_checkpointer(settings: Settings) -> Any:
-    """An SDK checkpointer on the served store: prune goes through the SDK, never our SQL."""
-    from localui.pg import PostgresPrune, is_postgres_url
-
-    if is_postgres_url(settings.store):
-        return PostgresPrune(settings.store, schema=settings.pg_schema)
-    from fastaiagent.checkpointers import SQLiteCheckpointer
-
-    return SQLiteCheckpointer(settings.store)
-
-
 class LocalUIApp(Starlette):
     """Starlette with the security headers outside everything, so the server-error
     page Starlette's outermost middleware writes carries them too."""
@@ -160,32 +135,38 @@ def create_app(
     settings: Settings,
     *,
     agents: Iterable[Any] = (),
-    store: Store | None = None,
+    backend: Backend | None = None,
 ) -> Starlette:
-    """The app for one store. ``agents`` are those this process may resume; they must
-    already be bound to the store (``localui.registry``)."""
+    """The app for one store: ``backend``, or the one ``settings.store`` names, opened
+    by the lifespan (and then closed by it too). ``agents`` are those this process
+    may resume; they must already be bound to the store (``localui.registry``)."""
     templates = Jinja2Templates(directory=str(templates_dir()))
     templates.env.globals["static"] = "/static"
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        owned = store is None
-        opened = store if store is not None else open_store(settings)
-        ctx = AppContext(settings=settings, store=opened, templates=templates)
+        owned = backend is None
+        opened = backend if backend is not None else open_backend(settings)
+        templates.env.globals["store_label"] = opened.label
         registry = Registry(agents={a.name: a for a in agents})
-        decisions = open_decisions(settings)
-        ctx.extensions["registry"] = registry
-        ctx.extensions["signer"] = Signer()
-        ctx.extensions["actions"] = ActionService(
+        decisions = opened.decision_log(writable=not settings.read_only)
+        actions = ActionService(
             settings=settings,
-            store=opened,
+            store=opened.store,
             registry=registry,
             decisions=decisions,
-            make_checkpointer=lambda: sdk_checkpointer(settings),
+            make_checkpointer=opened.checkpointer,
         )
-        feed = ChangeFeed(open_change_source(opened), interval=settings.poll_interval)
-        ctx.extensions["feed"] = feed
-        app.state.localui = ctx
+        feed = ChangeFeed(opened.change_source(), interval=settings.poll_interval)
+        app.state.localui = AppState(
+            settings=settings,
+            backend=opened,
+            templates=templates,
+            registry=registry,
+            actions=actions,
+            feed=feed,
+            signer=Signer(),
+        )
         await feed.start()
         try:
             yield

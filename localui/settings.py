@@ -28,15 +28,6 @@ class Settings:
     page_size: int = 50
 
     @property
-    def store_label(self) -> str:
-        """The store as pages show it: a path, or a URL without its password."""
-        from localui.pg import is_postgres_url, redact
-
-        if is_postgres_url(self.store):
-            return f"{redact(self.store)} (schema {self.pg_schema})"
-        return self.store
-
-    @property
     def host_names(self) -> frozenset[str]:
         """``Host`` header names this server answers to."""
         names = set(LOOPBACK_NAMES) | set(self.allowed_hosts)

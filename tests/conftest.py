@@ -34,9 +34,9 @@ with warnings.catch_warnings():
     from starlette.testclient import TestClient
 
 from localui.app import create_app
+from localui.backends.sqlite.store import SQLiteStore
 from localui.demo.scenarios import SeedReport, seed
 from localui.settings import Settings
-from localui.store.sqlite import SQLiteStore
 
 #: What every address in the app tests looks like: a loopback Host it answers to.
 BASE_URL = "http://127.0.0.1:8765"

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from test_cli import LOCALUI, assert_one_line_error, child_env, free_port, serving
+from helpers import start_localui
+from test_cli import LOCALUI, assert_one_line_error, child_env, serving
 
 from localui.limits import HEADER_TIMEOUT
 from localui.security import MAX_BODY_BYTES
@@ -24,12 +25,12 @@ if TYPE_CHECKING:
     from conftest import Seeded
 
 
-def as_this_user(args: list[str]) -> list[str]:
-    """``args`` run so file permissions apply: root reads and writes anything, so as
-    root the child gives up the two capabilities that let it."""
+def as_this_user() -> list[str]:
+    """The command prefix that makes file permissions apply to a child: root reads and
+    writes anything, so as root the child gives up the two capabilities that let it."""
     if os.geteuid() != 0:
-        return args
-    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *args]
+        return []
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
 
 @pytest.fixture
@@ -41,10 +42,9 @@ def cwd(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def served(cwd: Path, store_copy: Path) -> Iterator[str]:
-    port = free_port()
-    with serving([LOCALUI, "serve", "--store", str(store_copy), "--port", str(port)], cwd, port):
-        yield f"http://127.0.0.1:{port}"
+def served(cwd: Path, store_copy: Path, tmp_path: Path) -> Iterator[str]:
+    with serving(["serve", "--store", str(store_copy)], cwd, tmp_path / "serve.log") as server:
+        yield server.url
 
 
 def test_no_server_banner_and_the_headers_on_a_real_server(served: str) -> None:
@@ -153,14 +153,19 @@ def test_a_wal_store_in_a_read_only_directory_serves_read_only(
     store = _wal_copy(seeded, tmp_path / "shelf", pending_in_wal=False)
     _read_only(store.parent)
     restore_modes.append(store.parent)
-    port = free_port()
-    args = as_this_user(
-        [LOCALUI, "serve", "--store", str(store), "--read-only", "--port", str(port)]
+    server = start_localui(
+        ["serve", "--store", str(store), "--read-only"],
+        cwd=cwd,
+        log=tmp_path / "serve.log",
+        env=child_env(),
+        prefix=as_this_user(),
     )
-    with serving(args, cwd, port):
-        listed = httpx.get(f"http://127.0.0.1:{port}/runs.json").json()["runs"]
+    try:
+        listed = httpx.get(f"{server.url}/runs.json").json()["runs"]
         assert {r["execution_id"] for r in listed} >= {seeded.id("completed")}
-        assert httpx.get(f"http://127.0.0.1:{port}/approvals").status_code == 200
+        assert httpx.get(f"{server.url}/approvals").status_code == 200
+    finally:
+        server.stop()
     assert sorted(p.name for p in store.parent.iterdir()) == ["local.db"]
 
 
@@ -171,7 +176,7 @@ def test_a_wal_store_whose_log_cannot_be_read_says_what_is_missing(
     _read_only(store.parent)
     restore_modes.append(store.parent)
     done = subprocess.run(
-        as_this_user([LOCALUI, "serve", "--store", str(store), "--read-only"]),
+        [*as_this_user(), LOCALUI, "serve", "--store", str(store), "--read-only"],
         cwd=cwd,
         env=child_env(),
         capture_output=True,
@@ -192,7 +197,7 @@ def test_an_unreadable_store_is_one_line(
     target.chmod(0)
     restore_modes.append(target)
     done = subprocess.run(
-        as_this_user([LOCALUI, "serve", "--store", str(store), "--read-only"]),
+        [*as_this_user(), LOCALUI, "serve", "--store", str(store), "--read-only"],
         cwd=cwd,
         env=child_env(),
         capture_output=True,

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localui.pg import is_postgres_url
+from localui.backends.urls import is_postgres_url
 
 if TYPE_CHECKING:
     from fastaiagent.checkpointers import SQLiteCheckpointer

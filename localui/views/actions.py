@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui.errors import BadRequest, Forbidden
+from localui.records import PruneRun
 from localui.signing import Signer
-from localui.store.records import PruneRun
 from localui.views.approvals import actions_of, outcome_view
 from localui.views.common import (
     context,
@@ -96,8 +96,7 @@ def _older_than(text: str | None) -> str:
 
 
 def _signer(request: Request) -> Signer:
-    signer: Signer = context(request).extensions["signer"]
-    return signer
+    return context(request).signer
 
 
 async def prune_preview(request: Request) -> Response:

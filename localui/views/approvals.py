@@ -16,9 +16,8 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui import runs
 from localui.actions import ActionService, Outcome
-from localui.decisions import APPROVAL, Decision
 from localui.errors import BadRequest, NotFound
-from localui.store.records import Pending, Unreadable
+from localui.records import APPROVAL, Decision, Pending, Unreadable
 from localui.views.common import (
     context,
     decode_cursor,
@@ -187,7 +186,7 @@ def build_approvals_page(
 
 
 def actions_of(request: Request) -> ActionService:
-    service: ActionService = context(request).extensions["actions"]
+    service = context(request).actions
     return service
 
 

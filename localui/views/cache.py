@@ -13,8 +13,8 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import Response
 
-from localui.store.base import Store
-from localui.store.records import CacheEntry
+from localui.backends.base import Store
+from localui.records import CacheEntry
 from localui.views.common import (
     context,
     decode_cursor,

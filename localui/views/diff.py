@@ -14,10 +14,10 @@ from urllib.parse import quote, urlencode
 from starlette.requests import Request
 from starlette.responses import Response
 
+from localui.backends.base import Store
 from localui.diff import SectionDiff, diff_rows
 from localui.errors import BadRequest, NotFound
-from localui.store.base import Store
-from localui.store.records import RowDetail, RowHeader
+from localui.records import RowDetail, RowHeader
 from localui.views.common import context, html_only, off_loop, respond
 from localui.views.run import transcript
 

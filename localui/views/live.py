@@ -33,10 +33,11 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
+from localui.backends.base import Changes
 from localui.errors import BadRequest, LocalUIError, NotFound
-from localui.live import ChangeFeed, Changes, Resync, Subscription
+from localui.live import ChangeFeed, Resync, Subscription
 from localui.views.approvals import APPROVER_COOKIE, actions_of, build_approvals_page
-from localui.views.common import AppContext, context, decode_cursor, nav_counts, off_loop
+from localui.views.common import AppState, context, decode_cursor, nav_counts, off_loop
 from localui.views.run import build_run_page
 from localui.views.runs import RunFilters, build_runs_page, parse_filters
 
@@ -80,13 +81,13 @@ class LiveView(Protocol):
 
     def affected_by(self, changes: Changes) -> bool: ...
 
-    def render(self, ctx: AppContext, previous: Rendered | None) -> Rendered:
+    def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         """Read and render; blocking, so it runs off the event loop. ``previous`` is the
         render before this one, for views that remember something across renders."""
         ...
 
 
-def render_partial(ctx: AppContext, name: str, **values: Any) -> str:
+def render_partial(ctx: AppState, name: str, **values: Any) -> str:
     values.setdefault("settings", ctx.settings)
     return ctx.templates.get_template(name).render(values)
 
@@ -102,7 +103,7 @@ class NavView:
     def affected_by(self, changes: Changes) -> bool:
         return changes.pauses_changed
 
-    def render(self, ctx: AppContext, previous: Rendered | None) -> Rendered:
+    def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         html = render_partial(ctx, "partials/_nav_badge.html", nav=nav_counts(ctx.store))
         return Rendered(fragments=(Fragment("nav-badge", html),))
 
@@ -122,7 +123,7 @@ class RunsView:
     def affected_by(self, changes: Changes) -> bool:
         return changes.runs_changed
 
-    def render(self, ctx: AppContext, previous: Rendered | None) -> Rendered:
+    def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         page = build_runs_page(ctx.store, self.filters, self.after, ctx.settings.page_size)
         html = render_partial(ctx, "partials/_runs_table.html", page=page, live=True)
         return Rendered(fragments=(Fragment("runs-table", html),))
@@ -143,8 +144,8 @@ class RunView:
     def affected_by(self, changes: Changes) -> bool:
         return changes.touches(self.execution_id)
 
-    def render(self, ctx: AppContext, previous: Rendered | None) -> Rendered:
-        page = build_run_page(ctx.store, self.execution_id, ctx.extensions.get("actions"))
+    def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
+        page = build_run_page(ctx.store, self.execution_id, ctx.actions)
         page = replace(page, approver=self.approver)
         parts = (
             ("run-state", "partials/_verdict.html"),
@@ -175,8 +176,8 @@ class QueueView:
     def affected_by(self, changes: Changes) -> bool:
         return changes.pauses_changed
 
-    def render(self, ctx: AppContext, previous: Rendered | None) -> Rendered:
-        actions = ctx.extensions["actions"]
+    def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
+        actions = ctx.actions
         page = build_approvals_page(actions, self.after, self.newest_first, ctx.settings.page_size)
         page = replace(page, approver=self.approver)
         shown = tuple(item.execution_id for item in page.approvals)
@@ -191,7 +192,7 @@ class QueueView:
 class LiveRenders:
     """The newest render of every view some stream shows, shared by those streams."""
 
-    ctx: AppContext
+    ctx: AppState
     feed: ChangeFeed
     _entries: dict[Hashable, Rendered] = field(default_factory=dict)
     _locks: dict[Hashable, asyncio.Lock] = field(default_factory=dict)
@@ -234,13 +235,11 @@ class LiveRenders:
             return entry
 
 
-def live_renders(ctx: AppContext) -> LiveRenders:
+def live_renders(ctx: AppState) -> LiveRenders:
     """The app's shared renders, made with its first stream."""
-    renders: LiveRenders | None = ctx.extensions.get("live_renders")
-    if renders is None:
-        renders = LiveRenders(ctx=ctx, feed=ctx.extensions["feed"])
-        ctx.extensions["live_renders"] = renders
-    return renders
+    if ctx.live_renders is None:
+        ctx.live_renders = LiveRenders(ctx=ctx, feed=ctx.feed)
+    return ctx.live_renders
 
 
 async def _next_or_stop(subscription: Subscription, stop: anyio.Event) -> Changes | Resync | None:
@@ -263,11 +262,11 @@ async def _next_or_stop(subscription: Subscription, stop: anyio.Event) -> Change
 
 
 async def live_events(
-    ctx: AppContext, views: Sequence[LiveView], stop: anyio.Event
+    ctx: AppState, views: Sequence[LiveView], stop: anyio.Event
 ) -> AsyncIterator[ServerSentEvent]:
     """The events of one stream: the current fragments, then each change to them, until
     the feed stops or ``stop`` is set (the server is shutting down)."""
-    feed: ChangeFeed = ctx.extensions["feed"]
+    feed = ctx.feed
     renders = live_renders(ctx)
     subscription = await feed.subscribe()
     async with subscription:
@@ -307,7 +306,7 @@ async def live_events(
                     due, at_least = [v for v in views if v.affected_by(item)], item.seq
 
 
-def store_status(ctx: AppContext, problem: str | None) -> ServerSentEvent:
+def store_status(ctx: AppState, problem: str | None) -> ServerSentEvent:
     """The banner every live page carries: empty while the store reads, else why not."""
     html = ctx.templates.get_template("partials/_store_status.html").render(problem=problem)
     return ServerSentEvent(data=html, event="store-status")

@@ -14,9 +14,9 @@ from starlette.responses import Response
 
 from localui import runs
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
+from localui.backends.base import Store
 from localui.errors import BadRequest, NotFound
-from localui.store.base import Store
-from localui.store.records import CacheEntry, ForkLink, RowDetail, RowHeader, Unreadable
+from localui.records import CacheEntry, ForkLink, RowDetail, RowHeader, Unreadable
 from localui.views.approvals import (
     APPROVER_COOKIE,
     ApprovalItem,
@@ -424,9 +424,7 @@ async def run_page(request: Request) -> Response:
     execution_id = request.path_params["execution_id"]
     start, window = _window_params(request)
     page = await off_loop(
-        lambda: build_run_page(
-            ctx.store, execution_id, ctx.extensions.get("actions"), start=start, window=window
-        )
+        lambda: build_run_page(ctx.store, execution_id, ctx.actions, start=start, window=window)
     )
     page = dataclasses.replace(page, approver=request.cookies.get(APPROVER_COOKIE, ""))
     return await respond(request, "pages/run.html", page)

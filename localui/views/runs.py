@@ -11,9 +11,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localui import runs
+from localui.backends.base import STATES, Store
 from localui.errors import BadRequest
-from localui.store.base import STATES, Store
-from localui.store.records import IndexProgress, RunFacts, RunQuery, StoreTotals
+from localui.records import IndexProgress, RunFacts, RunQuery, StoreTotals
 from localui.views.common import (
     context,
     decode_cursor,
