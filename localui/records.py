@@ -76,20 +76,6 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-def decode_text(raw: bytes) -> str:
-    """SQLite text as ``str`` (the connections' ``text_factory``): bytes that are not
-    UTF-8 read as an unreadable value, with what can be read, instead of failing the
-    whole query."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return f"{UNREADABLE_TEXT} {raw.decode('utf-8', 'replace')[:200]}"
-
-
-#: What a text value that is not UTF-8 starts with.
-UNREADABLE_TEXT = "(unreadable: not UTF-8)"
-
-
 def stored_int(value: Any) -> int | Unreadable:
     """An integer column (``node_index``, ``iteration``) that SQLite let hold anything."""
     if value is None:

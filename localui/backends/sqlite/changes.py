@@ -17,8 +17,7 @@ from types import MappingProxyType
 from localui.backends.base import Changes
 from localui.backends.changes import pause_changes
 from localui.backends.decisions import TABLE
-from localui.backends.sqlite.files import read_uri
-from localui.records import decode_text
+from localui.backends.sqlite.files import decode_text, read_uri
 
 
 @dataclass(frozen=True, slots=True)

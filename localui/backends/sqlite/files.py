@@ -1,4 +1,5 @@
-"""How a SQLite store is opened for reading, wherever it lies.
+"""How a SQLite store is opened for reading, wherever it lies, and how its text
+is decoded.
 
 A WAL-mode store is read through its ``-shm`` file, which a reader creates when it
 is missing. In a directory this process cannot write, that fails ("unable to open
@@ -7,6 +8,10 @@ file the main file is the whole store and can be opened ``immutable=1`` (no
 locks, no ``-shm``); nothing can change it meanwhile, since any writer needs that
 directory too. With changes still in the ``-wal`` file, no reader can see them
 without a ``-shm``, so the error says exactly that.
+
+SQLite lets a writer store bytes that are not UTF-8 as text; Python's sqlite3
+then fails the whole query. Read through :func:`decode_text`, such a value shows
+as unreadable in its own place instead.
 """
 
 from __future__ import annotations
@@ -37,3 +42,17 @@ def read_uri(path: Path) -> str:
             "the store where it can be written, or copy the directory somewhere writable."
         )
     return base + "&immutable=1"
+
+
+#: What a text value that is not UTF-8 starts with.
+UNREADABLE_TEXT = "(unreadable: not UTF-8)"
+
+
+def decode_text(raw: bytes) -> str:
+    """SQLite text as ``str`` (the connections' ``text_factory``): bytes that are not
+    UTF-8 read as an unreadable value, with what can be read, instead of failing the
+    whole query."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"{UNREADABLE_TEXT} {raw.decode('utf-8', 'replace')[:200]}"

@@ -28,7 +28,7 @@ from localui.backends.sqlite.errors import (
     is_not_a_database,
     is_unreachable,
 )
-from localui.backends.sqlite.files import read_uri
+from localui.backends.sqlite.files import decode_text, read_uri
 from localui.backends.sqlite.index import BACKGROUND_FROM_ROWS, RunIndex, StoreColumns
 from localui.errors import LocalUIError, StoreMissing, Unavailable
 from localui.records import (
@@ -45,7 +45,6 @@ from localui.records import (
     RunFactsPage,
     RunQuery,
     StoreTotals,
-    decode_text,
     row_detail,
 )
 

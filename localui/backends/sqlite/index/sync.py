@@ -27,9 +27,10 @@ from typing import Any
 
 from localui import runs
 from localui.backends.sqlite.errors import is_undecodable_text
+from localui.backends.sqlite.files import decode_text
 from localui.backends.sqlite.index import schema
 from localui.errors import Unavailable
-from localui.records import FORK_ORIGIN_NODE, IndexProgress, RunFacts, decode_text
+from localui.records import FORK_ORIGIN_NODE, IndexProgress, RunFacts
 
 #: A store with at least this many checkpoint rows is indexed in the background;
 #: a smaller one before the first answer (a few hundred ms at most).
