@@ -410,7 +410,7 @@ def test_without_the_agent_an_approval_is_refused_and_the_pause_kept(
     expected = (
         "No agent named 'refund-bot' is registered in this localui process (registered: none)."
         " Restart it with --agents MODULE:ATTR (or FILE.py:ATTR) naming the code that builds"
-        " 'refund-bot', bound to this store."
+        " the Agent 'refund-bot', bound to this store."
     )
     assert shown["problem"] == expected
 

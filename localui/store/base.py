@@ -33,6 +33,8 @@ class Store(Protocol):
 
     #: Where the store is, as a person would recognise it (a path or a redacted URL).
     location: str
+    #: ``sqlite`` or ``postgres``: the SDK orders a run's rows differently on each.
+    backend: str
 
     def list_runs(self, query: RunQuery) -> RunFactsPage:
         """One page of runs, newest activity first, with counts per state."""

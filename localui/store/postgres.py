@@ -108,6 +108,9 @@ def _key_instant(key: tuple[str, str], what: str) -> Any:
 class PostgresStore:
     """:class:`localui.store.base.Store` over one schema of a PostgreSQL database."""
 
+    #: Whose ``list`` order the SDK follows on this store (``localui.runs.sdk_history``).
+    backend = "postgres"
+
     def __init__(
         self,
         dsn: str,

@@ -95,6 +95,9 @@ def _row_header(r: tuple[Any, ...]) -> RowHeader:
 class SQLiteStore:
     """:class:`localui.store.base.Store` over a SQLite file."""
 
+    #: Whose ``list`` order the SDK follows on this store (``localui.runs.sdk_history``).
+    backend = "sqlite"
+
     def __init__(
         self,
         path: str | Path,

@@ -298,7 +298,11 @@ def build_run_page(
     headers = store.list_rows(execution_id)
     now = datetime.now(UTC)
     state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
-    plan = runs.resume_plan(state, headers)
+    plan = (
+        actions.plan(state, headers)
+        if actions is not None
+        else runs.resume_plan(state, headers, backend=store.backend)
+    )
     last = headers[-1]
     cache = store.list_cache(execution_id)
     pending = store.get_pending(execution_id) if facts.has_pending else None
@@ -334,10 +338,9 @@ def build_run_page(
     approval = None
     if actions is not None:
         decisions = decisions_for_run(actions, execution_id)
-        fork_problem = actions.agent_problem(facts.agent, None)
+        fork_problem = actions.fork_problem(runs.run_owner(headers))
         if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
-            tool = actions.tool_of(plan.checkpoint_id, plan.node_id) if plan.tool else None
-            resume_problem = actions.agent_problem(facts.agent, tool)
+            resume_problem = actions.plan_problem(plan)
         if pending is not None:
             approval = approval_item(actions, pending, now)
     age = seconds_since(last.created_at)
