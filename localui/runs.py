@@ -364,7 +364,7 @@ def _reentry_note(
         )
     else:
         why = f"the SDK's row order puts `{row.node_id}` (row {position + 1}) last"
-    return f"Not at the newest step: {why}, and the {again} steps written after it run again."
+    return f"Not at the newest step: {why}, and what the {again} rows after it did runs again."
 
 
 def _approval_plan(
@@ -628,8 +628,8 @@ def _resume_words(plan: ResumePlan, saved_args: Any) -> str:
             )
         if plan.owner.kind == SWARM:
             return (
-                f"Approve or reject to resume: {owner}'s active agent {member} re-invokes its "
-                f"paused tool `{plan.tool}` with the answer, then the swarm goes on."
+                f"Approve or reject to resume: the active agent {member} of {owner} re-invokes "
+                f"its paused tool `{plan.tool}` with the answer, then the swarm goes on."
             )
         return (
             f"Approve or reject to resume: the paused tool `{plan.tool}` runs again with the "
@@ -639,7 +639,7 @@ def _resume_words(plan: ResumePlan, saved_args: Any) -> str:
         start = (
             f"node `{plan.start_node}`"
             if plan.start_node is not None
-            else "the node after it in the chain's order (register the chain here to name it)"
+            else "the next node in the chain's order (register the chain here to name it)"
         )
         return (
             f"Resume goes on after `{plan.node_id}`, at {start}; no model is called unless "
@@ -658,14 +658,16 @@ def _resume_words(plan: ResumePlan, saved_args: Any) -> str:
             else ""
         )
         return (
-            f"Resume runs {owner}'s planner again from the original request (a new model "
+            f"Resume runs the planner of {owner} again from the original request (a new model "
             f"call){worker}."
         )
     if plan.owner.kind == SWARM:
         return (
-            f"Resume runs {owner}'s active agent {member} again from its current input: its "
-            "model is called again and its tools run again, then the swarm goes on."
+            f"Resume runs the active agent {member} of {owner} again from its current input: "
+            "its model is called again and its tools run again, then the swarm goes on."
         )
+    if plan.node_id == FORK_ORIGIN_NODE:
+        return "Resume issues a model call from the fork marker `__fork_origin__`."
     if plan.shape == "tool":
         return (
             f"Resume re-invokes `{plan.tool}` with the saved arguments {short_json(saved_args)}; "

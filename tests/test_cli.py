@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from localui.demo.scenarios import SCENARIO_NAMES
+from localui.demo.scenarios import ALL_SCENARIOS
 from localui.store.records import RunQuery
 from localui.store.sqlite import SQLiteStore
 
@@ -111,8 +111,11 @@ def test_serve_refuses_an_agent_bound_to_another_store(
 
 
 @contextmanager
-def serving(args: Sequence[str], cwd: Path, port: int) -> Iterator[subprocess.Popen[str]]:
-    """A real server process, answering on ``port``; always stopped on the way out."""
+def serving(
+    args: Sequence[str], cwd: Path, port: int, *, within: float = 30
+) -> Iterator[subprocess.Popen[str]]:
+    """A real server process, answering on ``port`` within ``within`` seconds; always
+    stopped on the way out."""
     child = subprocess.Popen(
         list(args),
         cwd=cwd,
@@ -122,7 +125,7 @@ def serving(args: Sequence[str], cwd: Path, port: int) -> Iterator[subprocess.Po
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + within
         while True:
             if child.poll() is not None:
                 out, err = child.communicate()
@@ -132,7 +135,7 @@ def serving(args: Sequence[str], cwd: Path, port: int) -> Iterator[subprocess.Po
                 break
             except httpx.TransportError:
                 if time.monotonic() > deadline:
-                    pytest.fail("server did not answer within 30 s")
+                    pytest.fail(f"server did not answer within {within:.0f} s")
                 time.sleep(0.05)
         yield child
     finally:
@@ -158,7 +161,7 @@ def test_serve_answers_loopback_and_refuses_a_foreign_host(
         assert page.status_code == 200
         assert seeded.id("crashed-in-tool") in page.text
         listed = httpx.get(f"{base}/runs.json", timeout=10).json()
-        assert len(listed["runs"]) == len(SCENARIO_NAMES)
+        assert len(listed["runs"]) == len(seeded.report.runs)
         by_name = httpx.get(f"http://localhost:{port}/runs.json", timeout=10)
         assert by_name.status_code == 200
         foreign = httpx.get(f"{base}/", headers={"Host": "evil.example"}, timeout=10)
@@ -174,15 +177,16 @@ def test_demo_seed_only_leaves_the_cwd_clean(cwd: Path, tmp_path: Path) -> None:
     done = run_cli([LOCALUI, "demo", "--store", str(target), "--seed-only"], cwd)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == str(target)
-    assert f"{len(SCENARIO_NAMES)} runs seeded" in done.stdout
+    assert f"{len(ALL_SCENARIOS)} runs seeded" in done.stdout
     assert os.listdir(cwd) == []
     seeded = SQLiteStore(target)
     try:
         page = seeded.list_runs(RunQuery(limit=100))
     finally:
         seeded.close()
-    assert len(page.runs) == len(SCENARIO_NAMES)
-    assert dict(page.counts) == {"completed": 3, "paused": 4, "failed": 1, "unfinished": 2}
+    assert len(page.runs) == len(ALL_SCENARIOS)
+    # The refund-bot's ten runs, then the chain, team, long-run and failed-fork shapes.
+    assert dict(page.counts) == {"completed": 3, "paused": 8, "failed": 3, "unfinished": 5}
 
 
 def test_demo_refuses_an_existing_store(cwd: Path, store_copy: Path) -> None:
@@ -210,9 +214,10 @@ def test_serve_stops_quietly_on_ctrl_c_and_sigterm(
 
 def test_demo_removes_its_temporary_store_when_stopped(cwd: Path) -> None:
     port = free_port()
-    with serving([LOCALUI, "demo", "--port", str(port)], cwd, port) as child:
+    # The demo seeds every shape first, a run of 550 rows among them.
+    with serving([LOCALUI, "demo", "--port", str(port)], cwd, port, within=120) as child:
         runs = httpx.get(f"http://127.0.0.1:{port}/runs.json", timeout=10).json()["runs"]
-        assert len(runs) == len(SCENARIO_NAMES)
+        assert len(runs) == len(ALL_SCENARIOS)
         child.send_signal(signal.SIGTERM)
         out, err = child.communicate(timeout=15)
     assert child.returncode == 0, err

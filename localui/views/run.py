@@ -82,6 +82,9 @@ class ResumeView:
     turn: int | None
     reason: str | None
     saved_args: Any
+    #: A Chain's node that runs next; the team member that re-enters.
+    start_node: str | None = None
+    member: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +140,10 @@ class OutboxSummary:
 class RunPage:
     execution_id: str
     state: str
+    #: The name of the runner that owns the run (the top of its ``agent_path``).
     agent: str
+    #: That runner as a person reads it, e.g. ``Chain 'refund-chain'``.
+    runner: str
     #: What a resume would do (``shape`` tool, turn or approval), or null.
     resume: ResumeView | None
     #: Why there is no resume, in words, when ``resume`` is null.
@@ -304,6 +310,7 @@ def build_run_page(
         else runs.resume_plan(state, headers, backend=store.backend)
     )
     last = headers[-1]
+    owner = runs.run_owner(headers)
     cache = store.list_cache(execution_id)
     pending = store.get_pending(execution_id) if facts.has_pending else None
 
@@ -338,7 +345,7 @@ def build_run_page(
     approval = None
     if actions is not None:
         decisions = decisions_for_run(actions, execution_id)
-        fork_problem = actions.fork_problem(runs.run_owner(headers))
+        fork_problem = actions.fork_problem(owner)
         if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
             resume_problem = actions.plan_problem(plan)
         if pending is not None:
@@ -347,7 +354,8 @@ def build_run_page(
     return RunPage(
         execution_id=execution_id,
         state=state,
-        agent=facts.agent,
+        agent=owner.name,
+        runner=owner.describe(),
         resume=(
             ResumeView(
                 shape=plan.shape,
@@ -357,6 +365,8 @@ def build_run_page(
                 turn=plan.turn,
                 reason=plan.reason,
                 saved_args=_jsonable(saved_args),
+                start_node=plan.start_node,
+                member=plan.member,
             )
             if isinstance(plan, runs.ResumePlan)
             else None
