@@ -144,6 +144,18 @@ def pause_member(owner: Owner, agent_path: str | None, agent: str) -> str | None
     return None
 
 
+def pruned_remains(rows: Sequence[RowHeader]) -> bool:
+    """True when a run holds only paused rows, the first a tool's: what prune leaves.
+
+    An agent writes its ``turn:0`` model-call row before any tool, and prune deletes
+    every row but paused ones, so a run that starts at a paused tool row lost the
+    rows around it to prune, and may well have gone on after its approval.
+    """
+    return (
+        bool(rows) and all(r.status == "interrupted" for r in rows) and "/tool:" in rows[0].node_id
+    )
+
+
 def sdk_history(rows: Sequence[RowHeader], backend: str) -> tuple[RowHeader, ...]:
     """The rows the SDK's ``list(execution_id, limit=500)`` returns, in its order.
 
@@ -251,6 +263,11 @@ _ORPHANED_REFUSAL = (
     "row, and an answer needs the pending row that is gone. Fork it from a row to "
     "run it again."
 )
+_PRUNED_REFUSAL = (
+    "Only the run's paused rows are left: prune deleted the others (it keeps paused rows "
+    "whatever their age). The SDK cannot resume it, since no pending approval is left to "
+    "answer. Fork it from a row to run it again."
+)
 _CLAIMED_REFUSAL = (
     "The run failed after its pause was claimed. The SDK refuses a resume without an "
     "answer at a paused row, and the pending row an answer needs is gone. Fork it "
@@ -292,7 +309,7 @@ def resume_plan(
     if state == COMPLETED:
         return Refusal("resume", _COMPLETED_REFUSAL)
     if state == ORPHANED:
-        return Refusal("resume", _ORPHANED_REFUSAL)
+        return Refusal("resume", _PRUNED_REFUSAL if pruned_remains(rows) else _ORPHANED_REFUSAL)
     newest = reentry_row(rows)
     if newest is None:
         return Refusal("resume", "The run holds no step to re-enter at.")
@@ -589,6 +606,14 @@ def verdict(
         return Verdict(
             "wait",
             f"Paused{reason} at `{last.node_id}` {when}, waiting for a person.",
+            resume,
+            fork,
+        )
+    if state == ORPHANED and isinstance(plan, Refusal) and plan.reason == _PRUNED_REFUSAL:
+        return Verdict(
+            "warn",
+            f"Paused row at `{last.node_id}` ({when}) kept by prune: the run's other rows "
+            "were pruned, so whether it went on after its approval is no longer in the store.",
             resume,
             fork,
         )

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+from localui.demo.scenarios import ALL_SCENARIOS
+
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
 SERVING = re.compile(r"serving .* at (http://\S+)")
 #: Seeding takes about 5 s; a demo that is not serving by then is stuck.
@@ -29,8 +31,8 @@ START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 5.0
 #: A change shows up within about a second; this only bounds a broken page's wait.
 LIVE_TIMEOUT_MS = 10_000
-SEEDED_RUNS = 10
-SEEDED_PAUSES = 4
+SEEDED_RUNS = len(ALL_SCENARIOS)
+SEEDED_PAUSES = sum(s.ends == "paused" for s in ALL_SCENARIOS)
 
 #: Counts the EventSources a page opens: a live push must not reconnect its stream.
 COUNT_EVENT_SOURCES = """

@@ -175,6 +175,7 @@ def approver_value(html: str, execution_id: str) -> str | None:
 # --- approve and reject ---------------------------------------------------------
 
 
+@pytest.mark.floor
 def test_approve_completes_the_run_and_records_who_why_and_outcome(
     desk: Desk, seeded: Seeded, page_text: Callable[..., str]
 ) -> None:
@@ -571,6 +572,7 @@ def resume_point(client: TestClient, run: str) -> dict[str, Any]:
     return dict(plan)
 
 
+@pytest.mark.floor
 def test_resume_of_a_run_that_died_in_its_tool_charges_once(
     desk: Desk, seeded: Seeded, page_text: Callable[..., str]
 ) -> None:

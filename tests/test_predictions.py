@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import BASE_URL, PgRaw, backup, copy_pg_store, pg_name
 from starlette.testclient import TestClient
 
 from localui import runs
@@ -28,7 +29,9 @@ from localui.demo.agent import build_agent
 from localui.demo.scenarios import ALL_SCENARIOS, SeedReport, seed
 from localui.settings import Settings
 from localui.store.base import Store
-from tests.conftest import BASE_URL, PgRaw, backup, copy_pg_store, pg_name
+
+#: Also run on the lowest SDK the project declares (scripts/test.sh).
+pytestmark = pytest.mark.floor
 
 NAMES = tuple(s.name for s in ALL_SCENARIOS)
 

@@ -562,6 +562,7 @@ class RunIndex:
                 ("version", VERSION),
                 ("identity", identity or self._identity()),
                 ("high_water", str(high_water)),
+                ("tip", _tip(conn, high_water)),
             ],
         )
 
@@ -619,7 +620,12 @@ class RunIndex:
     def _catch_up(self, conn: sqlite3.Connection, columns: StoreColumns) -> bool:
         """Fold in what changed since the last look; False when rows were deleted,
         which only a rebuild gets right."""
-        high_water = int(self._meta(conn).get("high_water", "0"))
+        meta = self._meta(conn)
+        high_water = int(meta.get("high_water", "0"))
+        if meta.get("tip", "") != _tip(conn, high_water):
+            # The row the index last folded in is not what it was: the file was replaced
+            # in place (same inode, maybe the same row count) or rows were deleted.
+            return False
         # Separate statements, so each can use the SDK's own indexes.
         top = int(conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM s.checkpoints").fetchone()[0])
         total = int(conn.execute("SELECT COUNT(*) FROM s.checkpoints").fetchone()[0])
@@ -908,3 +914,13 @@ class RunIndex:
 def _phrase(text: str) -> str:
     """``text`` as one FTS5 phrase: trigrams match it anywhere, whatever its characters."""
     return '"' + text.replace('"', '""') + '"'
+
+
+def _tip(conn: sqlite3.Connection, rowid: int) -> str:
+    """What identifies the store's row at ``rowid`` by content: its run, node and time."""
+    if rowid <= 0:
+        return ""
+    row = conn.execute(
+        "SELECT execution_id, node_id, created_at FROM s.checkpoints WHERE rowid = ?", (rowid,)
+    ).fetchone()
+    return "" if row is None else "|".join(str(v) for v in row)
