@@ -42,25 +42,16 @@ class StoreTarget:
 
 
 def import_sdk() -> None:
-    """Import the SDK for the agents to come, leaving out its pytest plugin.
+    """Import the SDK for the runners to come, as the runners' own code imports it.
 
-    ``import fastaiagent`` imports its pytest plugin, and pytest with it, wherever
-    pytest is installed, as it is in most projects' virtualenvs: some 5 MB that a
-    server which runs no tests would hold for its whole life. Without pytest the
-    SDK offers its ``case`` and ``pytest_dataset`` decorators as stubs that say
-    pytest is needed, as on a production install; pytest itself stays importable
-    for the agents' own code.
+    ``import fastaiagent`` also imports its pytest plugin, and pytest with it, where
+    pytest is installed; that is the SDK's choice, and the runners may rely on it, so
+    it is left as it is (the memory budget counts localui's share beside it).
     """
-    if "fastaiagent" in sys.modules or "pytest" in sys.modules:
-        return
-    # What the import system reads as "no such module" for this one import.
-    sys.modules["pytest"] = None  # type: ignore[assignment]
     try:
         importlib.import_module("fastaiagent")
     except Exception as exc:
         raise RegistryError(f"cannot import the FastAIAgent SDK: {exc}") from exc
-    finally:
-        del sys.modules["pytest"]
 
 
 def load_spec(spec: str) -> list[Any]:
