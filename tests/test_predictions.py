@@ -264,3 +264,31 @@ def test_the_desk_names_the_runner_to_register(copy: Copy, name: str) -> None:
     assert owner.describe() in problem and "--agents" in problem
     assert response.status_code in (403, 409, 422)
     assert copy.store.get_pending(execution_id) is not None
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("name", "output"),
+    [
+        ("supervisor-paused", teams.SUPERVISOR_DONE),
+        ("swarm-paused", "Refund handled: refunded 250.00 on B-7"),
+        ("chain-paused", None),
+    ],
+)
+def test_a_team_or_chain_pause_is_approved_through_its_owner(
+    copy: Copy, name: str, output: str | None
+) -> None:
+    execution_id = copy.report.run_id(name)
+    events: list[str] = []
+    card, response = approve_through_the_app(
+        copy, execution_id, list(runners(copy.checkpointer, events).values())
+    )
+
+    assert card["pending"]["problem"] is None
+    assert response.status_code == 200, response.text
+    outcome = response.json()
+    assert (outcome["action"], outcome["status"]) == ("approve", "completed")
+    if output is not None:
+        assert outcome["output"] == output
+    assert state_of(copy.store, execution_id) == runs.COMPLETED
+    assert copy.store.get_pending(execution_id) is None
