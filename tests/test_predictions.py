@@ -292,3 +292,34 @@ def test_a_team_or_chain_pause_is_approved_through_its_owner(
         assert outcome["output"] == output
     assert state_of(copy.store, execution_id) == runs.COMPLETED
     assert copy.store.get_pending(execution_id) is None
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("name", ["chain-crashed", "supervisor-crashed", "swarm-crashed"])
+def test_a_crashed_team_or_chain_is_resumed_through_its_owner(copy: Copy, name: str) -> None:
+    execution_id = copy.report.run_id(name)
+    events: list[str] = []
+    app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
+    with TestClient(app, base_url=BASE_URL) as client:
+        page = client.get(f"/runs/{execution_id}.json").json()
+        plan = page["resume"]
+        response = client.post(
+            f"/runs/{execution_id}/resume",
+            data={"checkpoint_id": plan["checkpoint_id"], "actor": "Ops", "confirm": "yes"},
+            headers={"Accept": "application/json"},
+        )
+
+    assert response.status_code == 200, response.text
+    # The re-run refund asks a manager again: the run waits, through its owner.
+    assert response.json()["status"] == "paused"
+    assert state_of(copy.store, execution_id) == runs.PAUSED
+    first = {
+        "chain-crashed": f"tool:{teams.CHAIN_NAME}:refund",
+        "supervisor-crashed": f"model:{teams.SUPERVISOR_NAME}",
+        "swarm-crashed": "model:refunder",
+    }
+    assert events[0] == first[name]
+    assert (
+        page["resume"]["shape"]
+        == {"chain": "node", "supervisor": "team", "swarm": "turn"}[name.split("-")[0]]
+    )
