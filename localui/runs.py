@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -391,21 +391,19 @@ def _approval_plan(
     history: Sequence[RowHeader],
 ) -> ResumePlan | Refusal:
     node = parse_node(paused.node_id)
-    common = {
-        "shape": "approval",
-        "node_id": paused.node_id,
-        "checkpoint_id": paused.checkpoint_id,
-        "tool": node.tool,
-        "turn": node.turn,
-        "reason": paused.interrupt_reason,
-        "owner": owner,
-    }
+    common = ResumePlan(
+        shape="approval",
+        node_id=paused.node_id,
+        checkpoint_id=paused.checkpoint_id,
+        tool=node.tool,
+        turn=node.turn,
+        reason=paused.interrupt_reason,
+        owner=owner,
+    )
     if owner.kind == CHAIN:
         # ``Chain.resume`` re-runs the node the pending row names; it reads no list.
-        return ResumePlan(
-            **common,  # type: ignore[arg-type]
-            first=FirstAct("node", None, paused.node_id),
-            start_node=paused.node_id,
+        return replace(
+            common, first=FirstAct("node", None, paused.node_id), start_node=paused.node_id
         )
     if owner.kind == SUPERVISOR:
         worker = _path_segment(paused.agent_path, "worker")
@@ -419,17 +417,13 @@ def _approval_plan(
         picked = _latest_pause(history, prefix=prefix)
         if picked is None or picked.checkpoint_id != paused.checkpoint_id:
             return _lost_pause(paused, len(rows), picked)
-        return ResumePlan(
-            **common,  # type: ignore[arg-type]
-            first=FirstAct("model", owner.name, None),
-            member=worker,
-        )
+        return replace(common, first=FirstAct("model", owner.name, None), member=worker)
     picked = _latest_pause(history)
     if picked is None or picked.checkpoint_id != paused.checkpoint_id:
         return _lost_pause(paused, len(rows), picked)
     agent = _path_segment(paused.agent_path, "agent") if owner.kind == SWARM else owner.name
-    return ResumePlan(
-        **common,  # type: ignore[arg-type]
+    return replace(
+        common,
         first=FirstAct("tool", agent or paused.agent, node.tool),
         member=agent if owner.kind == SWARM else None,
     )
