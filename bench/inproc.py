@@ -45,14 +45,14 @@ async def _measure(store: Path, urls: dict[str, str], requests: int, warmup: int
 
     from bench.agents import refund_bot
     from localui.app import create_app
-    from localui.registry import Registry, StoreTarget
+    from localui.backends import open_backend
+    from localui.registry import Registry
     from localui.settings import Settings
-    from localui.store import open_store
 
     settings = Settings(store=str(store))
-    opened = open_store(settings)
-    registry = Registry.build([refund_bot()], StoreTarget(sqlite_path=store))
-    app = create_app(settings, agents=registry.agents.values(), store=opened)
+    opened = open_backend(settings)
+    registry = Registry.build([refund_bot()], opened.target)
+    app = create_app(settings, agents=registry.agents.values(), backend=opened)
     results: dict[str, Any] = {}
     try:
         async with app.router.lifespan_context(app):

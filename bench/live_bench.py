@@ -63,6 +63,15 @@ BUDGETS = {
 # --- the server ---------------------------------------------------------------
 
 
+def _shows(fragment: str, text: str) -> Callable[[str, str], bool]:
+    """Whether an SSE event is the named fragment and holds ``text``."""
+
+    def check(name: str, data: str) -> bool:
+        return name == fragment and text in data
+
+    return check
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -276,9 +285,9 @@ async def measure(
             pending += 1
             badge = f">{pending}</span>"
             wanted: dict[str, Callable[[str, str], bool]] = {
-                "/live/runs": lambda n, d, r=run: n == "runs-table" and f'id="run-{r}"' in d,
-                "/live/approvals": lambda n, d, r=run: n == "queue" and f'id="approval-{r}"' in d,
-                "/live/nav": lambda n, d, b=badge: n == "nav-badge" and b in d,
+                "/live/runs": _shows("runs-table", f'id="run-{run}"'),
+                "/live/approvals": _shows("queue", f'id="approval-{run}"'),
+                "/live/nav": _shows("nav-badge", badge),
             }
             deadline = committed + 10
             for client in clients:

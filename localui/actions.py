@@ -6,7 +6,7 @@ the row the person saw is still the one the action would act on. That order
 matters because ``Agent.aresume`` claims the pending row *first* and looks the
 tool up *after*: a resume that fails its lookup has already lost the pause.
 
-Exactly-once comes from the decision record (``localui.decisions``): a claim on
+Exactly-once comes from the decision record (``localui.backends.decisions``): a claim on
 ``(kind, execution_id, checkpoint_id)`` that one request in one process wins,
 with the SDK's own atomic claim behind it as the second guard.
 """
@@ -21,12 +21,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from localui import runs
-from localui.decisions import APPROVAL, RESUME, Decision, DecisionLog
+from localui.backends import is_busy
+from localui.backends.base import DecisionLog, Store
 from localui.errors import BadRequest, Conflict, NotFound, ReadOnly, Refused
+from localui.records import APPROVAL, RESUME, Decision, Pending, PrunePreview, RowHeader
 from localui.registry import Registry, registry_kind, run_tools
 from localui.settings import Settings
-from localui.store.base import Store
-from localui.store.records import Pending, PrunePreview, RowHeader
 
 #: A newest row younger than this may belong to a run that is still alive.
 RECENT_SECONDS = 120.0
@@ -109,12 +109,16 @@ class ActionService:
         *,
         settings: Settings,
         store: Store,
+        store_kind: str,
         registry: Registry,
         decisions: DecisionLog,
         make_checkpointer: Callable[[], Any],
     ) -> None:
         self.settings = settings
         self.store = store
+        #: The backend's kind (``runs.SQLITE`` or ``runs.POSTGRES``): the SDK orders a
+        #: run's rows differently on each, and a resume follows that order.
+        self.store_kind = store_kind
         self.registry = registry
         self.decisions = decisions
         # An SDK checkpointer on the served store, for prune; made on first use, since
@@ -132,7 +136,7 @@ class ActionService:
         """What the run's owner would do on resume, on this store's backend."""
         owner = runs.run_owner(rows)
         return runs.resume_plan(
-            state, rows, backend=self.store.backend, chain_order=self.chain_order(owner)
+            state, rows, backend=self.store_kind, chain_order=self.chain_order(owner)
         )
 
     def chain_order(self, owner: runs.Owner) -> tuple[str, ...] | None:
@@ -413,7 +417,7 @@ class ActionService:
                     finished,
                 ) from exc
             except Exception as exc:
-                if _is_locked(exc) and resume_value is not None:
+                if is_busy(exc) and resume_value is not None:
                     # Only a claim that did not happen may be tried again.
                     still = await asyncio.to_thread(self.store.get_pending, execution_id)
                     if still is not None and asyncio.get_running_loop().time() < deadline:
@@ -491,11 +495,6 @@ class ActionService:
             self._checkpointer = self._make_checkpointer()
         deleted: int = self._checkpointer.prune(older_than)
         return deleted
-
-
-def _is_locked(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return "database is locked" in text or "database is busy" in text
 
 
 def seconds_since(value: str) -> float | None:

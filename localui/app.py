@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from starlette.applications import Starlette
@@ -11,29 +12,30 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from localui.actions import ActionService
-from localui.decisions import DecisionLog, SQLiteDecisionLog
+from localui.backends import open_backend
+from localui.backends.base import Backend
 from localui.errors import LocalUIError, NotFound
-from localui.live import ChangeFeed, open_change_source
+from localui.live import ChangeFeed
 from localui.paths import static_dir, templates_dir
 from localui.registry import Registry
 from localui.security import GuardMiddleware
 from localui.settings import Settings
-from localui.store import open_store
-from localui.store.base import Store
 from localui.views import actions as action_views
 from localui.views import approvals as approval_views
 from localui.views import cache as cache_views
 from localui.views import diff as diff_views
 from localui.views import live as live_views
+from localui.views import row as row_views
 from localui.views import run as run_views
 from localui.views import runs as runs_views
-from localui.views.common import AppContext, error_response
+from localui.views.common import AppState, error_response
+from localui.views.urls import dom_id
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -57,40 +59,43 @@ def page_routes(path: str, endpoint: Endpoint, name: str) -> list[Route]:
     ]
 
 
-async def runs_redirect(request: Request) -> Response:
-    return RedirectResponse("/" + (f"?{request.url.query}" if request.url.query else ""), 308)
-
-
 def build_routes() -> list[Route | Mount]:
     return [
         Route("/", runs_views.runs_list, name="runs"),
         Route("/runs.json", as_json(runs_views.runs_list), name="runs_json"),
         Route("/runs", runs_views.runs_list, name="runs_alias"),
         *page_routes(
-            "/runs/{execution_id}/rows/{checkpoint_id}", run_views.row_detail, "row_detail"
+            "/runs/{execution_id:localui_id}/rows/{checkpoint_id:localui_id}",
+            row_views.row_detail,
+            "row_detail",
         ),
-        *page_routes("/runs/{execution_id}/diff", diff_views.run_diff, "run_diff"),
+        *page_routes("/runs/{execution_id:localui_id}/diff", diff_views.run_diff, "run_diff"),
         *page_routes("/diff", diff_views.rows_diff, "diff"),
-        *page_routes("/runs/{execution_id}", run_views.run_page, "run"),
+        *page_routes("/runs/{execution_id:localui_id}", run_views.run_page, "run"),
         Route(
-            "/runs/{execution_id}/resume",
+            "/runs/{execution_id:localui_id}/resume",
             action_views.resume_run,
             methods=["POST"],
             name="resume_run",
         ),
         Route(
-            "/runs/{execution_id}/fork", action_views.fork_run, methods=["POST"], name="fork_run"
+            "/runs/{execution_id:localui_id}/fork",
+            action_views.fork_run,
+            methods=["POST"],
+            name="fork_run",
         ),
         *page_routes("/approvals", approval_views.approvals_list, "approvals"),
-        *page_routes("/approvals/{execution_id}", approval_views.approval_detail, "approval"),
+        *page_routes(
+            "/approvals/{execution_id:localui_id}", approval_views.approval_detail, "approval"
+        ),
         Route(
-            "/approvals/{execution_id}/approve",
+            "/approvals/{execution_id:localui_id}/approve",
             approval_views.approve,
             methods=["POST"],
             name="approve",
         ),
         Route(
-            "/approvals/{execution_id}/reject",
+            "/approvals/{execution_id:localui_id}/reject",
             approval_views.reject,
             methods=["POST"],
             name="reject",
@@ -98,7 +103,7 @@ def build_routes() -> list[Route | Mount]:
         *page_routes("/cache", cache_views.store_cache, "cache"),
         Route("/live/nav", live_views.live_nav, name="live_nav"),
         Route("/live/runs", live_views.live_runs, name="live_runs"),
-        Route("/live/runs/{execution_id}", live_views.live_run, name="live_run"),
+        Route("/live/runs/{execution_id:localui_id}", live_views.live_run, name="live_run"),
         Route("/live/approvals", live_views.live_approvals, name="live_approvals"),
         Route("/prune.json", as_json(action_views.prune_preview), name="prune_json"),
         Route("/prune", action_views.prune_preview, methods=["GET"], name="prune"),
@@ -122,59 +127,61 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return await error_response(request, error)
 
 
-def open_decisions(settings: Settings) -> DecisionLog:
-    """The decision record, in the store's own database (read-only mode never writes it)."""
-    from localui.pg import is_postgres_url
+def lifespan_of(app: Starlette) -> AbstractAsyncContextManager[Any]:
+    """The lifespan of an app made by :func:`create_app`, for a parent app that mounts it.
 
-    if is_postgres_url(settings.store):
-        from localui.decisions_pg import PostgresDecisionLog
+    Starlette runs the lifespan of the outermost app only, and localui's opens the
+    store, the decision log and the change feed. So a parent enters this one in its
+    own lifespan::
 
-        return PostgresDecisionLog(
-            settings.store, schema=settings.pg_app_schema, writable=not settings.read_only
-        )
-    return SQLiteDecisionLog(settings.store, writable=not settings.read_only)
+        ui = create_app(Settings(store=...))
 
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            async with lifespan_of(ui):
+                yield
 
-def sdk_checkpointer(settings: Settings) -> Any:
-    """An SDK checkpointer on the served store: prune goes through the SDK, never our SQL."""
-    from localui.pg import PostgresPrune, is_postgres_url
-
-    if is_postgres_url(settings.store):
-        return PostgresPrune(settings.store, schema=settings.pg_schema)
-    from fastaiagent.checkpointers import SQLiteCheckpointer
-
-    return SQLiteCheckpointer(settings.store)
+        app = Starlette(routes=[Mount("/ops/localui", app=ui)], lifespan=lifespan)
+    """
+    return app.router.lifespan_context(app)
 
 
 def create_app(
     settings: Settings,
     *,
     agents: Iterable[Any] = (),
-    store: Store | None = None,
+    backend: Backend | None = None,
 ) -> Starlette:
-    """The app for one store. ``agents`` are those this process may resume; they must
-    already be bound to the store (``localui.registry``)."""
+    """The app for one store: ``backend``, or the one ``settings.store`` names, opened
+    by the lifespan (and then closed by it too). ``agents`` are those this process
+    may resume; they must already be bound to the store (``localui.registry``)."""
     templates = Jinja2Templates(directory=str(templates_dir()))
-    templates.env.globals["static"] = "/static"
+    templates.env.filters["dom_id"] = dom_id
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        owned = store is None
-        opened = store if store is not None else open_store(settings)
-        ctx = AppContext(settings=settings, store=opened, templates=templates)
+        owned = backend is None
+        opened = backend if backend is not None else open_backend(settings)
+        templates.env.globals["store_label"] = opened.label
         registry = Registry(agents={a.name: a for a in agents})
-        decisions = open_decisions(settings)
-        ctx.extensions["registry"] = registry
-        ctx.extensions["actions"] = ActionService(
+        decisions = opened.decision_log(writable=not settings.read_only)
+        actions = ActionService(
             settings=settings,
-            store=opened,
+            store=opened.store,
+            store_kind=opened.kind,
             registry=registry,
             decisions=decisions,
-            make_checkpointer=lambda: sdk_checkpointer(settings),
+            make_checkpointer=opened.checkpointer,
         )
-        feed = ChangeFeed(open_change_source(opened), interval=settings.poll_interval)
-        ctx.extensions["feed"] = feed
-        app.state.localui = ctx
+        feed = ChangeFeed(opened.change_source(), interval=settings.poll_interval)
+        app.state.localui = AppState(
+            settings=settings,
+            backend=opened,
+            templates=templates,
+            registry=registry,
+            actions=actions,
+            feed=feed,
+        )
         await feed.start()
         try:
             yield

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from localui.errors import LocalUIError
-from localui.pg import is_postgres_url
-from localui.registry import Registry, RegistryError, StoreTarget, load_spec
+from localui.registry import Registry, RegistryError, load_spec
 from localui.settings import Settings
 
 DEFAULT_PORT = 8765
@@ -41,6 +40,13 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         help="Another Host header name to answer to (loopback names always are).",
     )
     parser.add_argument("--read-only", action="store_true", help="Show everything, change nothing.")
+    parser.add_argument(
+        "--root-path",
+        default="",
+        metavar="PREFIX",
+        help="Behind a reverse proxy that serves the app at PREFIX (e.g. /tools/localui) and "
+        "strips it before forwarding: every link, form and redirect carries PREFIX.",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,44 +107,54 @@ def fail(message: str) -> int:
     return 2
 
 
-def serve(settings: Settings, agents: Sequence[Any]) -> int:
-    """Open the store, bind the agents, and serve until interrupted."""
+def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str] = ()) -> int:
+    """Open the store, load the agents ``specs`` name, bind them and ``agents`` to it,
+    and serve until interrupted."""
     import uvicorn
     from starlette.types import ASGIApp
 
     from localui.app import create_app
+    from localui.backends import open_backend, target_of
     from localui.memory import ReleaseFreedMemory, keep_thresholds
-    from localui.store import open_store
 
+    target = target_of(settings)
+    if target.sqlite_path is not None:
+        # The SDK resolves its own default store from this variable, and caches its
+        # config on first use: set it before any agent module is imported.
+        os.environ.setdefault("FASTAIAGENT_LOCAL_DB", str(target.sqlite_path))
+        if not target.sqlite_path.is_file():
+            return fail(
+                f"no store at {target.sqlite_path} (pass --store or set FASTAIAGENT_LOCAL_DB)"
+            )
+    # The agents are imported before the store opens: opening may start indexing it
+    # in a thread, which would slow the imports down.
+    loaded = list(agents)
+    try:
+        for spec in specs:
+            loaded.extend(load_spec(spec))
+    except RegistryError as exc:
+        return fail(str(exc))
     # A server stays up for days: have malloc give back what its pages free (see
     # localui.memory), from before the store opens and perhaps starts indexing it.
     releasing = keep_thresholds()
     try:
-        store = open_store(settings)
+        backend = open_backend(settings)
     except LocalUIError as exc:
         return fail(str(exc))
-    if is_postgres_url(settings.store):
-        target = StoreTarget(pg_dsn=settings.store, pg_schema=settings.pg_schema)
-        from localui.app import open_decisions
-
-        try:
-            # Made here once so a missing privilege is one line, not a failed lifespan.
-            open_decisions(settings).close()
-        except LocalUIError as exc:
-            store.close()
-            return fail(str(exc))
-    else:
-        target = StoreTarget(sqlite_path=Path(settings.store))
     try:
-        registry = Registry.build(agents, target)
-    except RegistryError as exc:
-        store.close()
+        # Made here once so a missing privilege is one line, not a failed lifespan.
+        backend.decision_log(writable=not settings.read_only).close()
+        registry = Registry.build(loaded, backend.target)
+    except (LocalUIError, RegistryError) as exc:
+        backend.close()
         return fail(str(exc))
-    app: ASGIApp = create_app(settings, agents=registry.agents.values(), store=store)
+    app: ASGIApp = create_app(settings, agents=registry.agents.values(), backend=backend)
     if releasing:
         app = ReleaseFreedMemory(app)
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    print(f"localui: serving {store.location} at http://{shown_host}:{settings.port}/", flush=True)
+    print(f"localui: serving {backend.label} at http://{shown_host}:{settings.port}/", flush=True)
+    if settings.root_path:
+        print(f"localui: links point under {settings.root_path}/, where the proxy serves it")
     if registry.agents:
         print(f"localui: agents that can be resumed here: {', '.join(registry.names())}")
     config = uvicorn.Config(
@@ -146,6 +162,7 @@ def serve(settings: Settings, agents: Sequence[Any]) -> int:
         host=settings.host,
         port=settings.port,
         log_level="warning",
+        root_path=settings.root_path,
         # Open streams must not hold a stopping server for long.
         timeout_graceful_shutdown=2,
     )
@@ -157,7 +174,7 @@ def serve(settings: Settings, agents: Sequence[Any]) -> int:
     try:
         uvicorn.Server(config).run()
     finally:
-        store.close()
+        backend.close()
     return 0
 
 
@@ -170,24 +187,19 @@ def _settings(args: argparse.Namespace, store: str) -> Settings:
         allowed_hosts=tuple(args.allow_host),
         pg_schema=getattr(args, "pg_schema", "fastaiagent"),
         pg_app_schema=getattr(args, "pg_app_schema", "localui"),
+        root_path=normal_root_path(args.root_path),
     )
+
+
+def normal_root_path(text: str) -> str:
+    """``tools/localui/`` -> ``/tools/localui``; empty stays empty (served at ``/``)."""
+    text = text.strip().strip("/")
+    return f"/{text}" if text else ""
 
 
 def run_serve(args: argparse.Namespace) -> int:
     store = args.store or default_store()
-    if not is_postgres_url(store):
-        # The SDK resolves its own default store from this variable, and caches its
-        # config on first use: set it before any agent module is imported.
-        os.environ.setdefault("FASTAIAGENT_LOCAL_DB", store)
-        if not Path(store).is_file():
-            return fail(f"no store at {store} (pass --store or set FASTAIAGENT_LOCAL_DB)")
-    agents: list[Any] = []
-    try:
-        for spec in args.agents:
-            agents.extend(load_spec(spec))
-    except RegistryError as exc:
-        return fail(str(exc))
-    return serve(_settings(args, store), agents)
+    return serve(_settings(args, store), specs=args.agents)
 
 
 def _exit_quietly(signum: int, frame: object) -> None:

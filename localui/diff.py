@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
 
-from localui.store.records import RowDetail, Unreadable
+from localui.records import RowDetail, Unreadable
 
 _HIDDEN: Mapping[str, bool] = {"hidden_from_json": True}
 

@@ -25,11 +25,6 @@ class ReadOnly(LocalUIError):
     title = "Read-only"
 
 
-class Forbidden(LocalUIError):
-    status_code = 403
-    title = "Refused"
-
-
 class Conflict(LocalUIError):
     status_code = 409
     title = "Conflict"

@@ -19,26 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localui.backends.base import StoreTarget
+
 
 class RegistryError(Exception):
     """An ``--agents`` entry that cannot be loaded or bound; the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoreTarget:
-    """What a registered agent must write to: a SQLite file or a PostgreSQL schema."""
-
-    sqlite_path: Path | None = None
-    pg_dsn: str | None = None
-    pg_schema: str = "fastaiagent"
-
-    def describe(self) -> str:
-        if self.sqlite_path is not None:
-            return str(self.sqlite_path)
-        from localui.pg import redact
-
-        where = f" of {redact(self.pg_dsn)}" if self.pg_dsn else ""
-        return f"PostgreSQL schema {self.pg_schema}{where}"
 
 
 def import_sdk() -> None:
@@ -152,7 +137,8 @@ def bind(agent: Any, target: StoreTarget) -> None:
     schema = getattr(checkpointer, "schema", None)
     dsn = getattr(checkpointer, "connection_string", None)
     if target.pg_dsn is not None and schema is not None and isinstance(dsn, str):
-        from localui.pg import redact, same_database
+        from localui.backends.postgres.pool import same_database
+        from localui.backends.urls import redact
 
         if not same_database(dsn, target.pg_dsn):
             raise RegistryError(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from localui.store.records import (
+from localui.records import (
     FORK_ORIGIN_NODE,
     FORK_ORIGIN_STEP,
     RUN_END_STEP,

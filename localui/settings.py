@@ -26,15 +26,9 @@ class Settings:
     #: PostgreSQL schema of the app's own table (``localui_decisions``), made on first use.
     pg_app_schema: str = "localui"
     page_size: int = 50
-
-    @property
-    def store_label(self) -> str:
-        """The store as pages show it: a path, or a URL without its password."""
-        from localui.pg import is_postgres_url, redact
-
-        if is_postgres_url(self.store):
-            return f"{redact(self.store)} (schema {self.pg_schema})"
-        return self.store
+    #: The path prefix a reverse proxy strips before it forwards (``--root-path``):
+    #: links and redirects put it back. Mounted in a parent app, the mount sets it.
+    root_path: str = ""
 
     @property
     def host_names(self) -> frozenset[str]:

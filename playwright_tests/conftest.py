@@ -8,19 +8,13 @@ through ``base_url``, so tests navigate with paths like ``page.goto("/")``.
 from __future__ import annotations
 
 import os
-import re
-import socket
-import subprocess
-import sys
-import threading
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
+from helpers import LocalServer, start_localui
 from playwright.sync_api import Page
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -38,137 +32,52 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 
-SERVING = re.compile(r"serving .* at (http://\S+)")
 #: Seeding takes about 5 s on two cores; a demo that is not serving by then is stuck.
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 5.0
 
 
-@dataclass
-class ProcessOutput:
-    """Every line a child prints, read on a thread so its pipe never fills."""
-
-    stream: IO[str]
-    lines: list[str] = field(default_factory=list)
-    _changed: threading.Condition = field(default_factory=threading.Condition)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._read, name="demo-output", daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        for line in self.stream:
-            with self._changed:
-                self.lines.append(line.rstrip("\n"))
-                self._changed.notify_all()
-
-    def wait_for(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str] | None:
-        """The first line matching ``pattern``, or None when the time is up or output ended."""
-        deadline = time.monotonic() + timeout
-        seen = 0
-        with self._changed:
-            while True:
-                for line in self.lines[seen:]:
-                    if match := pattern.search(line):
-                        return match
-                seen = len(self.lines)
-                left = deadline - time.monotonic()
-                if left <= 0 or (self._thread is not None and not self._thread.is_alive()):
-                    return None
-                self._changed.wait(min(left, 0.5))
-
-    def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout=STOP_TIMEOUT_S)
-
-    def text(self) -> str:
-        with self._changed:
-            return "\n".join(self.lines)
-
-
 @dataclass(frozen=True)
 class DemoServer:
-    url: str
+    """``localui demo`` on a store of its own, started from an empty directory."""
+
+    server: LocalServer
     store: Path
     workdir: Path
-    output: ProcessOutput
+
+    @property
+    def url(self) -> str:
+        return self.server.url
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def answers_ok(url: str, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.1)
-    return False
-
-
-def stop(process: subprocess.Popen[str]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+def start_demo(tmp_path_factory: pytest.TempPathFactory, name: str) -> DemoServer:
+    """``localui demo`` as a person starts it; its output goes beside its directory."""
+    workdir = tmp_path_factory.mktemp(f"{name}-cwd")
+    store = tmp_path_factory.mktemp(f"{name}-store") / "local.db"
+    server = start_localui(
+        ["demo", "--store", str(store)],
+        cwd=workdir,
+        log=workdir.parent / f"{workdir.name}.log",
+        ready="/",
+        timeout=START_TIMEOUT_S,
+    )
+    return DemoServer(server=server, store=store, workdir=workdir)
 
 
 @pytest.fixture(scope="session")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer]:
-    """``localui demo`` as a user starts it, from an empty working directory."""
-    workdir = tmp_path_factory.mktemp("demo-cwd")
-    store = tmp_path_factory.mktemp("demo-store") / "local.db"
-    command = [
-        str(Path(sys.executable).parent / "localui"),
-        "demo",
-        "--store",
-        str(store),
-        "--port",
-        str(free_port()),
-    ]
-    process = subprocess.Popen(
-        command,
-        cwd=workdir,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stdout is not None
-    output = ProcessOutput(process.stdout)
-    output.start()
+    """The demo the browser tests that only read share."""
+    demo = start_demo(tmp_path_factory, "demo")
     try:
-        serving = output.wait_for(SERVING, START_TIMEOUT_S)
-        if serving is None:
-            pytest.fail(
-                f"`{' '.join(command)}` did not say it was serving "
-                f"(exit code {process.poll()}):\n{output.text()}",
-                pytrace=False,
-            )
-        url = serving.group(1)
-        if not answers_ok(url, timeout=30):
-            pytest.fail(f"{url} never answered 200:\n{output.text()}", pytrace=False)
-        yield DemoServer(url=url, store=store, workdir=workdir, output=output)
+        yield demo
     finally:
-        stop(process)
-        output.join()
-        process.stdout.close()
+        demo.server.stop(timeout=STOP_TIMEOUT_S)
 
 
 @pytest.fixture(scope="session")
 def base_url(demo_server: DemoServer) -> str:
-    return demo_server.url
+    """The demo's address as it prints it, ending in ``/``."""
+    return demo_server.url + "/"
 
 
 @pytest.fixture(scope="session")

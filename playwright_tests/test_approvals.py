@@ -8,85 +8,29 @@ seeded.
 from __future__ import annotations
 
 import re
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import STOP_TIMEOUT_S, start_demo
 from playwright.sync_api import Browser, Locator, Page, expect
 
 from localui.demo.scenarios import ALL_SCENARIOS
 
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
-SERVING = re.compile(r"serving .* at (http://\S+)")
-#: Seeding takes about 5 s; a demo that is not serving by then is stuck.
-START_TIMEOUT_S = 120.0
-STOP_TIMEOUT_S = 5.0
 
 #: The runs the demo leaves waiting for a person.
 DEMO_PAUSES = sum(s.ends == "paused" for s in ALL_SCENARIOS)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def answers_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def approvals_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``localui demo`` on a store of its own, started as a person starts it."""
-    workdir = tmp_path_factory.mktemp("approvals-demo-cwd")
-    store = tmp_path_factory.mktemp("approvals-demo-store") / "local.db"
-    log_path = workdir.parent / f"{workdir.name}.log"
-    command = [
-        str(Path(sys.executable).parent / "localui"),
-        "demo",
-        "--store",
-        str(store),
-        "--port",
-        str(free_port()),
-    ]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
-        try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            url = None
-            while url is None and time.monotonic() < deadline and process.poll() is None:
-                match = SERVING.search(log_path.read_text(errors="replace"))
-                if match and answers_ok(match.group(1)):
-                    url = match.group(1)
-                else:
-                    time.sleep(0.1)
-            if url is None:
-                pytest.fail(
-                    f"`{' '.join(command)}` did not serve (exit code {process.poll()}):\n"
-                    + log_path.read_text(errors="replace"),
-                    pytrace=False,
-                )
-            yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    demo = start_demo(tmp_path_factory, "approvals-demo")
+    try:
+        yield demo.url
+    finally:
+        demo.server.stop(timeout=STOP_TIMEOUT_S)
 
 
 #: Times, on the page's own clock, the click on Approve and the first frame whose

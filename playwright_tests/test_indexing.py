@@ -17,12 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO_ROOT, answers_ok, free_port, stop
+from conftest import REPO_ROOT
+from helpers import start_localui
 from playwright.sync_api import Page, expect
 
-from localui.store.records import RunQuery
-from localui.store.run_index import BACKGROUND_FROM_ROWS
-from localui.store.sqlite import SQLiteStore
+from localui.backends.sqlite.index import BACKGROUND_FROM_ROWS
+from localui.backends.sqlite.store import SQLiteStore
+from localui.records import RunQuery
 
 #: Runs in the store: with the benchmark's long runs, over BACKGROUND_FROM_ROWS rows.
 RUNS = 5000
@@ -63,19 +64,22 @@ def test_the_runs_page_fills_in_when_the_index_is_ready(page: Page, tmp_path: Pa
 
     holder = sqlite3.connect(index_file, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "localui", "serve", "--store", str(store), "--port", str(port)],
-        cwd=tmp_path,
-        env={**os.environ, "XDG_CACHE_HOME": str(cache)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    try:
+        server = start_localui(
+            ["serve", "--store", str(store)],
+            cwd=tmp_path,
+            log=tmp_path / "serve.log",
+            env={**os.environ, "XDG_CACHE_HOME": str(cache)},
+            ready="/",
+            timeout=60,
+        )
+    except BaseException:
+        holder.execute("ROLLBACK")
+        holder.close()
+        raise
+    url = server.url
     try:
         try:
-            assert answers_ok(url + "/", timeout=60)
             page.goto(url + "/")
             notice = page.locator("p.indexing")
             expect(notice).to_contain_text(f"Indexing this store's {rows:,} rows")
@@ -89,4 +93,4 @@ def test_the_runs_page_fills_in_when_the_index_is_ready(page: Page, tmp_path: Pa
         expect(page.locator(".tab.state-all .count")).to_have_text(str(runs))
         expect(page.locator("a[rel=next]")).to_have_count(1)
     finally:
-        stop(server)
+        server.stop()

@@ -10,25 +10,18 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import STOP_TIMEOUT_S, DemoServer, start_demo
 from playwright.sync_api import Browser, Page, expect
 
 from localui.demo.scenarios import ALL_SCENARIOS
 
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
-SERVING = re.compile(r"serving .* at (http://\S+)")
-#: Seeding takes about 5 s; a demo that is not serving by then is stuck.
-START_TIMEOUT_S = 120.0
-STOP_TIMEOUT_S = 5.0
 #: A change shows up within about a second; this only bounds a broken page's wait.
 LIVE_TIMEOUT_MS = 10_000
 SEEDED_RUNS = len(ALL_SCENARIOS)
@@ -47,72 +40,17 @@ COUNT_EVENT_SOURCES = """
 """
 
 
-@dataclass(frozen=True)
-class LiveServer:
-    url: str
-    store: Path
-    workdir: Path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def answers_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer]:
     """``localui demo`` on a store of its own, started as a person starts it."""
-    workdir = tmp_path_factory.mktemp("live-demo-cwd")
-    store = tmp_path_factory.mktemp("live-demo-store") / "local.db"
-    log_path = workdir.parent / f"{workdir.name}.log"
-    command = [
-        str(Path(sys.executable).parent / "localui"),
-        "demo",
-        "--store",
-        str(store),
-        "--port",
-        str(free_port()),
-    ]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
-        try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            url = None
-            while url is None and time.monotonic() < deadline and process.poll() is None:
-                match = SERVING.search(log_path.read_text(errors="replace"))
-                if match and answers_ok(match.group(1)):
-                    url = match.group(1)
-                else:
-                    time.sleep(0.1)
-            if url is None:
-                pytest.fail(
-                    f"`{' '.join(command)}` did not serve (exit code {process.poll()}):\n"
-                    + log_path.read_text(errors="replace"),
-                    pytrace=False,
-                )
-            yield LiveServer(url=url.rstrip("/"), store=store, workdir=workdir)
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    demo = start_demo(tmp_path_factory, "live-demo")
+    try:
+        yield demo
+    finally:
+        demo.server.stop(timeout=STOP_TIMEOUT_S)
 
 
-def start_agent(server: LiveServer, scenario: str = "paused-1") -> str:
+def start_agent(server: DemoServer, scenario: str = "paused-1") -> str:
     """The demo agent in a process of its own, as a user's agent runs; by default it
     asks for a refund that pauses for a manager's approval. Returns its execution id."""
     env = {
@@ -154,7 +92,7 @@ def live_tab(page: Page, path: str) -> Page:
 
 
 def test_an_agent_in_another_process_shows_up_and_an_approval_clears_it(
-    browser: Browser, live_server: LiveServer
+    browser: Browser, live_server: DemoServer
 ) -> None:
     # Two people: one watching three tabs, one deciding (each browser has its own
     # connections, as two people's would: a browser holds six per server).
@@ -259,7 +197,7 @@ def test_an_agent_in_another_process_shows_up_and_an_approval_clears_it(
 
 
 def test_a_filtered_runs_list_stays_filtered_as_it_updates(
-    browser: Browser, live_server: LiveServer
+    browser: Browser, live_server: DemoServer
 ) -> None:
     """The search box swaps the table in place (htmx); its stream must follow the filter."""
     context = browser.new_context(base_url=live_server.url)

@@ -200,9 +200,10 @@ EXTRA_ARGS=("$@")
 step "set up .venv" ensure_venv
 step "install Chromium, PostgreSQL" ensure_system_packages
 step "start PostgreSQL" start_postgres
-step "ruff check" .venv/bin/ruff check localui tests playwright_tests
-step "ruff format --check" .venv/bin/ruff format --check localui tests playwright_tests
-step "mypy localui" .venv/bin/mypy localui
+step "ruff check" .venv/bin/ruff check localui bench tests playwright_tests examples
+step "ruff format --check" .venv/bin/ruff format --check localui bench tests playwright_tests examples
+step "mypy localui bench" .venv/bin/mypy localui bench
+step "lint-imports" .venv/bin/lint-imports --no-cache
 if ((${#EXTRA_ARGS[@]})) && names_a_test_path "${EXTRA_ARGS[@]}"; then
     step "pytest ${EXTRA_ARGS[*]}" run_pytest "${EXTRA_ARGS[@]}"
 else

@@ -34,9 +34,9 @@ with warnings.catch_warnings():
     from starlette.testclient import TestClient
 
 from localui.app import create_app
+from localui.backends.sqlite.store import SQLiteStore
 from localui.demo.scenarios import SeedReport, seed
 from localui.settings import Settings
-from localui.store.sqlite import SQLiteStore
 
 
 def sdk_version() -> tuple[int, int]:

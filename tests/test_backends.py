@@ -11,20 +11,19 @@ PostgreSQL fails (``pg_dsn``), never skips.
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import pytest
+from helpers import all_at_once, card, decide
 
 from localui import runs
+from localui.backends.base import STATES, Store
 from localui.demo.scenarios import SCENARIO_NAMES
-from localui.store.base import STATES, Store
-from localui.store.records import RunFacts, RunQuery
+from localui.records import RunFacts, RunQuery
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,13 +31,15 @@ if TYPE_CHECKING:
     from conftest import Ledger, PgRaw, PgSeeded, Raw, Seeded
     from starlette.testclient import TestClient
 
-    from localui.store.postgres import PostgresStore
+    from localui.backends.postgres.store import PostgresStore
 
 JSON = {"Accept": "application/json"}
 COUNTS = {"completed": 3, "paused": 4, "failed": 1, "unfinished": 2}
 RUN_KEYS = {"execution_id", "state", "agent", "resume", "rows", "idempotency", "fork_of"}
 RUN_KEYS |= {"forks", "decisions"}
 LIST_RUN_KEYS = {"execution_id", "state", "agent", "rows", "first_at", "last_at", "pending_reason"}
+#: What ``datetime.now(timezone.utc).isoformat()`` writes into the SQLite store.
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?\+00:00$")
 ROW_KEYS = ("checkpoint_id", "node_id", "step_type", "status", "created_at", "agent_path")
 
 
@@ -192,7 +193,7 @@ class Backend:
 @pytest.fixture(scope="session")
 def pg_seeded_store(pg_seeded: PgSeeded) -> Iterator[PostgresStore]:
     """The read model over the session's seeded PostgreSQL runs; never written to."""
-    from localui.store.postgres import PostgresStore
+    from localui.backends.postgres.store import PostgresStore
 
     opened = PostgresStore(pg_seeded.dsn, schema=pg_seeded.schema)
     yield opened
@@ -291,29 +292,6 @@ def expected_states(b: Backend) -> dict[str, str]:
     return {b.seeded.id(name): state for name, state in scenario_states().items()}
 
 
-def card(client: TestClient, execution_id: str) -> dict[str, Any]:
-    for item in client.get("/approvals.json").json()["approvals"]:
-        if item["execution_id"] == execution_id:
-            return dict(item)
-    raise AssertionError(f"{execution_id} is not in the approvals queue")
-
-
-def decide(
-    client: TestClient,
-    execution_id: str,
-    checkpoint_id: str,
-    *,
-    verb: str = "approve",
-    approver: str = "Ann Approver",
-    reason: str = "within policy",
-) -> httpx.Response:
-    return client.post(
-        f"/approvals/{execution_id}/{verb}",
-        data={"approver": approver, "reason": reason, "checkpoint_id": checkpoint_id},
-        headers=JSON,
-    )
-
-
 def run_ends(truth: Truth, execution_id: str) -> list[str]:
     return [r["status"] for r in truth.rows(execution_id) if r["step_type"] == "run_end"]
 
@@ -350,6 +328,7 @@ def test_state_filter_returns_exactly_that_state(backend: Backend) -> None:
     for state in STATES:
         page = backend.store.list_runs(RunQuery(state=state, limit=1000))
         assert {f.execution_id for f in page.runs} == backend.seeded.ids(state), state
+        assert all(state_of(f) == state for f in page.runs), state
         assert dict(page.counts) == COUNTS, state
 
 
@@ -383,6 +362,8 @@ def test_keyset_pages_of_three_walk_every_run_once_newest_first(backend: Backend
             break
         last = page.runs[-1]
         assert page.next_key == (last.last_at, last.execution_id)
+        # Cursors carry the ISO text the SDK's SQLite store holds, on either store.
+        assert ISO_UTC.match(page.next_key[0]), page.next_key
         after = page.next_key
     assert sizes == [3, 3, 3, 1]
     assert len(set(seen)) == 10
@@ -466,6 +447,8 @@ def test_pending_names_the_newest_interrupted_row(backend: Backend) -> None:
         "A-1004",
         "Katherine Johnson",
     )
+    assert pending.context["policy"]["requires"] == {"role": "manager", "approvals": 1}
+    assert ISO_UTC.match(pending.created_at), pending.created_at
     assert backend.store.get_pending(backend.seeded.id("completed")) is None
     assert backend.store.get_pending(backend.seeded.id("idempotent-resumed")) is None
 
@@ -516,6 +499,8 @@ def test_fork_links_both_ways(backend: Backend) -> None:
     assert store.get_fork_origin(source) is None
     assert store.list_forks(fork) == ()
     assert store.list_forks(seeded.id("failed")) == ()
+    facts = store.get_run(fork)
+    assert facts is not None and facts.fork_parent_checkpoint_id == turn1.checkpoint_id
 
 
 def test_prune_preview_counts(backend: Backend) -> None:
@@ -731,14 +716,10 @@ def test_twenty_concurrent_approvals_resume_the_run_once(backend: Backend, ledge
     run = backend.seeded.id("paused-1")
     shown = card(desk.client, run)
     rows_before = len(desk.truth.rows(run))
-    barrier = threading.Barrier(20)
 
-    def one(i: int) -> httpx.Response:
-        barrier.wait(timeout=30)
-        return decide(desk.client, run, shown["checkpoint_id"], approver=f"approver-{i:02d}")
-
-    with ThreadPoolExecutor(max_workers=20) as pool:
-        responses = list(pool.map(one, range(20)))
+    responses = all_at_once(
+        20, lambda i: decide(desk.client, run, shown["checkpoint_id"], approver=f"approver-{i:02d}")
+    )
 
     statuses = [r.status_code for r in responses]
     assert [s for s in statuses if s >= 500] == []
@@ -782,6 +763,46 @@ def test_resume_of_a_run_that_died_in_its_tool_charges_once(
         "run_end",
     ]
     assert run_ends(desk.truth, run) == ["completed"]
+    again = desk.client.post(
+        f"/runs/{run}/resume",
+        data={"checkpoint_id": plan["checkpoint_id"], "actor": "Ops", "confirm": "yes"},
+        headers=JSON,
+    )
+    assert again.status_code in (409, 422)
+    assert ledger.count() == 1
+
+
+def test_resume_of_a_failed_run_reenters_and_completes(backend: Backend) -> None:
+    desk = backend.acting()
+    run = backend.seeded.id("failed")
+    plan = desk.client.get(f"/runs/{run}.json").json()["resume"]
+    data = {"checkpoint_id": plan["checkpoint_id"], "actor": "Ops", "confirm": "yes"}
+
+    response = desk.client.post(f"/runs/{run}/resume", data=data, headers=JSON)
+
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "completed"
+    assert run_ends(desk.truth, run) == ["failed", "completed"]
+
+
+def test_fork_with_new_input_answers_json_with_the_new_run(backend: Backend) -> None:
+    desk = backend.acting()
+    source = backend.seeded.id("failed")
+    row = desk.truth.rows(source)[0]["checkpoint_id"]
+
+    response = desk.client.post(
+        f"/runs/{source}/fork",
+        data={"checkpoint_id": row, "input": "Refund order A-1010 for 15.00"},
+        headers=JSON,
+    )
+
+    assert response.status_code == 200, response.text
+    new = response.json()["new_execution_id"]
+    page = desk.client.get(f"/runs/{new}.json").json()
+    assert page["state"] == "completed"
+    assert page["fork_of"]["source_execution_id"] == source
+    forks = desk.client.get(f"/runs/{source}.json").json()["forks"]
+    assert [f["execution_id"] for f in forks] == [new]
 
 
 def test_fork_redirects_to_the_new_run_linked_to_its_source_row(backend: Backend) -> None:

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from localui.backends.base import STATES
 from localui.errors import StoreMissing
-from localui.store.base import STATES
 
 if TYPE_CHECKING:
     from conftest import ClientFactory, Raw, Seeded

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,10 +13,11 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+from helpers import LocalServer, start_localui
 
+from localui.backends.sqlite.store import SQLiteStore
 from localui.demo.scenarios import ALL_SCENARIOS
-from localui.store.records import RunQuery
-from localui.store.sqlite import SQLiteStore
+from localui.records import RunQuery
 
 if TYPE_CHECKING:
     from conftest import Seeded
@@ -56,13 +55,6 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], *fragments: st
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
     return lines[0]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -112,51 +104,23 @@ def test_serve_refuses_an_agent_bound_to_another_store(
 
 @contextmanager
 def serving(
-    args: Sequence[str], cwd: Path, port: int, *, within: float = 30
-) -> Iterator[subprocess.Popen[str]]:
-    """A real server process, answering on ``port`` within ``within`` seconds; always
-    stopped on the way out."""
-    child = subprocess.Popen(
-        list(args),
-        cwd=cwd,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    args: Sequence[str], cwd: Path, log: Path, *, within: float = 30
+) -> Iterator[LocalServer]:
+    """A real ``localui`` process, answering within ``within`` seconds; always stopped
+    on the way out."""
+    server = start_localui(args, cwd=cwd, log=log, env=child_env(), timeout=within)
     try:
-        deadline = time.monotonic() + within
-        while True:
-            if child.poll() is not None:
-                out, err = child.communicate()
-                pytest.fail(f"server exited with {child.returncode}: {out}\n{err}")
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/runs.json", timeout=1)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"server did not answer within {within:.0f} s")
-                time.sleep(0.05)
-        yield child
+        yield server
     finally:
-        if child.poll() is None:
-            child.terminate()
-            try:
-                child.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.communicate()
-        else:
-            child.communicate()
+        server.stop()
 
 
 def test_serve_answers_loopback_and_refuses_a_foreign_host(
-    cwd: Path, store_copy: Path, seeded: Seeded
+    cwd: Path, store_copy: Path, seeded: Seeded, tmp_path: Path
 ) -> None:
-    port = free_port()
-    args = [LOCALUI, "serve", "--store", str(store_copy), "--port", str(port)]
-    with serving(args, cwd, port) as child:
-        base = f"http://127.0.0.1:{port}"
+    with serving(["serve", "--store", str(store_copy)], cwd, tmp_path / "serve.log") as server:
+        base = server.url
+        port = base.rsplit(":", 1)[1]
         page = httpx.get(f"{base}/", timeout=10)
         assert page.status_code == 200
         assert seeded.id("crashed-in-tool") in page.text
@@ -168,7 +132,7 @@ def test_serve_answers_loopback_and_refuses_a_foreign_host(
         assert foreign.status_code == 400
         cross = httpx.post(f"{base}/", headers={"Origin": "http://evil.example"}, timeout=10)
         assert cross.status_code == 403
-        assert child.poll() is None
+        assert server.process.poll() is None
     assert os.listdir(cwd) == []
 
 
@@ -200,27 +164,25 @@ def test_demo_refuses_an_existing_store(cwd: Path, store_copy: Path) -> None:
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_serve_stops_quietly_on_ctrl_c_and_sigterm(
-    cwd: Path, store_copy: Path, stop: signal.Signals
+    cwd: Path, store_copy: Path, stop: signal.Signals, tmp_path: Path
 ) -> None:
-    port = free_port()
-    with serving(
-        [LOCALUI, "serve", "--store", str(store_copy), "--port", str(port)], cwd, port
-    ) as child:
-        child.send_signal(stop)
-        out, err = child.communicate(timeout=15)
-        assert child.returncode == 0, err
-        assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    with serving(["serve", "--store", str(store_copy)], cwd, tmp_path / "serve.log") as server:
+        server.process.send_signal(stop)
+        code = server.process.wait(timeout=15)
+        said = server.output()
+        assert code == 0, said
+        assert "Traceback" not in said and "KeyboardInterrupt" not in said
 
 
-def test_demo_removes_its_temporary_store_when_stopped(cwd: Path) -> None:
-    port = free_port()
+def test_demo_removes_its_temporary_store_when_stopped(cwd: Path, tmp_path: Path) -> None:
     # The demo seeds every shape first, a run of 550 rows among them.
-    with serving([LOCALUI, "demo", "--port", str(port)], cwd, port, within=120) as child:
-        runs = httpx.get(f"http://127.0.0.1:{port}/runs.json", timeout=10).json()["runs"]
+    with serving(["demo"], cwd, tmp_path / "demo.log", within=120) as server:
+        runs = httpx.get(f"{server.url}/runs.json", timeout=10).json()["runs"]
         assert len(runs) == len(ALL_SCENARIOS)
-        child.send_signal(signal.SIGTERM)
-        out, err = child.communicate(timeout=15)
-    assert child.returncode == 0, err
+        server.process.send_signal(signal.SIGTERM)
+        code = server.process.wait(timeout=15)
+        out = server.output()
+    assert code == 0, out
     store = next(line for line in out.splitlines() if "seeding demo runs into" in line)
     temp_dir = Path(store.rsplit(" ", 1)[1]).parent
     assert temp_dir.name.startswith("localui-demo-")

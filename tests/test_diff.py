@@ -11,9 +11,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from localui.backends.sqlite.store import SQLiteStore
 from localui.diff import MAX_CHANGES, diff_section, readable_path
-from localui.store.records import RowHeader, Unreadable
-from localui.store.sqlite import SQLiteStore
+from localui.records import RowHeader, Unreadable
 
 if TYPE_CHECKING:
     from conftest import ClientFactory, Raw, Seeded

@@ -13,20 +13,20 @@ import glob
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
+import helpers
 import httpx
 import pytest
+from helpers import LocalServer, all_at_once, decide, free_port, start_localui
 
 if TYPE_CHECKING:
     from conftest import Ledger, PgRaw, PgSeeded
@@ -105,13 +105,6 @@ if __name__ == "__main__":
 # --- a cluster of the test's own, to stop and start -----------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def postgres_bin() -> Path:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     if not found:
@@ -177,55 +170,27 @@ def cluster() -> Iterator[Cluster]:
 # --- servers ------------------------------------------------------------------
 
 
-@dataclass
-class Server:
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-    log_file: IO[bytes]
-
-    def output(self) -> str:
-        if not self.log_file.closed:
-            self.log_file.flush()
-        return self.log.read_text(errors="replace")
-
-
 def start_server(
     dsn: str, schema: str, app_schema: str, workdir: Path, name: str, env: dict[str, str]
-) -> Server:
-    port = free_port()
-    log = workdir / f"{name}.log"
-    log_file = log.open("wb")
-    command = [
-        str(LOCALUI), "serve", "--store", dsn, "--pg-schema", schema,
-        "--pg-app-schema", app_schema, "--agents", f"{workdir / 'fleet_agents.py'}:payout_bot",
-        "--port", str(port),
-    ]  # fmt: skip
-    process = subprocess.Popen(
-        command, cwd=workdir, env=env, stdout=log_file, stderr=subprocess.STDOUT
+) -> LocalServer:
+    return start_localui(
+        [
+            "serve",
+            "--store",
+            dsn,
+            "--pg-schema",
+            schema,
+            "--pg-app-schema",
+            app_schema,
+            "--agents",
+            f"{workdir / 'fleet_agents.py'}:payout_bot",
+        ],  # fmt: skip
+        cwd=workdir,
+        log=workdir / f"{name}.log",
+        env=env,
+        ready="/approvals.json",
+        timeout=START_TIMEOUT_S,
     )
-    server = Server(f"http://127.0.0.1:{port}", process, log, log_file)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(f"{server.url}/approvals.json", timeout=2).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    stop_server(server)
-    pytest.fail(f"`{' '.join(command)}` did not answer:\n{server.output()}", pytrace=False)
-
-
-def stop_server(server: Server) -> None:
-    if server.process.poll() is None:
-        server.process.terminate()
-        try:
-            server.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait()
-    server.log_file.close()
 
 
 @dataclass
@@ -236,7 +201,7 @@ class Fleet:
     workdir: Path
     env: dict[str, str]
     ledger: Ledger
-    servers: list[Server] = field(default_factory=list)
+    servers: list[LocalServer] = field(default_factory=list)
 
     @property
     def raw(self) -> PgRaw:
@@ -244,7 +209,7 @@ class Fleet:
 
         return PgRaw(self.dsn, self.schema)
 
-    def serve(self, name: str) -> Server:
+    def serve(self, name: str) -> LocalServer:
         server = start_server(self.dsn, self.schema, self.app_schema, self.workdir, name, self.env)
         self.servers.append(server)
         return server
@@ -297,36 +262,21 @@ def fleet(pg_seeded: PgSeeded, ledger: Ledger, tmp_path: Path) -> Iterator[Fleet
         yield made
     finally:
         for server in made.servers:
-            stop_server(server)
+            server.stop()
         PgRaw(pg_seeded.dsn, schema).drop()
         PgRaw(pg_seeded.dsn, app_schema).drop()
 
 
-def card(server: Server, execution_id: str) -> dict[str, Any]:
-    for item in httpx.get(f"{server.url}/approvals.json", timeout=10).json()["approvals"]:
-        if item["execution_id"] == execution_id:
-            return dict(item)
-    raise AssertionError(f"{execution_id} is not waiting on {server.url}")
+def card(server: LocalServer, execution_id: str) -> dict[str, Any]:
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        return helpers.card(client, execution_id)
 
 
-def approve(server: Server, execution_id: str, checkpoint_id: str, approver: str) -> httpx.Response:
-    return httpx.post(
-        f"{server.url}/approvals/{execution_id}/approve",
-        data={"approver": approver, "reason": "race", "checkpoint_id": checkpoint_id},
-        headers=JSON,
-        timeout=60,
-    )
-
-
-def all_at_once(n: int, act: Callable[[int], httpx.Response]) -> list[httpx.Response]:
-    barrier = threading.Barrier(n)
-
-    def one(i: int) -> httpx.Response:
-        barrier.wait(timeout=30)
-        return act(i)
-
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        return list(pool.map(one, range(n)))
+def approve(
+    server: LocalServer, execution_id: str, checkpoint_id: str, approver: str
+) -> httpx.Response:
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        return decide(client, execution_id, checkpoint_id, approver=approver, reason="race")
 
 
 # --- the race ----------------------------------------------------------------
@@ -433,7 +383,7 @@ def test_a_pause_made_by_a_worker_appears_on_both_servers_within_a_second(
         time.sleep(0.02)
     seen = [s.first("queue", run) for s in streams]
     for server in servers:
-        stop_server(server)
+        server.stop()
     for reader in readers:
         reader.join(timeout=15)
     assert all(t is not None for t in seen), f"the pause never reached a stream: {seen}"
@@ -511,7 +461,7 @@ def test_the_app_says_the_server_is_gone_and_recovers_when_it_returns(
             assert time.monotonic() - paused_at < 5, "the live feed did not recover"
             time.sleep(0.05)
     finally:
-        stop_server(server)
+        server.stop()
         reader.join(timeout=15)
 
 

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
+import helpers
 import httpx
 import pytest
+from helpers import LocalServer, all_at_once, decide, start_localui
 
 if TYPE_CHECKING:
     from conftest import Ledger, Raw, Seeded
@@ -29,7 +26,6 @@ if TYPE_CHECKING:
 LOCALUI = Path(sys.executable).parent / "localui"
 #: Import and bind take well under a second; a server not answering by then is stuck.
 START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 5.0
 
 AGENTS_FILE = """\
 from pathlib import Path
@@ -44,80 +40,25 @@ def refund_bot():
 """
 
 
-@dataclass
-class Server:
-    """One ``localui serve`` child and where its output goes."""
-
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-    log_file: IO[bytes]
-
-    def output(self) -> str:
-        self.log_file.flush()
-        return self.log.read_text(errors="replace")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def start_server(store: Path, agents: Path, workdir: Path, name: str) -> Server:
-    port = free_port()
-    log = workdir / f"{name}.log"
-    log_file = log.open("wb")
+def start_server(store: Path, agents: Path, workdir: Path, name: str) -> LocalServer:
     env = {
         **os.environ,
         "FASTAIAGENT_TRACE_ENABLED": "false",
         "FASTAIAGENT_LOCAL_DB": str(store),
     }
-    command = [
-        str(LOCALUI),
-        "serve",
-        "--store",
-        str(store),
-        "--agents",
-        f"{agents}:refund_bot",
-        "--port",
-        str(port),
-    ]
-    process = subprocess.Popen(
-        command, cwd=workdir, env=env, stdout=log_file, stderr=subprocess.STDOUT
+    return start_localui(
+        ["serve", "--store", str(store), "--agents", f"{agents}:refund_bot"],
+        cwd=workdir,
+        log=workdir / f"{name}.log",
+        env=env,
+        ready="/approvals.json",
+        timeout=START_TIMEOUT_S,
     )
-    server = Server(f"http://127.0.0.1:{port}", process, log, log_file)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            break
-        try:
-            if httpx.get(f"{server.url}/approvals.json", timeout=2).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    stop_server(server)
-    pytest.fail(
-        f"`{' '.join(command)}` did not answer (exit code {process.poll()}):\n{server.output()}",
-        pytrace=False,
-    )
-
-
-def stop_server(server: Server) -> None:
-    server.process.terminate()
-    try:
-        server.process.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait()
-    server.log_file.close()
 
 
 @dataclass(frozen=True)
 class Fleet:
-    servers: tuple[Server, ...]
+    servers: tuple[LocalServer, ...]
     db: Raw
     ledger: Ledger
 
@@ -132,42 +73,26 @@ def fleet(
     workdir.mkdir()
     agents = workdir / "fleet_agents.py"
     agents.write_text(AGENTS_FILE.format(store=str(store_copy), ledger=str(ledger.path)))
-    servers: list[Server] = []
+    servers: list[LocalServer] = []
     try:
         for name in ("server-a", "server-b"):
             servers.append(start_server(store_copy, agents, workdir, name))
         yield Fleet(tuple(servers), raw(store_copy), ledger)
     finally:
         for server in servers:
-            stop_server(server)
+            server.stop()
 
 
-def card(server: Server, execution_id: str) -> dict[str, Any]:
-    listing = httpx.get(f"{server.url}/approvals.json", timeout=10).json()
-    for item in listing["approvals"]:
-        if item["execution_id"] == execution_id:
-            return dict(item)
-    raise AssertionError(f"{execution_id} is not waiting on {server.url}")
+def card(server: LocalServer, execution_id: str) -> dict[str, Any]:
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        return helpers.card(client, execution_id)
 
 
-def approve(server: Server, execution_id: str, checkpoint_id: str, approver: str) -> httpx.Response:
+def approve(
+    server: LocalServer, execution_id: str, checkpoint_id: str, approver: str
+) -> httpx.Response:
     with httpx.Client(base_url=server.url, timeout=60) as client:
-        return client.post(
-            f"/approvals/{execution_id}/approve",
-            data={"approver": approver, "reason": "race", "checkpoint_id": checkpoint_id},
-            headers={"Accept": "application/json"},
-        )
-
-
-def all_at_once(n: int, act: Callable[[int], httpx.Response]) -> list[httpx.Response]:
-    barrier = threading.Barrier(n)
-
-    def one(i: int) -> httpx.Response:
-        barrier.wait(timeout=30)
-        return act(i)
-
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        return list(pool.map(one, range(n)))
+        return decide(client, execution_id, checkpoint_id, approver=approver, reason="race")
 
 
 def run_ends(db: Raw, execution_id: str) -> list[str]:

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from localui.backends.sqlite.store import SQLiteStore
 from localui.demo.scenarios import SCENARIO_NAMES
-from localui.store.records import RunQuery
-from localui.store.sqlite import SQLiteStore
+from localui.records import RunQuery
 
 if TYPE_CHECKING:
     from conftest import ClientFactory, Seeded

@@ -12,8 +12,6 @@ import contextlib
 import math
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -28,13 +26,17 @@ import anyio
 import httpx
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
+from helpers import start_localui
 from starlette.applications import Starlette
 
 from localui.app import create_app
-from localui.live import ChangeFeed, Changes, Resync, SQLiteChangeSource, StoreChangeSource
+from localui.backends.base import Changes
+from localui.backends.sqlite import SQLiteBackend
+from localui.backends.sqlite.changes import SQLiteChangeSource
+from localui.backends.sqlite.store import SQLiteStore
+from localui.live import ChangeFeed, Resync
 from localui.settings import Settings
-from localui.store.sqlite import SQLiteStore
-from localui.views.common import AppContext
+from localui.views.common import AppState
 
 if TYPE_CHECKING:
     from conftest import Seeded
@@ -224,10 +226,10 @@ async def open_stream(
 
 
 @contextlib.asynccontextmanager
-async def running(app: Starlette) -> AsyncIterator[AppContext]:
+async def running(app: Starlette) -> AsyncIterator[AppState]:
     """The app with its lifespan running (its change feed polling)."""
     async with app.router.lifespan_context(app):
-        ctx: AppContext = app.state.localui
+        ctx: AppState = app.state.localui
         yield ctx
 
 
@@ -425,22 +427,24 @@ async def test_stopping_the_feed_ends_every_subscription() -> None:
 
 
 @pytest.mark.anyio
-async def test_the_generic_source_sees_pauses_and_rows_through_the_store(
+async def test_the_backends_source_pins_a_new_pause_to_its_run(
     store_copy: Path, tmp_path: Path
 ) -> None:
-    """Stores without a source of their own (a PostgreSQL store today) still go live."""
-    store = SQLiteStore(store_copy)
-    source = StoreChangeSource(store)
+    """The source the backend gives the feed names the run that paused, and nothing else."""
+    backend = SQLiteBackend(store_copy)
+    source = backend.change_source()
     try:
         source.reset()
         assert source.poll() is None
         new_run = await run_worker(store_copy, "paused-1", tmp_path)
         changes = source.poll()
         assert changes is not None
-        assert changes.pauses_added == {new_run} and changes.everything
+        assert changes.pauses_added == {new_run} and changes.runs == {new_run}
+        assert not changes.everything and not changes.pauses_removed
         assert source.poll() is None
     finally:
-        store.close()
+        source.close()
+        backend.close()
 
 
 # --- the streams ----------------------------------------------------------------
@@ -571,7 +575,7 @@ async def test_a_client_that_stops_reading_gets_a_resync_then_everything(
     # The feed polls only when the test says so.
     app = create_app(Settings(store=str(store_copy), poll_interval=3600))
     async with running(app) as ctx:
-        feed: ChangeFeed = ctx.extensions["feed"]
+        feed = ctx.feed
         feed.queue_size = 1
         async with open_stream(app, "/live/approvals", buffer=0) as stream:
             await stream.first("nav-badge", "queue")
@@ -609,10 +613,13 @@ async def test_streams_share_renders_and_idle_streams_read_nothing(
     store_copy: Path, seeded: Seeded
 ) -> None:
     store = CountingStore(store_copy)
-    app = create_app(Settings(store=str(store_copy), poll_interval=0.01), store=store)
+    app = create_app(
+        Settings(store=str(store_copy), poll_interval=0.01),
+        backend=SQLiteBackend(store_copy, store=store),
+    )
     try:
         async with running(app) as ctx:
-            feed: ChangeFeed = ctx.extensions["feed"]
+            feed = ctx.feed
             await anyio.sleep(0.3)
             # No stream open: neither the feed nor anything else asked the store a thing.
             assert (feed.polls, sum(store.calls.values())) == (0, 0)
@@ -624,7 +631,8 @@ async def test_streams_share_renders_and_idle_streams_read_nothing(
                 ]
                 for stream in opened:
                     await stream.first("nav-badge", "runs-table")
-                renders = ctx.extensions["live_renders"]
+                renders = ctx.live_renders
+                assert renders is not None
                 # Five streams on the same views: one render of each (the badge, the table).
                 assert (renders.renders, store.calls["list_runs"]) == (2, 1)
                 calls = sum(store.calls.values())
@@ -653,7 +661,7 @@ async def test_the_app_stopping_ends_open_streams(store_copy: Path, seeded: Seed
         ):
             await nav.first("nav-badge")
             await run.first(*RUN_FRAGMENTS)
-            await ctx.extensions["feed"].stop()  # what the lifespan does on shutdown
+            await ctx.feed.stop()  # what the lifespan does on shutdown
             assert await nav.next(timeout=5) is None
             assert await run.next(timeout=5) is None
 
@@ -691,42 +699,13 @@ def test_every_page_connects_its_own_stream(client: TestClient, seeded: Seeded) 
 # --- a real server --------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def test_a_server_with_open_streams_stops_at_once(store_copy: Path, tmp_path: Path) -> None:
     """uvicorn waits for open responses before it stops; live streams must end first."""
-    port = _free_port()
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        server = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "localui"),
-                "serve",
-                "--store",
-                str(store_copy),
-                "--port",
-                str(port),
-            ],
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    server = start_localui(
+        ["serve", "--store", str(store_copy)], cwd=tmp_path, log=tmp_path / "serve.log"
+    )
+    base = server.url
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/runs.json", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    pytest.fail(log.read_text())
-                time.sleep(0.1)
         ended: list[str] = []
         opened = threading.Barrier(4)
 
@@ -752,16 +731,14 @@ def test_a_server_with_open_streams_stops_at_once(store_copy: Path, tmp_path: Pa
             watcher.start()
         opened.wait(timeout=30)
         asked = time.monotonic()
-        server.send_signal(signal.SIGTERM)
-        code = server.wait(timeout=30)
+        server.process.send_signal(signal.SIGTERM)
+        code = server.process.wait(timeout=30)
         took = time.monotonic() - asked
         for watcher in watchers:
             watcher.join(timeout=10)
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-    output = log.read_text()
+        server.stop()
+    output = server.output()
     print(f"\nstopped {took:.2f} s after SIGTERM with 3 streams open")
     # uvicorn re-raises the signal it handled once it has stopped.
     assert code in (0, -signal.SIGTERM), output

@@ -24,11 +24,11 @@ from starlette.testclient import TestClient
 
 from localui import runs
 from localui.app import create_app
+from localui.backends.base import Backend, Store
 from localui.demo import teams
 from localui.demo.agent import build_agent
 from localui.demo.scenarios import ALL_SCENARIOS, SeedReport, seed
 from localui.settings import Settings
-from localui.store.base import Store
 
 #: Also run on the lowest SDK the project declares (scripts/test.sh).
 pytestmark = pytest.mark.floor
@@ -72,12 +72,16 @@ def seeds(tmp_path_factory: pytest.TempPathFactory, pg_dsn: str) -> Iterator[See
 
 @dataclass
 class Copy:
-    """A test's own copy of the seeded store, its read model and the SDK's checkpointer."""
+    """A test's own copy of the seeded store, its backend and the SDK's checkpointer."""
 
     settings: Settings
-    store: Store
+    backend: Backend
     checkpointer: Any
     report: SeedReport
+
+    @property
+    def store(self) -> Store:
+        return self.backend.store
 
 
 @pytest.fixture(params=("sqlite", "postgres"))
@@ -86,29 +90,29 @@ def copy(request: pytest.FixtureRequest, seeds: Seeds, tmp_path: Path) -> Iterat
         if request.param == "sqlite":
             from fastaiagent.checkpointers import SQLiteCheckpointer
 
-            from localui.store.sqlite import SQLiteStore
+            from localui.backends.sqlite import SQLiteBackend
 
             path = backup(Path(seeds.sqlite.store), tmp_path / "copy.db")
             settings = Settings(store=str(path))
-            store: Store = SQLiteStore(path)
+            backend: Backend = SQLiteBackend(path)
             checkpointer: Any = SQLiteCheckpointer(str(path))
             report = seeds.sqlite
         else:
             from fastaiagent.checkpointers.postgres import PostgresCheckpointer
 
-            from localui.store.postgres import PostgresStore
+            from localui.backends.postgres import PostgresBackend
 
             schema, app_schema = pg_name("fastaiagent"), pg_name("localui")
             copy_pg_store(seeds.pg_dsn, seeds.pg_schema, seeds.pg_dsn, schema)
             stack.callback(PgRaw(seeds.pg_dsn, schema).drop)
             stack.callback(PgRaw(seeds.pg_dsn, app_schema).drop)
             settings = Settings(store=seeds.pg_dsn, pg_schema=schema, pg_app_schema=app_schema)
-            store = PostgresStore(seeds.pg_dsn, schema=schema, app_schema=app_schema)
+            backend = PostgresBackend(seeds.pg_dsn, schema=schema, app_schema=app_schema)
             checkpointer = PostgresCheckpointer(seeds.pg_dsn, schema=schema)
             report = seeds.pg
-        stack.callback(store.close)
+        stack.callback(backend.close)
         stack.callback(checkpointer.close)
-        yield Copy(settings, store, checkpointer, report)
+        yield Copy(settings, backend, checkpointer, report)
 
 
 def runners(checkpointer: Any, events: list[str]) -> dict[str, Any]:
@@ -161,7 +165,7 @@ def test_the_sdk_does_first_what_the_page_predicts(copy: Copy, name: str) -> Non
     registered = runners(copy.checkpointer, events)
     owner = runs.run_owner(rows)
     plan = runs.resume_plan(
-        state, rows, backend=copy.store.backend, chain_order=chain_order(owner, registered)
+        state, rows, backend=copy.backend.kind, chain_order=chain_order(owner, registered)
     )
     runner = registered[owner.name]
     answer = Resume(approved=True, metadata={"approver": "tests", "reason": "checking"})
@@ -199,14 +203,14 @@ def test_the_sdk_does_first_what_the_page_predicts(copy: Copy, name: str) -> Non
 @pytest.mark.postgres
 def test_long_runs_are_predicted_past_the_sdk_s_500_rows(copy: Copy) -> None:
     failed = copy.store.list_rows(copy.report.run_id("long-failed"))
-    plan = runs.resume_plan(runs.FAILED, failed, backend=copy.store.backend)
+    plan = runs.resume_plan(runs.FAILED, failed, backend=copy.backend.kind)
     assert isinstance(plan, runs.ResumePlan) and len(failed) > runs.SDK_LIST_LIMIT
     # Not the model call of the last turn: row 500 is a tool call of turn 45.
     assert (plan.node_id, plan.shape) == ("turn:45/tool:step", "tool")
     assert plan.note is not None and "first 500" in plan.note
 
     paused = copy.store.list_rows(copy.report.run_id("long-paused"))
-    refusal = runs.resume_plan(runs.PAUSED, paused, backend=copy.store.backend)
+    refusal = runs.resume_plan(runs.PAUSED, paused, backend=copy.backend.kind)
     assert isinstance(refusal, runs.Refusal)
     assert "lose this pause" in refusal.reason and "Nothing has been claimed" in refusal.reason
 
@@ -214,9 +218,9 @@ def test_long_runs_are_predicted_past_the_sdk_s_500_rows(copy: Copy) -> None:
 @pytest.mark.postgres
 def test_the_failed_fork_re_enters_where_each_backend_sorts_it(copy: Copy) -> None:
     rows = copy.store.list_rows(copy.report.run_id("fork-failed"))
-    plan = runs.resume_plan(runs.FAILED, rows, backend=copy.store.backend)
+    plan = runs.resume_plan(runs.FAILED, rows, backend=copy.backend.kind)
     assert isinstance(plan, runs.ResumePlan)
-    if copy.store.backend == runs.SQLITE:
+    if copy.backend.kind == runs.SQLITE:
         # SQLite's list sorts by node_index, and the origin row carries its source's.
         assert plan.node_id == "__fork_origin__"
         assert plan.note is not None and "source run's conversation" in plan.note

@@ -17,9 +17,10 @@ from fastaiagent.chain.interrupt import AlreadyResumed
 from fastaiagent.checkpointers import SQLiteCheckpointer
 
 from localui import runs
+from localui.backends.base import Store
+from localui.backends.sqlite.store import SQLiteStore
 from localui.demo.scenarios import SCENARIO_NAMES
-from localui.store.records import RowHeader, RunQuery
-from localui.store.sqlite import SQLiteStore
+from localui.records import RowHeader, RunQuery
 
 if TYPE_CHECKING:
     from conftest import Raw, Seeded
@@ -39,7 +40,8 @@ def plan_for(store: SQLiteStore, execution_id: str) -> tuple[str, runs.ResumePla
     facts = store.get_run(execution_id)
     assert facts is not None
     state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
-    return state, runs.resume_plan(state, store.list_rows(execution_id), backend=store.backend)
+    # The session's store is a SQLite file: the SDK lists its rows in SQLite's order.
+    return state, runs.resume_plan(state, store.list_rows(execution_id), backend=runs.SQLITE)
 
 
 # --- agreement with the SDK, scenario by scenario ---------------------------
@@ -135,81 +137,136 @@ STEP_TYPES = ("run_end", "llm_call", "tool_call", "hitl_pause", "fork_origin", N
 STATUSES = ("completed", "failed", "interrupted", None)
 
 
-@pytest.fixture(scope="module")
-def combinations_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Every (newest step_type, status, pending) in one store, on the SDK's schema.
+def _combinations() -> Iterator[tuple[str, str, str, str, int, str | None, str | None, str]]:
+    """``(run, checkpoint id, node id, created_at, node_index, step_type, status, pending?)``
+    rows of every (newest step_type, status, pending) combination; the last field is
+    ``"p"`` on a run's newest row when that run has a pending interrupt."""
+    for n, (step, status, pending) in enumerate(
+        itertools.product(STEP_TYPES, STATUSES, (True, False))
+    ):
+        run = f"run-{step}-{status}-{'p' if pending else 'np'}"
+        first_at = f"2025-01-01T00:00:{n:02d}.000000+00:00"
+        last_at = first_at if n % 2 else f"2025-01-01T00:01:{n:02d}.000000+00:00"
+        for i, (node, st, stat, at) in enumerate(
+            [("turn:0", "llm_call", "completed", first_at), ("last", step, status, last_at)]
+        ):
+            yield run, f"{run}-{i}", node, at, i, st, stat, "p" if pending and i else ""
+
+
+def _sqlite_combinations(path: Path) -> Store:
+    SQLiteCheckpointer(str(path)).setup()
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            for run, cid, node, at, i, step, status, pending in _combinations():
+                conn.execute(
+                    "INSERT INTO checkpoints (id, checkpoint_id, chain_name, execution_id,"
+                    " node_id, node_index, step_type, status, created_at)"
+                    " VALUES (?, ?, 'combo-bot', ?, ?, ?, ?, ?, ?)",
+                    (cid, cid, run, node, i, step, status, at),
+                )
+                if pending:
+                    conn.execute(
+                        "INSERT INTO pending_interrupts (execution_id, chain_name, node_id,"
+                        " reason, context, created_at) VALUES (?, 'combo-bot', 'last', 'why',"
+                        " '{}', ?)",
+                        (run, at),
+                    )
+    finally:
+        conn.close()
+    return SQLiteStore(path)
+
+
+def _postgres_combinations(dsn: str, schema: str) -> Store:
+    import psycopg
+    from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
+    from localui.backends.postgres.store import PostgresStore
+
+    checkpointer = PostgresCheckpointer(dsn, schema=schema, max_pool_size=1)
+    try:
+        checkpointer.setup()
+    finally:
+        checkpointer.close()
+    with psycopg.connect(dsn) as conn:
+        for run, cid, node, at, i, step, status, pending in _combinations():
+            # The SDK writes ``status`` NOT NULL; its default is what a NULL reads as.
+            conn.execute(
+                f"INSERT INTO {schema}.checkpoints (checkpoint_id, chain_name, execution_id,"
+                " node_id, node_index, step_type, status, state_snapshot, created_at)"
+                " VALUES (%s, 'combo-bot', %s, %s, %s, %s, COALESCE(%s, 'completed'), '{}', %s)",
+                (cid, run, node, i, step, status, at),
+            )
+            if pending:
+                conn.execute(
+                    f"INSERT INTO {schema}.pending_interrupts (execution_id, chain_name, node_id,"
+                    " reason, context, created_at) VALUES (%s, 'combo-bot', 'last', 'why',"
+                    " '{}', %s)",
+                    (run, at),
+                )
+    return PostgresStore(dsn, schema=schema)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def combinations_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Every (newest step_type, status, pending) in one store, on the SDK's schema, on
+    each backend: on PostgreSQL the state filter and counts are SQL (``STATE_SQL``), on
+    SQLite the runs index stores what ``run_state`` said.
 
     Most combinations no run writes (a failed pause, an interrupted run end), so
     the rows go in by hand; the schema is the one the SDK creates. Each run has
     an older first row, and half of them tie on ``created_at`` so insertion
     order must break it, as in the SDK's ``get_last``.
     """
-    path = tmp_path_factory.mktemp("combos") / "local.db"
-    SQLiteCheckpointer(str(path)).setup()
-    conn = sqlite3.connect(path)
+    if request.param == "sqlite":
+        store = _sqlite_combinations(tmp_path / "local.db")
+        yield store
+        store.close()
+        return
+    from conftest import PgRaw, pg_name
+
+    dsn: str = request.getfixturevalue("pg_dsn")
+    schema = pg_name("fastaiagent_combos")
     try:
-        with conn:
-            for n, (step, status, pending) in enumerate(
-                itertools.product(STEP_TYPES, STATUSES, (True, False))
-            ):
-                run = f"run-{step}-{status}-{'p' if pending else 'np'}"
-                first_at = f"2025-01-01T00:00:{n:02d}.000000+00:00"
-                last_at = first_at if n % 2 else f"2025-01-01T00:01:{n:02d}.000000+00:00"
-                for i, (node, st, stat, at) in enumerate(
-                    [("turn:0", "llm_call", "completed", first_at), ("last", step, status, last_at)]
-                ):
-                    cid = f"{run}-{i}"
-                    conn.execute(
-                        "INSERT INTO checkpoints (id, checkpoint_id, chain_name, execution_id,"
-                        " node_id, node_index, step_type, status, created_at)"
-                        " VALUES (?, ?, 'combo-bot', ?, ?, ?, ?, ?, ?)",
-                        (cid, cid, run, node, i, st, stat, at),
-                    )
-                if pending:
-                    conn.execute(
-                        "INSERT INTO pending_interrupts (execution_id, chain_name, node_id,"
-                        " reason, context, created_at) VALUES (?, 'combo-bot', 'last', 'why',"
-                        " '{}', ?)",
-                        (run, last_at),
-                    )
+        store = _postgres_combinations(dsn, schema)
+        try:
+            yield store
+        finally:
+            store.close()
     finally:
-        conn.close()
-    yield path
+        PgRaw(dsn, schema).drop()
 
 
-def test_state_sql_agrees_with_run_state_on_every_combination(combinations_store: Path) -> None:
-    combos = SQLiteStore(combinations_store)
-    try:
-        page = combos.list_runs(RunQuery(limit=1000))
-        assert len(page.runs) == len(STEP_TYPES) * len(STATUSES) * 2
-        python_states: dict[str, str] = {}
-        for facts in page.runs:
-            step, status, pending = facts.execution_id.split("-", 1)[1].rsplit("-", 2)
-            assert facts.last_checkpoint_id == f"{facts.execution_id}-1"
-            assert facts.last_step_type == (None if step == "None" else step)
-            assert facts.has_pending is (pending == "p")
-            state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
-            assert state == runs.run_state(
-                None if step == "None" else step,
-                "completed" if status == "None" else status,
-                pending == "p",
-            )
-            python_states[facts.execution_id] = state
-        # The SQL CASE decides the state filter and the counts.
-        for state in {*python_states.values(), runs.ORPHANED}:
-            filtered = combos.list_runs(RunQuery(state=state, limit=1000))
-            expected = {k for k, v in python_states.items() if v == state}
-            assert {f.execution_id for f in filtered.runs} == expected, state
-            assert page.counts.get(state, 0) == len(expected), state
-        assert set(python_states.values()) == {
-            "completed",
-            "failed",
-            "paused",
-            "orphaned",
-            "unfinished",
-        }
-    finally:
-        combos.close()
+def test_state_sql_agrees_with_run_state_on_every_combination(combinations_store: Store) -> None:
+    combos = combinations_store
+    page = combos.list_runs(RunQuery(limit=1000))
+    assert len(page.runs) == len(STEP_TYPES) * len(STATUSES) * 2
+    python_states: dict[str, str] = {}
+    for facts in page.runs:
+        step, status, pending = facts.execution_id.split("-", 1)[1].rsplit("-", 2)
+        assert facts.last_checkpoint_id == f"{facts.execution_id}-1"
+        assert facts.last_step_type == (None if step == "None" else step)
+        assert facts.has_pending is (pending == "p")
+        state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+        assert state == runs.run_state(
+            None if step == "None" else step,
+            "completed" if status == "None" else status,
+            pending == "p",
+        )
+        python_states[facts.execution_id] = state
+    # The state filter and the counts: SQL's CASE on PostgreSQL, the index on SQLite.
+    for state in {*python_states.values(), runs.ORPHANED}:
+        filtered = combos.list_runs(RunQuery(state=state, limit=1000))
+        expected = {k for k, v in python_states.items() if v == state}
+        assert {f.execution_id for f in filtered.runs} == expected, state
+        assert page.counts.get(state, 0) == len(expected), state
+    assert set(python_states.values()) == {
+        "completed",
+        "failed",
+        "paused",
+        "orphaned",
+        "unfinished",
+    }
 
 
 # --- an orphaned pause --------------------------------------------------------

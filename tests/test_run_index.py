@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from fastaiagent.checkpointers import SQLiteCheckpointer
 
-from localui.store.records import RunQuery
-from localui.store.sqlite import SQLiteStore
+from localui.backends.sqlite.store import SQLiteStore
+from localui.records import RunQuery
 
 
 def states(store: SQLiteStore) -> dict[str, str]:
@@ -325,8 +325,8 @@ def test_a_store_being_indexed_answers_its_first_page_at_once(
 def test_a_build_that_cannot_get_the_index_says_why_and_is_tried_again(
     copy_store: Callable[[], Path], tmp_path: Path
 ) -> None:
+    from localui.backends.sqlite.index import RunIndex
     from localui.errors import Unavailable
-    from localui.store.run_index import RunIndex
 
     path = copy_store()
     _first, complete, index_file = _stale_index(path, tmp_path / "index")
@@ -357,19 +357,20 @@ def test_the_runs_page_says_it_is_indexing_and_asks_again(
     from starlette.testclient import TestClient
 
     from localui.app import create_app
+    from localui.backends.sqlite import SQLiteBackend
     from localui.settings import Settings
 
     path = copy_store()
     first, complete, index_file = _stale_index(path, tmp_path / "index")
     holder = _hold_write_lock(index_file)
     store = SQLiteStore(path, index_dir=tmp_path / "index", background_index_from_rows=0)
-    app = create_app(Settings(store=str(path)), store=store)
+    app = create_app(Settings(store=str(path)), backend=SQLiteBackend(path, store=store))
     with TestClient(app, base_url="http://127.0.0.1:8765") as client:
         try:
             html = client.get("/").text
             rows = complete["totals"].rows
             assert f"Indexing this store's {rows:,} rows" in html
-            assert 'hx-get="/?" hx-trigger="every 1s"' in html
+            assert 'hx-get="/" hx-trigger="every 1s"' in html
             assert "rows in the store" not in html
             for run in first.runs:
                 assert f'href="/runs/{run.execution_id}"' in html

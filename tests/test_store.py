@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from localui import runs
+from localui.backends.base import STATES
+from localui.backends.sqlite.store import SQLiteStore
 from localui.errors import StoreMissing
-from localui.store.base import STATES
-from localui.store.records import RunFacts, RunQuery, Unreadable
-from localui.store.sqlite import SQLiteStore
+from localui.records import RunFacts, RunQuery, Unreadable
 
 if TYPE_CHECKING:
     from conftest import Raw, Seeded

@@ -20,9 +20,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
+from localui.backends.urls import is_postgres_url
 from localui.demo.agent import EXIT_DIED_IN_TOOL, EXIT_DIED_WAITING_ON_MODEL
 from localui.demo.teams import EXIT_DIED_IN_TEAM_TOOL
-from localui.pg import is_postgres_url
 
 #: How a scenario's run is left: the run's own outcome, or the process died.
 Ending = Literal["completed", "paused", "failed", "died"]

@@ -12,19 +12,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sqlite3
 import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localui.pg import is_postgres_url
+from localui.backends import is_busy
+from localui.backends.urls import is_postgres_url
 
 if TYPE_CHECKING:
     from fastaiagent.checkpointers import SQLiteCheckpointer
     from fastaiagent.checkpointers.postgres import PostgresCheckpointer
 
     from localui.demo.scenarios import Scenario
+
+#: Tries of the seeded approval while the SDK's claim meets a busy SQLite store.
+_APPROVE_ATTEMPTS = 8
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,8 +119,6 @@ async def _run(
     source: str | None,
 ) -> str:
     """Run the scenario; return how its run ended (``completed``, ``paused``, ``failed``)."""
-    from fastaiagent import Resume
-
     from localui.demo.agent import build_agent
 
     if scenario.runner != "refund-bot" and not scenario.fork:
@@ -163,13 +166,7 @@ async def _run(
         if scenario.approve_after_pause:
             if result.status != "paused":
                 return result.status
-            result = await agent.aresume(
-                execution_id,
-                resume_value=Resume(
-                    approved=True,
-                    metadata={"approver": "demo-seed", "reason": "seeded approval"},
-                ),
-            )
+            result = await _approve(agent, execution_id, checkpointer)
         return result.status
     finally:
         checkpointer.close()
@@ -181,11 +178,11 @@ def _failed_fork_of(checkpointer: SQLiteCheckpointer | PostgresCheckpointer, sou
 
     store: Any
     if isinstance(checkpointer, SQLiteCheckpointer):
-        from localui.store.sqlite import SQLiteStore
+        from localui.backends.sqlite.store import SQLiteStore
 
         store = SQLiteStore(str(checkpointer.db_path))
     else:
-        from localui.store.postgres import PostgresStore
+        from localui.backends.postgres.store import PostgresStore
 
         store = PostgresStore(
             checkpointer.connection_string, schema=str(checkpointer.schema).strip('"')
@@ -244,6 +241,43 @@ async def _run_other(
         if scenario.ends == "failed":
             return "failed"
         raise
+
+
+async def _approve(
+    agent: Any, execution_id: str, checkpointer: SQLiteCheckpointer | PostgresCheckpointer
+) -> Any:
+    """Approve the paused run, trying again while the SDK's claim meets a busy store.
+
+    On SQLite the SDK claims the pending row in a deferred transaction that reads and
+    then deletes; when another process writes in between (the demo's scenarios run side
+    by side), the delete fails at once with "database is locked", whatever the busy
+    timeout. The transaction is rolled back, so the pause is still there and another try
+    is safe; the pending row is checked before each retry, so a failure after the claim
+    is never retried.
+    """
+    from fastaiagent import Resume
+
+    resume_value = Resume(
+        approved=True, metadata={"approver": "demo-seed", "reason": "seeded approval"}
+    )
+    for attempt in range(1, _APPROVE_ATTEMPTS + 1):
+        try:
+            return await agent.aresume(execution_id, resume_value=resume_value)
+        except sqlite3.OperationalError as exc:
+            if attempt == _APPROVE_ATTEMPTS or not is_busy(exc):
+                raise
+            if not _still_pending(checkpointer, execution_id):
+                raise
+            await asyncio.sleep(0.05 * attempt)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _still_pending(
+    checkpointer: SQLiteCheckpointer | PostgresCheckpointer, execution_id: str
+) -> bool:
+    return any(
+        p.execution_id == execution_id for p in checkpointer.list_pending_interrupts(limit=10_000)
+    )
 
 
 if __name__ == "__main__":

@@ -15,9 +15,10 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui.actions import parse_age
 from localui.errors import BadRequest
-from localui.store.records import PruneRun
-from localui.views.approvals import actions_of, outcome_view
+from localui.records import PruneRun
+from localui.views.approvals import actions_of, approver_of, outcome_view
 from localui.views.common import html_only, is_htmx, off_loop, respond, to_jsonable, wants_json
+from localui.views.urls import urls_of
 
 
 def _answer(request: Request, payload: object, location: str) -> Response:
@@ -34,10 +35,11 @@ async def resume_run(request: Request) -> Response:
     outcome = await actions_of(request).resume(
         execution_id,
         checkpoint_id=str(form.get("checkpoint_id") or ""),
-        actor=str(form.get("actor") or request.cookies.get("localui_approver", "")),
+        actor=str(form.get("actor") or approver_of(request)),
         confirm=str(form.get("confirm") or "") in ("yes", "on", "true", "1"),
     )
-    return _answer(request, outcome_view(outcome), f"/runs/{execution_id}#outcome")
+    urls = urls_of(request)
+    return _answer(request, outcome_view(outcome, urls), urls.run(execution_id, fragment="outcome"))
 
 
 async def fork_run(request: Request) -> Response:
@@ -51,13 +53,14 @@ async def fork_run(request: Request) -> Response:
         checkpoint_id=str(form.get("checkpoint_id") or "") or None,
         new_input=new_input or None,
     )
-    view = outcome_view(outcome)
+    urls = urls_of(request)
+    view = outcome_view(outcome, urls)
     if outcome.new_execution_id is None:
         # The SDK refused or failed before a branch existed: show why on the source run.
         if wants_json(request):
             return JSONResponse(to_jsonable(view), status_code=422)
         raise BadRequest(f"the fork failed: {outcome.error}")
-    return _answer(request, view, f"/runs/{outcome.new_execution_id}")
+    return _answer(request, view, urls.run(outcome.new_execution_id))
 
 
 @dataclass(frozen=True, slots=True)

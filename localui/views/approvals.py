@@ -10,15 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote, unquote
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui import runs
 from localui.actions import ActionService, Outcome
-from localui.decisions import APPROVAL, Decision
 from localui.errors import BadRequest, NotFound
-from localui.store.records import Pending, Unreadable
+from localui.records import APPROVAL, Decision, Pending, Unreadable
 from localui.views.common import (
     context,
     decode_cursor,
@@ -30,8 +30,26 @@ from localui.views.common import (
     to_jsonable,
     wants_json,
 )
+from localui.views.urls import Urls, urls_of
 
 APPROVER_COOKIE = "localui_approver"
+
+
+def approver_of(request: HTTPConnection) -> str:
+    """The approver name this browser last decided as (see :func:`remember_approver`)."""
+    return unquote(request.cookies.get(APPROVER_COOKIE, ""))
+
+
+def remember_approver(response: Response, approver: str) -> None:
+    """Keep the name for the next card. Percent-encoded: a cookie is a header, and
+    headers carry Latin-1 at most, so ``王小明`` or ``Łukasz`` would not fit as they are."""
+    response.set_cookie(
+        APPROVER_COOKIE,
+        quote(approver.strip(), safe=""),
+        max_age=365 * 86400,
+        httponly=True,
+        samesite="strict",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +139,7 @@ class ApprovalItem:
 
 
 def approval_item(
-    actions: ActionService, pending: Pending, now: datetime, *, exact: bool = True
+    actions: ActionService, pending: Pending, now: datetime, urls: Urls, *, exact: bool = True
 ) -> ApprovalItem:
     context_value = pending.context
     if isinstance(context_value, Unreadable):
@@ -136,8 +154,8 @@ def approval_item(
         reason=pending.reason,
         context=context_value,
         created_at=pending.created_at,
-        run_url=f"/runs/{pending.execution_id}",
-        url=f"/approvals/{pending.execution_id}",
+        run_url=urls.run(pending.execution_id),
+        url=urls.approval(pending.execution_id),
         problem=actions.approval_problem(pending, exact=exact),
         age=runs.age_words(pending.created_at, now),
         flat=all(not e.children for e in entries),
@@ -156,7 +174,11 @@ class ApprovalsPage:
 
 
 def build_approvals_page(
-    actions: ActionService, after: tuple[str, str] | None, newest_first: bool, limit: int
+    actions: ActionService,
+    after: tuple[str, str] | None,
+    newest_first: bool,
+    limit: int,
+    urls: Urls,
 ) -> ApprovalsPage:
     page = actions.store.list_pending(after=after, limit=limit, newest_first=newest_first)
     now = datetime.now(UTC)
@@ -164,9 +186,11 @@ def build_approvals_page(
     order = "newest" if newest_first else "oldest"
     next_url = None
     if cursor:
-        next_url = f"/approvals?after={cursor}" + ("&order=newest" if newest_first else "")
+        next_url = urls.path(
+            "approvals", {"after": cursor, "order": "newest" if newest_first else None}
+        )
     return ApprovalsPage(
-        approvals=tuple(approval_item(actions, p, now, exact=False) for p in page.items),
+        approvals=tuple(approval_item(actions, p, now, urls, exact=False) for p in page.items),
         next=cursor,
         total=page.total,
         order=order,
@@ -175,7 +199,7 @@ def build_approvals_page(
 
 
 def actions_of(request: Request) -> ActionService:
-    service: ActionService = context(request).extensions["actions"]
+    service = context(request).actions
     return service
 
 
@@ -187,7 +211,12 @@ async def approvals_list(request: Request) -> Response:
     after_text = request.query_params.get("after")
     after = decode_cursor(after_text) if after_text else None
     page = await off_loop(
-        build_approvals_page, actions_of(request), after, order == "newest", ctx.settings.page_size
+        build_approvals_page,
+        actions_of(request),
+        after,
+        order == "newest",
+        ctx.settings.page_size,
+        urls_of(request),
     )
     page = _with_approver(request, page)
     return await respond(request, "pages/approvals.html", page, partial="partials/_queue.html")
@@ -200,7 +229,7 @@ def _with_approver(request: Request, page: ApprovalsPage) -> ApprovalsPage:
         total=page.total,
         order=page.order,
         next_url=page.next_url,
-        approver=request.cookies.get(APPROVER_COOKIE, ""),
+        approver=approver_of(request),
     )
 
 
@@ -215,7 +244,7 @@ class ApprovalPage:
     approver: str = html_only("")
 
 
-def build_approval_page(actions: ActionService, execution_id: str) -> ApprovalPage:
+def build_approval_page(actions: ActionService, execution_id: str, urls: Urls) -> ApprovalPage:
     pending = actions.store.get_pending(execution_id)
     decisions = tuple(
         decision_view(d) for d in actions.decisions.list_for_run(execution_id) if d.kind == APPROVAL
@@ -224,21 +253,21 @@ def build_approval_page(actions: ActionService, execution_id: str) -> ApprovalPa
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
     return ApprovalPage(
         execution_id=execution_id,
-        pending=approval_item(actions, pending, datetime.now(UTC)) if pending else None,
+        pending=approval_item(actions, pending, datetime.now(UTC), urls) if pending else None,
         decisions=decisions,
-        run_url=f"/runs/{execution_id}",
+        run_url=urls.run(execution_id),
     )
 
 
 async def approval_detail(request: Request) -> Response:
     execution_id = request.path_params["execution_id"]
-    page = await off_loop(build_approval_page, actions_of(request), execution_id)
+    page = await off_loop(build_approval_page, actions_of(request), execution_id, urls_of(request))
     page = ApprovalPage(
         execution_id=page.execution_id,
         pending=page.pending,
         decisions=page.decisions,
         run_url=page.run_url,
-        approver=request.cookies.get(APPROVER_COOKIE, ""),
+        approver=approver_of(request),
     )
     return await respond(request, "pages/approval.html", page)
 
@@ -255,7 +284,7 @@ class OutcomeView:
     run_url: str
 
 
-def outcome_view(outcome: Outcome) -> OutcomeView:
+def outcome_view(outcome: Outcome, urls: Urls) -> OutcomeView:
     return OutcomeView(
         execution_id=outcome.execution_id,
         action=outcome.action,
@@ -264,19 +293,22 @@ def outcome_view(outcome: Outcome) -> OutcomeView:
         error=outcome.error,
         decision=decision_view(outcome.decision) if outcome.decision else None,
         new_execution_id=outcome.new_execution_id,
-        run_url=f"/runs/{outcome.new_execution_id or outcome.execution_id}",
+        run_url=urls.run(outcome.new_execution_id or outcome.execution_id),
     )
 
 
 async def answer_outcome(request: Request, outcome: Outcome, redirect_to: str) -> Response:
     """JSON for scripts, the outcome fragment for htmx, a 303 for a plain form."""
-    view = outcome_view(outcome)
+    urls = urls_of(request)
+    view = outcome_view(outcome, urls)
     if wants_json(request):
         return JSONResponse(to_jsonable(view))
     if is_htmx(request):
         ctx = context(request)
         return ctx.templates.TemplateResponse(
-            request, "partials/_outcome.html", {"page": view, "settings": ctx.settings}
+            request,
+            "partials/_outcome.html",
+            {"page": view, "settings": ctx.settings, "urls": urls},
         )
     return RedirectResponse(redirect_to, status_code=303)
 
@@ -292,11 +324,9 @@ async def _decide(request: Request, approved: bool) -> Response:
         reason=str(form.get("reason") or ""),
         checkpoint_id=str(form.get("checkpoint_id") or ""),
     )
-    response = await answer_outcome(request, outcome, f"/approvals/{execution_id}")
+    response = await answer_outcome(request, outcome, urls_of(request).approval(execution_id))
     # No accounts here: remember who this browser's approver is, for the next card.
-    response.set_cookie(
-        APPROVER_COOKIE, approver.strip(), max_age=365 * 86400, httponly=True, samesite="strict"
-    )
+    remember_approver(response, approver)
     return response
 
 

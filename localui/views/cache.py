@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from localui.actions import parse_age
-from localui.store.base import Store
-from localui.store.records import CacheEntry
+from localui.backends.base import Store
+from localui.records import CacheEntry
 from localui.views.common import (
     context,
     decode_cursor,
@@ -25,6 +24,7 @@ from localui.views.common import (
     pretty_json,
     respond,
 )
+from localui.views.urls import Urls, urls_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,20 +48,20 @@ class StoreCachePage:
     next_url: str | None = html_only(None)
 
 
-def cache_row(entry: CacheEntry) -> CacheRow:
+def cache_row(entry: CacheEntry, urls: Urls) -> CacheRow:
     return CacheRow(
         execution_id=entry.execution_id,
         function_key=entry.function_key,
         value=entry.value,
         enveloped=entry.enveloped,
         created_at=entry.created_at,
-        run_url=f"/runs/{entry.execution_id}#idempotency",
+        run_url=urls.run(entry.execution_id, fragment="idempotency"),
         value_json=pretty_json(entry.value),
     )
 
 
 def build_cache_page(
-    store: Store, older_than: str, after: tuple[str, str] | None, limit: int
+    store: Store, older_than: str, after: tuple[str, str] | None, limit: int, urls: Urls
 ) -> StoreCachePage:
     cutoff = (datetime.now(UTC) - parse_age(older_than)).isoformat()
     page = store.list_cache_before(cutoff, after=after, limit=limit)
@@ -70,9 +70,9 @@ def build_cache_page(
         older_than=older_than,
         cutoff=cutoff,
         total=page.total,
-        entries=tuple(cache_row(e) for e in page.entries),
+        entries=tuple(cache_row(e, urls) for e in page.entries),
         next=cursor,
-        next_url=f"/cache?{urlencode({'older_than': older_than, 'after': cursor})}"
+        next_url=urls.path("cache", {"older_than": older_than, "after": cursor})
         if cursor
         else None,
     )
@@ -83,5 +83,7 @@ async def store_cache(request: Request) -> Response:
     older_than = (request.query_params.get("older_than") or "7d").strip()
     after_text = request.query_params.get("after")
     after = decode_cursor(after_text) if after_text else None
-    page = await off_loop(build_cache_page, ctx.store, older_than, after, ctx.settings.page_size)
+    page = await off_loop(
+        build_cache_page, ctx.store, older_than, after, ctx.settings.page_size, urls_of(request)
+    )
     return await respond(request, "pages/cache.html", page)

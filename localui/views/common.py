@@ -1,4 +1,4 @@
-"""What every endpoint shares: the app context, HTML-or-JSON responses, errors.
+"""What every endpoint shares: the app state, HTML-or-JSON responses, errors.
 
 A view builds one view model (a frozen dataclass) and hands it to
 :func:`respond`, which renders it into the page template, into the partial
@@ -16,17 +16,24 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.templating import Jinja2Templates
 
+from localui.actions import ActionService
+from localui.backends.base import Backend, Store
 from localui.errors import BadRequest, LocalUIError
+from localui.live import ChangeFeed
+from localui.records import Unreadable
+from localui.registry import Registry
 from localui.settings import Settings
-from localui.store.base import Store
-from localui.store.records import Unreadable
+from localui.views.urls import urls_of
+
+if TYPE_CHECKING:
+    from localui.views.live import LiveRenders
 
 T = TypeVar("T")
 
@@ -42,18 +49,33 @@ def html_only(default: Any = dataclasses.MISSING) -> Any:
 
 
 @dataclass(slots=True)
-class AppContext:
-    """What one app process owns; built by ``create_app`` and reached from requests."""
+class AppState:
+    """What one app process owns; built by ``create_app``'s lifespan, on
+    ``app.state.localui``, and reached from requests with :func:`context`."""
 
     settings: Settings
-    store: Store
+    backend: Backend
     templates: Jinja2Templates
-    #: Extra objects later parts hang here (the action service, the change feed).
-    extensions: dict[str, Any] = field(default_factory=dict)
+    registry: Registry
+    actions: ActionService
+    feed: ChangeFeed
+    #: The live pages' shared renders, made with the first stream (``views.live``).
+    live_renders: LiveRenders | None = None
+
+    @property
+    def store(self) -> Store:
+        return self.backend.store
 
 
-def context(request: Request) -> AppContext:
-    ctx: AppContext = request.app.state.localui
+def context(request: Request) -> AppState:
+    ctx: AppState | None = getattr(request.app.state, "localui", None)
+    if ctx is None:
+        # Starlette runs only the outermost app's lifespan: a parent that mounts
+        # localui must enter localui's (see ``localui.app.lifespan_of``).
+        raise RuntimeError(
+            "localui's lifespan has not run: the app that mounts it must enter "
+            "localui.app.lifespan_of(app) in its own lifespan"
+        )
     return ctx
 
 
@@ -111,7 +133,7 @@ async def respond(
     ctx = context(request)
     fragment = partial is not None and is_htmx(request)
     name = partial if fragment and partial is not None else template
-    values: dict[str, Any] = {"page": page, "settings": ctx.settings}
+    values: dict[str, Any] = {"page": page, "settings": ctx.settings, "urls": urls_of(request)}
     if not fragment:
         values["nav"] = await off_loop(nav_counts, ctx.store)
     response = ctx.templates.TemplateResponse(request, name, values, status_code=status_code)
@@ -142,7 +164,7 @@ async def error_response(request: Request, exc: LocalUIError) -> Response:
         body["details"] = to_jsonable(extra)
     if wants_json(request):
         return JSONResponse({"error": body}, status_code=exc.status_code)
-    ctx: AppContext | None = getattr(request.app.state, "localui", None)
+    ctx: AppState | None = getattr(request.app.state, "localui", None)
     if ctx is None:
         return HTMLResponse(str(exc), status_code=exc.status_code)
     fragment = is_htmx(request)
@@ -152,7 +174,7 @@ async def error_response(request: Request, exc: LocalUIError) -> Response:
     return ctx.templates.TemplateResponse(
         request,
         name,
-        {"error": body, "settings": ctx.settings, "nav": nav},
+        {"error": body, "settings": ctx.settings, "nav": nav, "urls": urls_of(request)},
         status_code=exc.status_code,
     )
 

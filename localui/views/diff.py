@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from localui.backends.base import Store
 from localui.diff import SectionDiff, diff_rows
 from localui.errors import BadRequest, NotFound
-from localui.store.base import Store
-from localui.store.records import RowDetail, RowHeader
+from localui.records import RowDetail, RowHeader
 from localui.views.common import context, html_only, off_loop, respond
-from localui.views.run import transcript
+from localui.views.transcript import transcript
+from localui.views.urls import Urls, dom_id, urls_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +66,7 @@ class DiffPage:
     run_url: str | None = html_only(None)
 
 
-def side_view(header: RowHeader) -> SideView:
-    run_url = f"/runs/{quote(header.execution_id, safe='')}"
+def side_view(header: RowHeader, urls: Urls) -> SideView:
     return SideView(
         checkpoint_id=header.checkpoint_id,
         execution_id=header.execution_id,
@@ -77,14 +76,15 @@ def side_view(header: RowHeader) -> SideView:
         created_at=header.created_at,
         agent_path=header.agent_path,
         interrupt_reason=header.interrupt_reason,
-        url=f"{run_url}/rows/{quote(header.checkpoint_id, safe='')}",
-        run_url=f"{run_url}#row-{header.checkpoint_id}",
+        url=urls.row(header.execution_id, header.checkpoint_id),
+        run_url=urls.run(header.execution_id, fragment=f"row-{dom_id(header.checkpoint_id)}"),
     )
 
 
-def diff_url(a: str, b: str, execution_id: str | None = None) -> str:
-    base = f"/runs/{quote(execution_id, safe='')}/diff" if execution_id is not None else "/diff"
-    return f"{base}?{urlencode({'a': a, 'b': b})}"
+def diff_url(urls: Urls, a: str, b: str, execution_id: str | None = None) -> str:
+    if execution_id is None:
+        return urls.path("diff", {"a": a, "b": b})
+    return urls.path("run_diff", {"a": a, "b": b}, execution_id=execution_id)
 
 
 def _fields(a: SideView, b: SideView) -> tuple[FieldLine, ...]:
@@ -126,12 +126,12 @@ def _load(store: Store, param: str, checkpoint_id: str, execution_id: str | None
 
 
 def build_diff_page(
-    store: Store, a_id: str, b_id: str, execution_id: str | None = None
+    store: Store, urls: Urls, a_id: str, b_id: str, execution_id: str | None = None
 ) -> DiffPage:
     a_row = _load(store, "a", a_id, execution_id)
     b_row = _load(store, "b", b_id, execution_id)
     result = diff_rows(a_row, b_row)
-    a, b = side_view(a_row.header), side_view(b_row.header)
+    a, b = side_view(a_row.header, urls), side_view(b_row.header, urls)
     summary = result.summary
     if a.checkpoint_id == b.checkpoint_id:
         summary = "A and B are the same row. " + summary
@@ -143,9 +143,9 @@ def build_diff_page(
         sections=tuple(_with_turns(s) for s in result.sections),
         summary=summary,
         fields=_fields(a, b),
-        url=diff_url(a_id, b_id, execution_id),
-        swap_url=diff_url(b_id, a_id, execution_id),
-        run_url=f"/runs/{quote(execution_id, safe='')}" if execution_id is not None else None,
+        url=diff_url(urls, a_id, b_id, execution_id),
+        swap_url=diff_url(urls, b_id, a_id, execution_id),
+        run_url=urls.run(execution_id) if execution_id is not None else None,
     )
 
 
@@ -167,7 +167,8 @@ async def run_diff(request: Request) -> Response:
     """Two rows of one run."""
     ctx = context(request)
     a, b = _pair(request)
-    page = await off_loop(build_diff_page, ctx.store, a, b, request.path_params["execution_id"])
+    execution_id = request.path_params["execution_id"]
+    page = await off_loop(build_diff_page, ctx.store, urls_of(request), a, b, execution_id)
     return await respond(request, "pages/diff.html", page, partial="partials/_diff.html")
 
 
@@ -175,5 +176,5 @@ async def rows_diff(request: Request) -> Response:
     """Two rows of any runs."""
     ctx = context(request)
     a, b = _pair(request)
-    page = await off_loop(build_diff_page, ctx.store, a, b)
+    page = await off_loop(build_diff_page, ctx.store, urls_of(request), a, b)
     return await respond(request, "pages/diff.html", page, partial="partials/_diff.html")

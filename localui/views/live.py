@@ -33,12 +33,14 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
+from localui.backends.base import Changes
 from localui.errors import BadRequest, LocalUIError, NotFound
-from localui.live import ChangeFeed, Changes, Resync, Subscription
-from localui.views.approvals import APPROVER_COOKIE, actions_of, build_approvals_page
-from localui.views.common import AppContext, context, decode_cursor, nav_counts, off_loop
+from localui.live import ChangeFeed, Resync, Subscription
+from localui.views.approvals import actions_of, approver_of, build_approvals_page
+from localui.views.common import AppState, context, decode_cursor, nav_counts, off_loop
 from localui.views.run import build_run_page
 from localui.views.runs import RunFilters, build_runs_page, parse_filters
+from localui.views.urls import Urls, urls_of
 
 logger = logging.getLogger(__name__)
 
@@ -80,15 +82,15 @@ class LiveView(Protocol):
 
     def affected_by(self, changes: Changes) -> bool: ...
 
-    def render(self, ctx: AppContext, previous: Rendered | None) -> Rendered:
+    def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         """Read and render; blocking, so it runs off the event loop. ``previous`` is the
         render before this one, for views that remember something across renders."""
         ...
 
 
-def render_partial(ctx: AppContext, name: str, **values: Any) -> str:
+def render_partial(ctx: AppState, name: str, urls: Urls, **values: Any) -> str:
     values.setdefault("settings", ctx.settings)
-    return ctx.templates.get_template(name).render(values)
+    return ctx.templates.get_template(name).render(urls=urls, **values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +104,10 @@ class NavView:
     def affected_by(self, changes: Changes) -> bool:
         return changes.pauses_changed
 
-    def render(self, ctx: AppContext, previous: Rendered | None) -> Rendered:
-        html = render_partial(ctx, "partials/_nav_badge.html", nav=nav_counts(ctx.store))
+    def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
+        html = ctx.templates.get_template("partials/_nav_badge.html").render(
+            nav=nav_counts(ctx.store)
+        )
         return Rendered(fragments=(Fragment("nav-badge", html),))
 
 
@@ -114,17 +118,21 @@ class RunsView:
 
     filters: RunFilters
     after: tuple[str, str] | None
+    #: Links are rendered once for every stream of this key, so the prefix is part of it.
+    urls: Urls
 
     @property
     def key(self) -> Hashable:
-        return ("runs", self.filters, self.after)
+        return ("runs", self.filters, self.after, self.urls)
 
     def affected_by(self, changes: Changes) -> bool:
         return changes.runs_changed
 
-    def render(self, ctx: AppContext, previous: Rendered | None) -> Rendered:
-        page = build_runs_page(ctx.store, self.filters, self.after, ctx.settings.page_size)
-        html = render_partial(ctx, "partials/_runs_table.html", page=page, live=True)
+    def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
+        page = build_runs_page(
+            ctx.store, self.filters, self.after, ctx.settings.page_size, self.urls
+        )
+        html = render_partial(ctx, "partials/_runs_table.html", self.urls, page=page, live=True)
         return Rendered(fragments=(Fragment("runs-table", html),))
 
 
@@ -133,18 +141,19 @@ class RunView:
     """One run's page: its state (verdict and pause), actions, decisions, timeline."""
 
     execution_id: str
+    urls: Urls
     #: This browser's approver name, prefilled in the card of a paused run.
     approver: str = ""
 
     @property
     def key(self) -> Hashable:
-        return ("run", self.execution_id, self.approver)
+        return ("run", self.execution_id, self.approver, self.urls)
 
     def affected_by(self, changes: Changes) -> bool:
         return changes.touches(self.execution_id)
 
-    def render(self, ctx: AppContext, previous: Rendered | None) -> Rendered:
-        page = build_run_page(ctx.store, self.execution_id, ctx.extensions.get("actions"))
+    def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
+        page = build_run_page(ctx.store, self.execution_id, self.urls, ctx.actions)
         page = replace(page, approver=self.approver)
         parts = (
             ("run-state", "partials/_verdict.html"),
@@ -154,7 +163,7 @@ class RunView:
         )
         return Rendered(
             fragments=tuple(
-                Fragment(event, render_partial(ctx, name, page=page, live=True))
+                Fragment(event, render_partial(ctx, name, self.urls, page=page, live=True))
                 for event, name in parts
             ),
         )
@@ -167,23 +176,28 @@ class QueueView:
     after: tuple[str, str] | None
     newest_first: bool
     approver: str
+    urls: Urls
 
     @property
     def key(self) -> Hashable:
-        return ("queue", self.after, self.newest_first, self.approver)
+        return ("queue", self.after, self.newest_first, self.approver, self.urls)
 
     def affected_by(self, changes: Changes) -> bool:
         return changes.pauses_changed
 
-    def render(self, ctx: AppContext, previous: Rendered | None) -> Rendered:
-        actions = ctx.extensions["actions"]
-        page = build_approvals_page(actions, self.after, self.newest_first, ctx.settings.page_size)
+    def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
+        actions = ctx.actions
+        page = build_approvals_page(
+            actions, self.after, self.newest_first, ctx.settings.page_size, self.urls
+        )
         page = replace(page, approver=self.approver)
         shown = tuple(item.execution_id for item in page.approvals)
         before_shown, before_gone = previous.memo if previous is not None else ((), ())
         gone = [eid for eid in (*before_gone, *before_shown) if eid not in shown]
         gone = list(dict.fromkeys(gone))[-RECENTLY_GONE:]
-        html = render_partial(ctx, "partials/_queue.html", page=page, live=True, gone=gone)
+        html = render_partial(
+            ctx, "partials/_queue.html", self.urls, page=page, live=True, gone=gone
+        )
         return Rendered(fragments=(Fragment("queue", html),), memo=(shown, tuple(gone)))
 
 
@@ -191,7 +205,7 @@ class QueueView:
 class LiveRenders:
     """The newest render of every view some stream shows, shared by those streams."""
 
-    ctx: AppContext
+    ctx: AppState
     feed: ChangeFeed
     _entries: dict[Hashable, Rendered] = field(default_factory=dict)
     _locks: dict[Hashable, asyncio.Lock] = field(default_factory=dict)
@@ -234,13 +248,11 @@ class LiveRenders:
             return entry
 
 
-def live_renders(ctx: AppContext) -> LiveRenders:
+def live_renders(ctx: AppState) -> LiveRenders:
     """The app's shared renders, made with its first stream."""
-    renders: LiveRenders | None = ctx.extensions.get("live_renders")
-    if renders is None:
-        renders = LiveRenders(ctx=ctx, feed=ctx.extensions["feed"])
-        ctx.extensions["live_renders"] = renders
-    return renders
+    if ctx.live_renders is None:
+        ctx.live_renders = LiveRenders(ctx=ctx, feed=ctx.feed)
+    return ctx.live_renders
 
 
 async def _next_or_stop(subscription: Subscription, stop: anyio.Event) -> Changes | Resync | None:
@@ -263,11 +275,11 @@ async def _next_or_stop(subscription: Subscription, stop: anyio.Event) -> Change
 
 
 async def live_events(
-    ctx: AppContext, views: Sequence[LiveView], stop: anyio.Event
+    ctx: AppState, views: Sequence[LiveView], stop: anyio.Event
 ) -> AsyncIterator[ServerSentEvent]:
     """The events of one stream: the current fragments, then each change to them, until
     the feed stops or ``stop`` is set (the server is shutting down)."""
-    feed: ChangeFeed = ctx.extensions["feed"]
+    feed = ctx.feed
     renders = live_renders(ctx)
     subscription = await feed.subscribe()
     async with subscription:
@@ -307,7 +319,7 @@ async def live_events(
                     due, at_least = [v for v in views if v.affected_by(item)], item.seq
 
 
-def store_status(ctx: AppContext, problem: str | None) -> ServerSentEvent:
+def store_status(ctx: AppState, problem: str | None) -> ServerSentEvent:
     """The banner every live page carries: empty while the store reads, else why not."""
     html = ctx.templates.get_template("partials/_store_status.html").render(problem=problem)
     return ServerSentEvent(data=html, event="store-status")
@@ -336,7 +348,7 @@ async def live_nav(request: Request) -> Response:
 async def live_runs(request: Request) -> Response:
     """The runs table under the page's own filters (the same query string as ``/``)."""
     filters, after = parse_filters(request)
-    return stream(request, (NAV, RunsView(filters=filters, after=after)))
+    return stream(request, (NAV, RunsView(filters=filters, after=after, urls=urls_of(request))))
 
 
 async def live_run(request: Request) -> Response:
@@ -344,8 +356,8 @@ async def live_run(request: Request) -> Response:
     execution_id = request.path_params["execution_id"]
     if await off_loop(context(request).store.get_run, execution_id) is None:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
-    approver = request.cookies.get(APPROVER_COOKIE, "")
-    return stream(request, (NAV, RunView(execution_id=execution_id, approver=approver)))
+    view = RunView(execution_id=execution_id, urls=urls_of(request), approver=approver_of(request))
+    return stream(request, (NAV, view))
 
 
 async def live_approvals(request: Request) -> Response:
@@ -359,6 +371,7 @@ async def live_approvals(request: Request) -> Response:
     view = QueueView(
         after=after,
         newest_first=order == "newest",
-        approver=request.cookies.get(APPROVER_COOKIE, ""),
+        approver=approver_of(request),
+        urls=urls_of(request),
     )
     return stream(request, (NAV, view))

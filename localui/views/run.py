@@ -1,5 +1,8 @@
-"""``/runs/{execution_id}``: one run's timeline, verdict, cache and lineage; and
-``/runs/{execution_id}/rows/{checkpoint_id}``: one row opened, loaded on demand."""
+"""``/runs/{execution_id}``: one run's verdict, actions, timeline, cache and lineage.
+
+The page is built section by section (timeline, outbox, resume, pause, actions,
+lineage); the live stream re-renders the same sections from the same builder.
+"""
 
 from __future__ import annotations
 
@@ -14,17 +17,19 @@ from starlette.responses import Response
 
 from localui import runs
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
+from localui.backends.base import Store
 from localui.errors import BadRequest, NotFound
-from localui.store.base import Store
-from localui.store.records import CacheEntry, ForkLink, RowDetail, RowHeader, Unreadable
+from localui.records import CacheEntry, ForkLink, Pending, RowDetail, RowHeader
 from localui.views.approvals import (
-    APPROVER_COOKIE,
     ApprovalItem,
     DecisionView,
     approval_item,
+    approver_of,
     decisions_for_run,
 )
 from localui.views.common import context, html_only, off_loop, pretty_json, respond
+from localui.views.row import jsonable
+from localui.views.urls import Urls, dom_id, urls_of
 
 #: How many forks of forks the lineage walks before it stops listing.
 MAX_LINEAGE = 200
@@ -121,14 +126,6 @@ class PendingView:
 
 
 @dataclass(frozen=True, slots=True)
-class VerdictView:
-    tone: str
-    headline: str
-    resume: str
-    fork: str
-
-
-@dataclass(frozen=True, slots=True)
 class OutboxSummary:
     synced: int
     waiting: int
@@ -148,7 +145,7 @@ class RunPage:
     resume: ResumeView | None
     #: Why there is no resume, in words, when ``resume`` is null.
     resume_refusal: str | None
-    verdict: VerdictView
+    verdict: runs.Verdict
     run_error: str | None
     rows: tuple[RowView, ...]
     pending: PendingView | None
@@ -172,7 +169,7 @@ class RunPage:
     approver: str = html_only("")
 
 
-def row_view(execution_id: str, row: RowHeader, now: datetime) -> RowView:
+def row_view(execution_id: str, row: RowHeader, now: datetime, urls: Urls) -> RowView:
     return RowView(
         checkpoint_id=row.checkpoint_id,
         node_id=row.node_id,
@@ -184,7 +181,7 @@ def row_view(execution_id: str, row: RowHeader, now: datetime) -> RowView:
         parent_checkpoint_id=row.parent_checkpoint_id,
         outbox=outbox_state(row),
         sync_error=row.sync_error,
-        detail_url=f"/runs/{execution_id}/rows/{row.checkpoint_id}",
+        detail_url=urls.row(execution_id, row.checkpoint_id),
         kind=row_kind(row),
         ago=runs.age_words(row.created_at, now),
     )
@@ -222,23 +219,25 @@ def cache_view(entry: CacheEntry, rows: Sequence[RowHeader] = ()) -> CacheView:
     )
 
 
-def fork_view(link: ForkLink, children: tuple[ForkView, ...] = ()) -> ForkView:
+def fork_view(link: ForkLink, urls: Urls, children: tuple[ForkView, ...] = ()) -> ForkView:
     source_url = None
     if link.source_execution_id:
-        source_url = f"/runs/{link.source_execution_id}#row-{link.source_checkpoint_id}"
+        source_url = urls.run(
+            link.source_execution_id, fragment=f"row-{dom_id(link.source_checkpoint_id)}"
+        )
     return ForkView(
         execution_id=link.execution_id,
         source_execution_id=link.source_execution_id,
         source_checkpoint_id=link.source_checkpoint_id,
         source_node_id=link.source_node_id,
         created_at=link.created_at,
-        url=f"/runs/{link.execution_id}",
+        url=urls.run(link.execution_id),
         source_url=source_url,
         forks=children,
     )
 
 
-def lineage(store: Store, execution_id: str) -> tuple[ForkView, ...]:
+def lineage(store: Store, execution_id: str, urls: Urls) -> tuple[ForkView, ...]:
     """This run's forks, and theirs, depth first, at most ``MAX_LINEAGE`` in all."""
     seen = {execution_id}
 
@@ -248,7 +247,7 @@ def lineage(store: Store, execution_id: str) -> tuple[ForkView, ...]:
             if link.execution_id in seen or len(seen) > MAX_LINEAGE:
                 continue
             seen.add(link.execution_id)
-            views.append(fork_view(link, walk(link.execution_id)))
+            views.append(fork_view(link, urls, walk(link.execution_id)))
         return tuple(views)
 
     return walk(execution_id)
@@ -273,27 +272,133 @@ class RowWindow:
     all_url: str | None
 
 
-def row_window(execution_id: str, total: int, start: int | None, size: int) -> RowWindow:
+def row_window(
+    execution_id: str, total: int, start: int | None, size: int, urls: Urls
+) -> RowWindow:
     """The newest ``size`` rows by default: the end of a run is where it crashed or paused."""
     if start is None:
         start = max(0, total - size)
     start = min(max(0, start), max(0, total - 1))
     end = min(total, start + size)
-    base = f"/runs/{execution_id}?from="
+
+    def at(first: int, rows: str | None = None) -> str:
+        query = {"from": first, "rows": rows}
+        return urls.path("run", query, fragment="timeline", execution_id=execution_id)
+
     return RowWindow(
         start=start,
         count=end - start,
         total=total,
-        earlier_url=f"{base}{max(0, start - size)}#timeline" if start > 0 else None,
-        later_url=f"{base}{end}#timeline" if end < total else None,
-        all_url=f"/runs/{execution_id}?from=0&rows=all#timeline" if total > size else None,
+        earlier_url=at(max(0, start - size)) if start > 0 else None,
+        later_url=at(end) if end < total else None,
+        all_url=at(0, "all") if total > size else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """The timeline section: the window of rows shown, grouped, and those a fork may start at."""
+
+    window: RowWindow
+    rows: tuple[RowView, ...]
+    groups: tuple[GroupView, ...]
+    forkable: tuple[RowView, ...]
+
+
+def timeline_section(
+    execution_id: str,
+    headers: Sequence[RowHeader],
+    start: int | None,
+    size: int,
+    now: datetime,
+    urls: Urls,
+) -> Timeline:
+    shown = row_window(execution_id, len(headers), start, size, urls)
+    visible = headers[shown.start : shown.start + shown.count]
+    rows = tuple(row_view(execution_id, h, now, urls) for h in visible)
+    by_id = {r.checkpoint_id: r for r in rows}
+    groups = tuple(
+        GroupView(title=g.title, rows=tuple(by_id[h.checkpoint_id] for h in g.rows))
+        for g in runs.group_timeline(visible)
+    )
+    forkable = tuple(r for r, h in zip(rows, visible, strict=True) if runs.fork_refusal(h) is None)
+    return Timeline(window=shown, rows=rows, groups=groups, forkable=forkable)
+
+
+def outbox_summary(headers: Sequence[RowHeader]) -> OutboxSummary:
+    states = [outbox_state(h) for h in headers]
+    return OutboxSummary(
+        synced=states.count("synced"),
+        waiting=states.count("waiting"),
+        quarantined=states.count("quarantined"),
+        unknown=states.count("unknown"),
+    )
+
+
+def resume_view(plan: runs.ResumePlan | runs.Refusal, saved_args: Any) -> ResumeView | None:
+    if not isinstance(plan, runs.ResumePlan):
+        return None
+    return ResumeView(
+        shape=plan.shape,
+        node_id=plan.node_id,
+        checkpoint_id=plan.checkpoint_id,
+        tool=plan.tool,
+        turn=plan.turn,
+        reason=plan.reason,
+        saved_args=jsonable(saved_args),
+        start_node=plan.start_node,
+        member=plan.member,
+    )
+
+
+def pending_view(pending: Pending | None) -> PendingView | None:
+    if pending is None:
+        return None
+    return PendingView(
+        node_id=pending.node_id,
+        reason=pending.reason,
+        context=jsonable(pending.context),
+        created_at=pending.created_at,
+        context_json=pretty_json(pending.context),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ActionsSection:
+    """What this process can do with the run (its runner and tool registered or not), the
+    pause's card, and what localui already did with the run."""
+
+    decisions: tuple[DecisionView, ...] = ()
+    resume_problem: str | None = None
+    fork_problem: str | None = None
+    approval: ApprovalItem | None = None
+
+
+def actions_section(
+    actions: ActionService,
+    execution_id: str,
+    owner: runs.Owner,
+    plan: runs.ResumePlan | runs.Refusal,
+    pending: Pending | None,
+    now: datetime,
+    urls: Urls,
+) -> ActionsSection:
+    resume_problem = None
+    if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
+        resume_problem = actions.plan_problem(plan)
+    return ActionsSection(
+        decisions=decisions_for_run(actions, execution_id),
+        resume_problem=resume_problem,
+        fork_problem=actions.fork_problem(owner),
+        approval=approval_item(actions, pending, now, urls) if pending is not None else None,
     )
 
 
 def build_run_page(
     store: Store,
     execution_id: str,
-    actions: ActionService | None = None,
+    urls: Urls,
+    actions: ActionService,
     *,
     start: int | None = None,
     window: int = TIMELINE_ROWS,
@@ -304,23 +409,18 @@ def build_run_page(
     headers = store.list_rows(execution_id)
     now = datetime.now(UTC)
     state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
-    plan = (
-        actions.plan(state, headers)
-        if actions is not None
-        else runs.resume_plan(state, headers, backend=store.backend)
-    )
+    # The owner's plan on this backend, with the registered Chain's node order.
+    plan = actions.plan(state, headers)
     last = headers[-1]
     owner = runs.run_owner(headers)
     cache = store.list_cache(execution_id)
     pending = store.get_pending(execution_id) if facts.has_pending else None
-
     saved_args: Any = None
     if isinstance(plan, runs.ResumePlan):
         reentry = store.get_row(plan.checkpoint_id)
         if reentry is not None:
             saved_args = reentry.node_input
     run_error = _run_error(store.get_row(last.checkpoint_id)) if state == runs.FAILED else None
-
     verdict = runs.verdict(
         state,
         plan,
@@ -330,93 +430,34 @@ def build_run_page(
         run_error=run_error,
         cached_calls=len(cache),
     )
-    shown = row_window(execution_id, len(headers), start, window)
-    visible = headers[shown.start : shown.start + shown.count]
-    rows = tuple(row_view(execution_id, h, now) for h in visible)
-    by_id = {r.checkpoint_id: r for r in rows}
-    groups = tuple(
-        GroupView(title=g.title, rows=tuple(by_id[h.checkpoint_id] for h in g.rows))
-        for g in runs.group_timeline(visible)
-    )
-    outbox = [outbox_state(h) for h in headers]
+    timeline = timeline_section(execution_id, headers, start, window, now, urls)
     origin = store.get_fork_origin(execution_id)
-    decisions: tuple[DecisionView, ...] = ()
-    resume_problem = fork_problem = None
-    approval = None
-    if actions is not None:
-        decisions = decisions_for_run(actions, execution_id)
-        fork_problem = actions.fork_problem(owner)
-        if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
-            resume_problem = actions.plan_problem(plan)
-        if pending is not None:
-            approval = approval_item(actions, pending, now)
+    acting = actions_section(actions, execution_id, owner, plan, pending, now, urls)
     age = seconds_since(last.created_at)
     return RunPage(
         execution_id=execution_id,
         state=state,
         agent=owner.name,
         runner=owner.describe(),
-        resume=(
-            ResumeView(
-                shape=plan.shape,
-                node_id=plan.node_id,
-                checkpoint_id=plan.checkpoint_id,
-                tool=plan.tool,
-                turn=plan.turn,
-                reason=plan.reason,
-                saved_args=_jsonable(saved_args),
-                start_node=plan.start_node,
-                member=plan.member,
-            )
-            if isinstance(plan, runs.ResumePlan)
-            else None
-        ),
+        resume=resume_view(plan, saved_args),
         resume_refusal=plan.reason if isinstance(plan, runs.Refusal) else None,
-        verdict=VerdictView(
-            tone=verdict.tone,
-            headline=verdict.headline,
-            resume=verdict.resume,
-            fork=verdict.fork,
-        ),
+        verdict=verdict,
         run_error=run_error,
-        rows=rows,
-        pending=(
-            PendingView(
-                node_id=pending.node_id,
-                reason=pending.reason,
-                context=_jsonable(pending.context),
-                created_at=pending.created_at,
-                context_json=pretty_json(pending.context),
-            )
-            if pending is not None
-            else None
-        ),
+        rows=timeline.rows,
+        pending=pending_view(pending),
         idempotency=tuple(cache_view(e, headers) for e in cache),
-        fork_of=fork_view(origin) if origin is not None else None,
-        forks=lineage(store, execution_id),
-        decisions=decisions,
-        outbox=OutboxSummary(
-            synced=outbox.count("synced"),
-            waiting=outbox.count("waiting"),
-            quarantined=outbox.count("quarantined"),
-            unknown=outbox.count("unknown"),
-        ),
-        groups=groups,
-        resume_problem=resume_problem,
+        fork_of=fork_view(origin, urls) if origin is not None else None,
+        forks=lineage(store, execution_id, urls),
+        window=timeline.window,
+        decisions=acting.decisions,
+        outbox=outbox_summary(headers),
+        groups=timeline.groups,
+        resume_problem=acting.resume_problem,
         resume_needs_confirm=age is not None and age < RECENT_SECONDS,
-        forkable=tuple(
-            r for r, h in zip(rows, visible, strict=True) if runs.fork_refusal(h) is None
-        ),
-        window=shown,
-        fork_problem=fork_problem,
-        approval=approval,
+        forkable=timeline.forkable,
+        fork_problem=acting.fork_problem,
+        approval=acting.approval,
     )
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Unreadable):
-        return {"unreadable": value.error}
-    return value
 
 
 def _window_params(request: Request) -> tuple[int | None, int]:
@@ -437,149 +478,11 @@ async def run_page(request: Request) -> Response:
     ctx = context(request)
     execution_id = request.path_params["execution_id"]
     start, window = _window_params(request)
+    urls = urls_of(request)
     page = await off_loop(
         lambda: build_run_page(
-            ctx.store, execution_id, ctx.extensions.get("actions"), start=start, window=window
+            ctx.store, execution_id, urls, ctx.actions, start=start, window=window
         )
     )
-    page = dataclasses.replace(page, approver=request.cookies.get(APPROVER_COOKIE, ""))
+    page = dataclasses.replace(page, approver=approver_of(request))
     return await respond(request, "pages/run.html", page)
-
-
-# --- one row, opened -------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallView:
-    id: str
-    name: str
-    arguments: Any
-    arguments_json: str = html_only("")
-
-
-@dataclass(frozen=True, slots=True)
-class MessageView:
-    """One message of the conversation, as a person reads a transcript."""
-
-    role: str
-    text: str
-    tool_calls: tuple[ToolCallView, ...]
-    tool_call_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class RowPage:
-    execution_id: str
-    checkpoint_id: str
-    node_id: str
-    step_type: str | None
-    status: str
-    created_at: str
-    agent_path: str | None
-    #: Columns whose JSON could not be parsed; their raw text is still shown.
-    unreadable: tuple[str, ...]
-    transcript: tuple[MessageView, ...] | None
-    node_input: Any
-    node_output: Any
-    interrupt_reason: str | None
-    interrupt_context: Any
-    state_snapshot: Any
-    raw: dict[str, str | None] = html_only()
-    node_input_json: str = html_only("")
-    node_output_json: str = html_only("")
-    interrupt_context_json: str = html_only("")
-    snapshot_extra_json: str = html_only("")
-
-
-def _text_of(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, dict):
-                parts.append(f"[{part.get('type', 'part')}]")
-            else:
-                parts.append(str(part))
-        return "\n".join(parts)
-    return str(content)
-
-
-def transcript(snapshot: Any) -> tuple[MessageView, ...] | None:
-    """The snapshot's ``messages`` as a transcript, or None when it holds none."""
-    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("messages"), list):
-        return None
-    views = []
-    for message in snapshot["messages"]:
-        if not isinstance(message, dict):
-            views.append(MessageView(role="?", text=str(message), tool_calls=(), tool_call_id=None))
-            continue
-        calls = []
-        raw_calls = message.get("tool_calls")
-        for call in raw_calls if isinstance(raw_calls, list) else []:
-            if isinstance(call, dict):
-                arguments = call.get("arguments")
-                calls.append(
-                    ToolCallView(
-                        id=str(call.get("id") or ""),
-                        name=str(call.get("name") or "?"),
-                        arguments=arguments,
-                        arguments_json=pretty_json(arguments),
-                    )
-                )
-        views.append(
-            MessageView(
-                role=str(message.get("role") or "?"),
-                text=_text_of(message.get("content")),
-                tool_calls=tuple(calls),
-                tool_call_id=message.get("tool_call_id"),
-            )
-        )
-    return tuple(views)
-
-
-def build_row_page(store: Store, execution_id: str, checkpoint_id: str) -> RowPage:
-    detail = store.get_row(checkpoint_id)
-    if detail is None or detail.header.execution_id != execution_id:
-        raise NotFound(f"run {execution_id!r} has no row {checkpoint_id!r}")
-    h = detail.header
-    snapshot = detail.state_snapshot
-    extra: Any = snapshot
-    if isinstance(snapshot, dict):
-        extra = {k: v for k, v in snapshot.items() if k != "messages"}
-    return RowPage(
-        execution_id=execution_id,
-        checkpoint_id=h.checkpoint_id,
-        node_id=h.node_id,
-        step_type=h.step_type,
-        status=h.status,
-        created_at=h.created_at,
-        agent_path=h.agent_path,
-        unreadable=detail.unreadable,
-        transcript=transcript(snapshot),
-        node_input=_jsonable(detail.node_input),
-        node_output=_jsonable(detail.node_output),
-        interrupt_reason=h.interrupt_reason,
-        interrupt_context=_jsonable(detail.interrupt_context),
-        state_snapshot=_jsonable(snapshot),
-        raw=dict(detail.raw),
-        node_input_json=pretty_json(detail.node_input),
-        node_output_json=pretty_json(detail.node_output),
-        interrupt_context_json=pretty_json(detail.interrupt_context),
-        snapshot_extra_json=pretty_json(extra),
-    )
-
-
-async def row_detail(request: Request) -> Response:
-    ctx = context(request)
-    page = await off_loop(
-        build_row_page,
-        ctx.store,
-        request.path_params["execution_id"],
-        request.path_params["checkpoint_id"],
-    )
-    return await respond(request, "pages/row.html", page, partial="partials/_row_detail.html")

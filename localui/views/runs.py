@@ -5,15 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from localui import runs
+from localui.backends.base import STATES, Store
 from localui.errors import BadRequest
-from localui.store.base import STATES, Store
-from localui.store.records import IndexProgress, RunFacts, RunQuery, StoreTotals
+from localui.records import IndexProgress, RunFacts, RunQuery, StoreTotals
 from localui.views.common import (
     context,
     decode_cursor,
@@ -22,6 +21,7 @@ from localui.views.common import (
     off_loop,
     respond,
 )
+from localui.views.urls import Urls, urls_of
 
 OUTBOX_FILTERS = ("waiting", "quarantined")
 
@@ -53,7 +53,8 @@ class RunFilters:
     q: str | None
     outbox: str | None
 
-    def query_string(self, **changes: str | None) -> str:
+    def params(self, **changes: str | None) -> dict[str, str]:
+        """The query parameters that show these filters (``changes`` applied)."""
         values = {
             "state": self.state,
             "agent": self.agent,
@@ -61,7 +62,7 @@ class RunFilters:
             "outbox": self.outbox,
             **changes,
         }
-        return urlencode({k: v for k, v in values.items() if v})
+        return {k: v for k, v in values.items() if v}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +90,11 @@ class RunsPage:
     #: then the runs written to most recently, and the page should be asked again.
     indexing: IndexProgress | None = None
     tabs: tuple[StateTab, ...] = html_only(())
+    #: The stream that keeps this table live, under the same filters and page.
+    live_url: str = html_only("")
 
 
-def run_row(facts: RunFacts, now: datetime) -> RunRow:
+def run_row(facts: RunFacts, now: datetime, urls: Urls) -> RunRow:
     state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
     stopped_at = None
     if state == runs.UNFINISHED:
@@ -109,7 +112,7 @@ def run_row(facts: RunFacts, now: datetime) -> RunRow:
         fork_of=facts.fork_parent_checkpoint_id,
         rows_waiting=facts.rows_waiting,
         rows_quarantined=facts.rows_quarantined,
-        url=f"/runs/{facts.execution_id}",
+        url=urls.run(facts.execution_id),
         last_ago=runs.age_words(facts.last_at, now),
     )
 
@@ -132,7 +135,7 @@ def parse_filters(request: Request) -> tuple[RunFilters, tuple[str, str] | None]
 
 
 def build_runs_page(
-    store: Store, filters: RunFilters, after: tuple[str, str] | None, limit: int
+    store: Store, filters: RunFilters, after: tuple[str, str] | None, limit: int, urls: Urls
 ) -> RunsPage:
     query = RunQuery(
         state=filters.state,
@@ -149,7 +152,7 @@ def build_runs_page(
     next_cursor = encode_cursor(page.next_key) if page.next_key else None
     next_url = None
     if next_cursor:
-        next_url = "/?" + filters.query_string(after=next_cursor)
+        next_url = urls.runs(filters.params(after=next_cursor))
     counts = {state: page.counts.get(state, 0) for state in STATES}
     known = page.indexing is None
     tabs = [
@@ -157,7 +160,7 @@ def build_runs_page(
             state=None,
             label="All",
             count=sum(counts.values()) if known else None,
-            url="/?" + filters.query_string(state=None),
+            url=urls.runs(filters.params(state=None)),
             active=filters.state is None,
         )
     ]
@@ -166,13 +169,13 @@ def build_runs_page(
             state=state,
             label=state.capitalize(),
             count=counts[state] if known else None,
-            url="/?" + filters.query_string(state=state),
+            url=urls.runs(filters.params(state=state)),
             active=filters.state == state,
         )
         for state in STATES
     )
     return RunsPage(
-        runs=tuple(run_row(f, now) for f in page.runs),
+        runs=tuple(run_row(f, now, urls) for f in page.runs),
         next=next_cursor,
         next_url=next_url,
         counts=counts if known else {},
@@ -180,11 +183,16 @@ def build_runs_page(
         filters=filters,
         indexing=page.indexing,
         tabs=tuple(tabs),
+        live_url=urls.path(
+            "live_runs", filters.params(after=encode_cursor(after) if after else None)
+        ),
     )
 
 
 async def runs_list(request: Request) -> Response:
     ctx = context(request)
     filters, after = parse_filters(request)
-    page = await off_loop(build_runs_page, ctx.store, filters, after, ctx.settings.page_size)
+    page = await off_loop(
+        build_runs_page, ctx.store, filters, after, ctx.settings.page_size, urls_of(request)
+    )
     return await respond(request, "pages/runs.html", page, partial="partials/_runs_table.html")

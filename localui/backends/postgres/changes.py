@@ -27,9 +27,11 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
+from localui.backends.base import Changes
+from localui.backends.changes import pause_changes
+from localui.backends.decisions import TABLE
+from localui.backends.postgres.pool import identifier, iso, one_line, server_of, table
 from localui.errors import Unavailable
-from localui.live import Changes
-from localui.pg import identifier, iso, one_line, server_of
 
 #: Rows are new when unseen within this many seconds of the newest row's time.
 DEFAULT_WINDOW_SECONDS = 5.0
@@ -63,7 +65,7 @@ class _Cursor:
 
 
 class PostgresChangeSource:
-    """A :class:`localui.live.ChangeSource` over one schema of a PostgreSQL database,
+    """A :class:`localui.backends.base.ChangeSource` over one schema of a PostgreSQL database,
     on a read-only connection of its own (reopened after the server comes back)."""
 
     def __init__(
@@ -79,6 +81,9 @@ class PostgresChangeSource:
         self.server = server_of(dsn)
         self.schema = identifier(schema, "--pg-schema")
         self.app_schema = identifier(app_schema, "--pg-app-schema")
+        self._checkpoints = table(self.schema, "checkpoints")
+        self._pending = table(self.schema, "pending_interrupts")
+        self._decisions = table(self.app_schema, TABLE)
         self._window = timedelta(seconds=window)
         #: Called with every SQL statement the source runs (tests count them).
         self._trace = trace
@@ -160,7 +165,7 @@ class PostgresChangeSource:
         row = self._execute(
             "SELECT pg_current_snapshot()::text, (SELECT n_tup_del FROM pg_stat_user_tables"
             " WHERE relid = to_regclass(%s))",
-            (f"{self.schema}.checkpoints",),
+            (self._checkpoints,),
         ).fetchone()
         return f"{row[0]} {row[1]}"
 
@@ -184,7 +189,7 @@ class PostgresChangeSource:
 
     def _read_cursor(self, previous: _Cursor | None) -> _Cursor:
         shape = self._read_shape()
-        cp = f"{self.schema}.checkpoints"
+        cp = self._checkpoints
         newest_at: datetime | None = None
         recent: dict[str, str] = {}
         newest_synced: tuple[datetime, str] | None = None
@@ -227,15 +232,12 @@ class PostgresChangeSource:
         if shape.pending:
             pending = {
                 str(r[0]): iso(r[1])
-                for r in self._execute(
-                    f"SELECT execution_id, created_at FROM {self.schema}.pending_interrupts"
-                )
+                for r in self._execute(f"SELECT execution_id, created_at FROM {self._pending}")
             }
         decisions: tuple[int, int, datetime | None] = (0, 0, None)
         if shape.decisions:
             row = self._execute(
-                "SELECT max(id), count(*), max(finished_at)"
-                f" FROM {self.app_schema}.localui_decisions"
+                f"SELECT max(id), count(*), max(finished_at) FROM {self._decisions}"
             ).fetchone()
             decisions = (int(row[0] or 0), int(row[1] or 0), row[2])
         return _Cursor(
@@ -256,7 +258,7 @@ class PostgresChangeSource:
         if now.newest_synced != before.newest_synced and now.newest_synced is not None:
             since = before.newest_synced[0] if before.newest_synced else None
             sql = (
-                f"SELECT DISTINCT execution_id FROM {self.schema}.checkpoints"
+                f"SELECT DISTINCT execution_id FROM {self._checkpoints}"
                 " WHERE synced = true AND created_at <= %s"
             )
             params: list[Any] = [now.newest_synced[0]]
@@ -264,22 +266,14 @@ class PostgresChangeSource:
                 sql += " AND created_at >= %s"
                 params.append(since)
             runs.update(str(r[0]) for r in self._execute(sql, params))
-        added = {
-            eid for eid, at in now.pending.items() if before.pending.get(eid) not in (None, at)
-        } | (now.pending.keys() - before.pending.keys())
-        removed = {
-            eid for eid, at in before.pending.items() if now.pending.get(eid) not in (None, at)
-        } | (before.pending.keys() - now.pending.keys())
+        added, removed = pause_changes(before.pending, now.pending)
         decided: set[str] = set()
         everything = False
         if now.decisions != before.decisions:
             if now.decisions[1] < before.decisions[1]:
                 everything = True  # a claim released: we cannot tell whose
             else:
-                sql = (
-                    f"SELECT DISTINCT execution_id FROM {self.app_schema}.localui_decisions"
-                    " WHERE id > %s"
-                )
+                sql = f"SELECT DISTINCT execution_id FROM {self._decisions} WHERE id > %s"
                 params = [before.decisions[0]]
                 if before.decisions[2] is not None:
                     sql += " OR finished_at > %s"
@@ -289,8 +283,8 @@ class PostgresChangeSource:
                 decided.update(str(r[0]) for r in self._execute(sql, params))
         return Changes(
             runs=frozenset(runs),
-            pauses_added=frozenset(added),
-            pauses_removed=frozenset(removed),
+            pauses_added=added,
+            pauses_removed=removed,
             decided=frozenset(decided),
             everything=everything,
         )

@@ -21,8 +21,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from localui.backends import shared
+from localui.backends.shared import Page
+from localui.backends.sqlite.errors import is_busy, is_unreachable
+from localui.backends.sqlite.index import BACKGROUND_FROM_ROWS, RunIndex, StoreColumns
 from localui.errors import LocalUIError, StoreMissing, Unavailable
-from localui.store.records import (
+from localui.records import (
     FORK_ORIGIN_NODE,
     CacheEntry,
     CachePage,
@@ -30,18 +34,14 @@ from localui.store.records import (
     Pending,
     PendingPage,
     PrunePreview,
-    PruneRun,
     RowDetail,
     RowHeader,
     RunFacts,
     RunFactsPage,
     RunQuery,
     StoreTotals,
-    parse_json,
     row_detail,
-    unwrap_cached,
 )
-from localui.store.run_index import BACKGROUND_FROM_ROWS, RunIndex, StoreColumns
 
 #: Read connections open at once, and the page cache of each (SQLite's default is 2 MiB).
 POOL_SIZE = 4
@@ -73,30 +73,8 @@ class _Schema:
         return "NULL"
 
 
-def _row_header(r: tuple[Any, ...]) -> RowHeader:
-    """A row of ``_header_columns``, as a plain tuple, into its record."""
-    return RowHeader(
-        checkpoint_id=r[0] or "",
-        execution_id=r[1],
-        parent_checkpoint_id=r[2],
-        agent=r[3] or "",
-        node_id=r[4] or "",
-        node_index=int(r[5] or 0),
-        step_type=r[6],
-        status=r[7] or "completed",
-        interrupt_reason=r[8],
-        agent_path=r[9],
-        created_at=r[10] or "",
-        synced=r[11],
-        sync_error=r[12],
-    )
-
-
 class SQLiteStore:
-    """:class:`localui.store.base.Store` over a SQLite file."""
-
-    #: Whose ``list`` order the SDK follows on this store (``localui.runs.sdk_history``).
-    backend = "sqlite"
+    """:class:`localui.backends.base.Store` over a SQLite file."""
 
     def __init__(
         self,
@@ -199,13 +177,12 @@ class SQLiteStore:
             with self._borrow() as conn:
                 yield conn
         except sqlite3.OperationalError as exc:
-            message = str(exc)
-            if "locked" in message or "busy" in message:
+            if is_busy(exc):
                 raise Unavailable(
                     f"the store {self.path} is locked by another process; try again"
                 ) from exc
-            if "unable to open" in message or "disk I/O" in message:
-                raise Unavailable(f"the store {self.path} cannot be opened: {message}") from exc
+            if is_unreachable(exc):
+                raise Unavailable(f"the store {self.path} cannot be opened: {exc}") from exc
             raise
         except sqlite3.DatabaseError as exc:
             raise Unavailable(f"the store {self.path} cannot be read: {exc}") from exc
@@ -215,7 +192,7 @@ class SQLiteStore:
             with self._borrow() as conn:
                 conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            if is_busy(exc):
                 raise Unavailable(f"the store {self.path} is locked by another process") from exc
             raise StoreMissing(f"{self.path} is not a SQLite store: {exc}") from exc
 
@@ -252,25 +229,22 @@ class SQLiteStore:
             s = self._schema_for(conn)
         if not s.has_checkpoints:
             return None
-        select = ", ".join(
-            [
-                "rowid",
-                "execution_id",
-                "chain_name",
-                s.col("checkpoint_id"),
-                "node_id",
-                s.col("step_type"),
-                "status",
-                "created_at",
-                s.col("parent_checkpoint_id"),
-                s.col("synced"),
-                s.col("sync_error"),
-                # A tool's arguments, which the runs list searches (turn rows have none).
-                "CASE WHEN node_id LIKE '%/tool:%' THEN node_input END",
-            ]
-        )
         return StoreColumns(
-            select=select,
+            expressions={
+                "rowid": "rowid",
+                "execution_id": "execution_id",
+                "agent": "chain_name",
+                "checkpoint_id": s.col("checkpoint_id"),
+                "node_id": "node_id",
+                "step_type": s.col("step_type"),
+                "status": "status",
+                "created_at": "created_at",
+                "parent_checkpoint_id": s.col("parent_checkpoint_id"),
+                "synced": s.col("synced"),
+                "sync_error": s.col("sync_error"),
+                # A tool's arguments, which the runs list searches (turn rows have none).
+                "tool_args": "CASE WHEN node_id LIKE '%/tool:%' THEN node_input END",
+            },
             synced=s.col("synced"),
             sync_error=s.col("sync_error"),
             checkpoint_key="checkpoint_id" if "checkpoint_id" in s.checkpoint_columns else "id",
@@ -280,7 +254,7 @@ class SQLiteStore:
         try:
             return self._index.list_runs(query)
         except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
+            if is_busy(exc):
                 raise Unavailable(
                     f"the runs index for {self.path} is locked by another process; try again"
                 ) from exc
@@ -293,50 +267,16 @@ class SQLiteStore:
 
     # --- rows ---------------------------------------------------------
 
-    def _header_columns(self, s: _Schema, alias: str = "") -> str:
-        p = f"{alias}." if alias else ""
-        return ", ".join(
-            [
-                f"{s.col('checkpoint_id', alias)} AS checkpoint_id",
-                f"{p}execution_id AS execution_id",
-                f"{s.col('parent_checkpoint_id', alias)} AS parent_checkpoint_id",
-                f"{p}chain_name AS chain_name",
-                f"{p}node_id AS node_id",
-                f"{p}node_index AS node_index",
-                f"{s.col('step_type', alias)} AS step_type",
-                f"{p}status AS status",
-                f"{s.col('interrupt_reason', alias)} AS interrupt_reason",
-                f"{s.col('agent_path', alias)} AS agent_path",
-                f"{p}created_at AS created_at",
-                f"{s.col('synced', alias)} AS synced",
-                f"{s.col('sync_error', alias)} AS sync_error",
-            ]
-        )
-
     @staticmethod
-    def _header(row: sqlite3.Row) -> RowHeader:
-        return RowHeader(
-            checkpoint_id=row["checkpoint_id"] or "",
-            execution_id=row["execution_id"],
-            parent_checkpoint_id=row["parent_checkpoint_id"],
-            agent=row["chain_name"] or "",
-            node_id=row["node_id"] or "",
-            node_index=int(row["node_index"] or 0),
-            step_type=row["step_type"],
-            status=row["status"] or "completed",
-            interrupt_reason=row["interrupt_reason"],
-            agent_path=row["agent_path"],
-            created_at=row["created_at"] or "",
-            synced=row["synced"],
-            sync_error=row["sync_error"],
-        )
+    def _header_columns(s: _Schema) -> str:
+        return shared.header_select(s.col)
 
     def list_rows(self, execution_id: str) -> tuple[RowHeader, ...]:
         with self._read() as conn:
             s = self._schema_for(conn)
             if not s.has_checkpoints:
                 return ()
-            # Plain tuples, in RowHeader's field order: a long run has thousands of rows,
+            # Plain tuples in the header columns' order: a long run has thousands of rows,
             # and sqlite3.Row's lookups by name cost more than the query.
             cursor = conn.cursor()
             cursor.row_factory = None
@@ -345,7 +285,7 @@ class SQLiteStore:
                 " ORDER BY created_at ASC, rowid ASC",
                 (execution_id,),
             ).fetchall()
-        return tuple(_row_header(r) for r in rows)
+        return tuple(shared.row_header_values(r) for r in rows)
 
     def get_row(self, checkpoint_id: str) -> RowDetail | None:
         with self._read() as conn:
@@ -365,22 +305,9 @@ class SQLiteStore:
             ).fetchone()
         if row is None:
             return None
-        return row_detail(self._header(row), row)
+        return row_detail(shared.row_header(row), row)
 
     # --- pauses -------------------------------------------------------
-
-    @staticmethod
-    def _pending(row: sqlite3.Row) -> Pending:
-        return Pending(
-            checkpoint_id=row["checkpoint_id"],
-            execution_id=row["execution_id"],
-            agent=row["chain_name"] or "",
-            node_id=row["node_id"] or "",
-            reason=row["reason"] or "",
-            context=parse_json(row["context"], {}),
-            agent_path=row["agent_path"],
-            created_at=row["created_at"] or "",
-        )
 
     def _pending_columns(self, s: _Schema) -> str:
         # The interrupted row a resume would answer: newest first, as Agent.aresume picks it.
@@ -401,7 +328,7 @@ class SQLiteStore:
                 " WHERE p.execution_id = ?",
                 (execution_id,),
             ).fetchone()
-        return self._pending(row) if row is not None else None
+        return shared.pending(row) if row is not None else None
 
     def list_pending(
         self, *, after: tuple[str, str] | None = None, limit: int = 50, newest_first: bool = False
@@ -422,11 +349,8 @@ class SQLiteStore:
                 f" ORDER BY p.created_at {order}, p.execution_id {order} LIMIT ?",
                 [*params, limit + 1],
             ).fetchall()
-        items = tuple(self._pending(r) for r in rows[:limit])
-        next_key = None
-        if len(rows) > limit and items:
-            next_key = (items[-1].created_at, items[-1].execution_id)
-        return PendingPage(items=items, next_key=next_key, total=total)
+        page = Page.of(rows, limit, shared.pending, shared.pending_key)
+        return PendingPage(items=page.items, next_key=page.next_key, total=total)
 
     # --- idempotency cache -------------------------------------------
 
@@ -439,7 +363,7 @@ class SQLiteStore:
                 " WHERE execution_id = ? ORDER BY created_at ASC",
                 (execution_id,),
             ).fetchall()
-        return tuple(self._cache_entry(r) for r in rows)
+        return tuple(shared.cache_entry(r) for r in rows)
 
     def list_cache_before(
         self, cutoff: str, *, after: tuple[str, str] | None = None, limit: int = 50
@@ -463,23 +387,8 @@ class SQLiteStore:
                 " LIMIT ?",
                 [*params, limit + 1],
             ).fetchall()
-        entries = tuple(self._cache_entry(r) for r in rows[:limit])
-        next_key = None
-        if len(rows) > limit and entries:
-            last = entries[-1]
-            next_key = (last.created_at, f"{last.execution_id}:{last.function_key}")
-        return CachePage(entries=entries, next_key=next_key, total=total)
-
-    @staticmethod
-    def _cache_entry(row: sqlite3.Row) -> CacheEntry:
-        value, enveloped = unwrap_cached(parse_json(row["result"], None))
-        return CacheEntry(
-            execution_id=row["execution_id"],
-            function_key=row["function_key"],
-            value=value,
-            enveloped=enveloped,
-            created_at=row["created_at"] or "",
-        )
+        page = Page.of(rows, limit, shared.cache_entry, shared.cache_key)
+        return CachePage(entries=page.items, next_key=page.next_key, total=total)
 
     # --- lineage ------------------------------------------------------
 
@@ -501,16 +410,7 @@ class SQLiteStore:
                 ORDER BY f.created_at ASC""",
             tuple(params),
         ).fetchall()
-        return tuple(
-            ForkLink(
-                execution_id=r["execution_id"],
-                source_execution_id=r["source_execution_id"],
-                source_checkpoint_id=r["parent"] or "",
-                source_node_id=r["source_node_id"],
-                created_at=r["created_at"] or "",
-            )
-            for r in rows
-        )
+        return tuple(shared.fork_link(r) for r in rows)
 
     def get_fork_origin(self, execution_id: str) -> ForkLink | None:
         with self._read() as conn:
@@ -583,15 +483,7 @@ class SQLiteStore:
                         "SELECT COUNT(*) FROM idempotency_cache WHERE created_at < ?", (cutoff,)
                     ).fetchone()[0]
                 )
-        runs = tuple(
-            PruneRun(
-                execution_id=r["execution_id"],
-                agent=r["agent"] or "",
-                rows_deleted=int(r["gone"]),
-                rows_kept=int(r["total"]) - int(r["gone"]),
-            )
-            for r in rows
-        )
+        runs = tuple(shared.prune_run(r) for r in rows)
         return PrunePreview(
             cutoff=cutoff,
             checkpoint_rows=sum(r.rows_deleted for r in runs),

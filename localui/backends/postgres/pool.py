@@ -12,44 +12,33 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from localui.backends.urls import redact
 from localui.errors import StoreMissing, Unavailable
 
-#: URL schemes libpq accepts; anything else names a SQLite file.
-SCHEMES = ("postgresql://", "postgres://")
-
-#: Schema names are spliced into SQL, so only plain identifiers are accepted
-#: (the SDK's own rule for its ``schema=``).
+#: The SDK's own rule for its ``schema=``: a plain identifier.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def is_postgres_url(store: str) -> bool:
-    return store.startswith(SCHEMES)
-
-
 def identifier(name: str, what: str) -> str:
-    """``name`` when it is a plain SQL identifier; a one-line refusal otherwise."""
+    """``name`` as PostgreSQL folds an unquoted name (the SDK splices it in unquoted),
+    when it is a plain identifier; a one-line refusal otherwise. It reaches SQL only
+    through ``psycopg.sql.Identifier``."""
     if not _IDENTIFIER.fullmatch(name) or len(name) > 63:
         raise StoreMissing(
             f"{what} {name!r} is not a plain PostgreSQL name (letters, digits, underscore)"
         )
-    return name
+    return name.lower()
 
 
-def redact(dsn: str) -> str:
-    """The URL with its password (in the user part or as a parameter) replaced by ``***``."""
-    parts = urlsplit(dsn)
-    netloc = parts.netloc
-    if "@" in netloc:
-        user, _, host = netloc.rpartition("@")
-        if ":" in user:
-            user = user.split(":", 1)[0] + ":***"
-        netloc = f"{user}@{host}"
-    query = re.sub(r"(?i)(^|&)password=[^&]*", r"\1password=***", parts.query)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+def table(schema: str, name: str) -> str:
+    """``schema.name`` quoted by ``psycopg.sql.Identifier``: the one way a schema name
+    reaches this app's SQL."""
+    from psycopg import sql
+
+    return sql.Identifier(schema, name).as_string()
 
 
 def server_of(dsn: str) -> str:
@@ -278,34 +267,3 @@ def cutoff_instant(cutoff: str) -> datetime:
     if parsed is None:
         raise ValueError(f"cutoff {cutoff!r} is not an ISO timestamp with a time zone")
     return parsed
-
-
-class PostgresPrune:
-    """The SDK's ``PostgresCheckpointer.prune``, with a pool only while it runs.
-
-    The app prunes rarely; a checkpointer kept for it would hold a pool of
-    connections (and its threads) for the life of the process.
-    """
-
-    def __init__(self, dsn: str, *, schema: str) -> None:
-        self._dsn = dsn
-        self._schema = schema
-
-    def prune(self, older_than: timedelta) -> int:
-        from fastaiagent.checkpointers.postgres import PostgresCheckpointer
-
-        checkpointer = PostgresCheckpointer(self._dsn, schema=self._schema, max_pool_size=1)
-        try:
-            deleted: int = checkpointer.prune(older_than)
-        except Exception as exc:
-            import psycopg
-            from psycopg_pool import PoolTimeout
-
-            if isinstance(exc, psycopg.OperationalError | PoolTimeout):
-                raise Unavailable(
-                    f"PostgreSQL at {server_of(self._dsn)} is not answering: {one_line(str(exc))}"
-                ) from exc
-            raise
-        finally:
-            checkpointer.close()
-        return deleted

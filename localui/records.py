@@ -249,3 +249,39 @@ class CachePage:
     entries: tuple[CacheEntry, ...]
     next_key: tuple[str, str] | None
     total: int
+
+
+#: Kinds of decision in the app's own record (``localui_decisions``).
+APPROVAL = "approval"
+RESUME = "resume"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One recorded decision. ``outcome`` is None while the SDK is still working on it."""
+
+    id: int
+    kind: str
+    execution_id: str
+    checkpoint_id: str
+    approved: bool | None
+    actor: str
+    reason: str
+    decided_at: str
+    outcome: str | None
+    detail: str | None
+    finished_at: str | None
+
+    @property
+    def verb(self) -> str:
+        if self.kind == RESUME:
+            return "resumed"
+        return "approved" if self.approved else "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The outcome of trying to claim: ``won`` with our row, or the row that beat us."""
+
+    won: bool
+    decision: Decision

@@ -24,17 +24,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from localui.errors import BadRequest, StoreMissing, Unavailable
-from localui.pg import (
+from localui.backends import shared
+from localui.backends.postgres.pool import (
     Pool,
     StaleConnection,
     cutoff_instant,
     identifier,
     iso,
     parse_instant,
-    redact,
+    table,
 )
-from localui.store.records import (
+from localui.backends.shared import STATE_SQL, Page, like
+from localui.backends.urls import redact
+from localui.errors import BadRequest, StoreMissing, Unavailable
+from localui.records import (
     FORK_ORIGIN_NODE,
     CacheEntry,
     CachePage,
@@ -42,18 +45,14 @@ from localui.store.records import (
     Pending,
     PendingPage,
     PrunePreview,
-    PruneRun,
     RowDetail,
     RowHeader,
     RunFacts,
     RunFactsPage,
     RunQuery,
     StoreTotals,
-    parse_json,
     row_detail,
-    unwrap_cached,
 )
-from localui.store.sql import STATE_SQL
 
 T = TypeVar("T")
 
@@ -92,11 +91,6 @@ class _Schema:
         return f"{prefix}{name}" if name in self.checkpoint_columns else "NULL"
 
 
-def _like(text: str) -> str:
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
 def _key_instant(key: tuple[str, str], what: str) -> Any:
     """The timestamp half of a keyset cursor; a forged one is a 400, not a server error."""
     instant = parse_instant(key[0])
@@ -106,10 +100,7 @@ def _key_instant(key: tuple[str, str], what: str) -> Any:
 
 
 class PostgresStore:
-    """:class:`localui.store.base.Store` over one schema of a PostgreSQL database."""
-
-    #: Whose ``list`` order the SDK follows on this store (``localui.runs.sdk_history``).
-    backend = "postgres"
+    """:class:`localui.backends.base.Store` over one schema of a PostgreSQL database."""
 
     def __init__(
         self,
@@ -124,13 +115,13 @@ class PostgresStore:
         self.dsn = dsn
         self.schema = identifier(schema, "--pg-schema")
         #: Where the app keeps its own table; this store never reads it, the change
-        #: feed (``localui.live_pg``) watches it.
+        #: source (``localui.backends.postgres.changes``) watches it.
         self.app_schema = identifier(app_schema, "--pg-app-schema")
         self.location = f"{redact(dsn)} (schema {self.schema})"
         self._t = {
-            "checkpoints": f"{self.schema}.checkpoints",
-            "pending": f"{self.schema}.pending_interrupts",
-            "cache": f"{self.schema}.idempotency_cache",
+            "checkpoints": table(self.schema, "checkpoints"),
+            "pending": table(self.schema, "pending_interrupts"),
+            "cache": table(self.schema, "idempotency_cache"),
         }
         self._pool = Pool(
             dsn,
@@ -323,7 +314,7 @@ class PostgresStore:
                 where.append("agent = %(agent)s")
                 params["agent"] = query.agent
             if query.text:
-                params["text"] = _like(query.text)
+                params["text"] = like(query.text)
                 where.append(
                     "(execution_id ILIKE %(text)s OR agent ILIKE %(text)s"
                     " OR COALESCE(pending_reason, '') ILIKE %(text)s"
@@ -362,11 +353,8 @@ class PostgresStore:
             return cur.fetchall(), counts
 
         rows, counts = self._run(work, statements=2)
-        facts = tuple(self._facts(row) for row in rows[: query.limit])
-        next_key = None
-        if len(rows) > query.limit and facts:
-            next_key = (facts[-1].last_at, facts[-1].execution_id)
-        return RunFactsPage(runs=facts, next_key=next_key, counts=counts)
+        page = Page.of(rows, query.limit, self._facts, shared.run_key)
+        return RunFactsPage(runs=page.items, next_key=page.next_key, counts=counts)
 
     def get_run(self, execution_id: str) -> RunFacts | None:
         def work(cur: Any, s: _Schema) -> dict[str, Any] | None:
@@ -381,44 +369,13 @@ class PostgresStore:
 
     # --- rows ---------------------------------------------------------
 
-    def _header_columns(self, s: _Schema) -> str:
-        return ", ".join(
-            [
-                "checkpoint_id",
-                "execution_id",
-                f"{s.col('parent_checkpoint_id')} AS parent_checkpoint_id",
-                "chain_name",
-                "node_id",
-                "node_index",
-                f"{s.col('step_type')} AS step_type",
-                "status",
-                f"{s.col('interrupt_reason')} AS interrupt_reason",
-                f"{s.col('agent_path')} AS agent_path",
-                "created_at",
-                f"{s.col('synced')} AS synced",
-                f"{s.col('sync_error')} AS sync_error",
-            ]
-        )
+    @staticmethod
+    def _header_columns(s: _Schema) -> str:
+        return shared.header_select(s.col)
 
     @staticmethod
     def _header(row: dict[str, Any]) -> RowHeader:
-        synced = row["synced"]
-        return RowHeader(
-            checkpoint_id=row["checkpoint_id"] or "",
-            execution_id=row["execution_id"],
-            parent_checkpoint_id=row["parent_checkpoint_id"],
-            agent=row["chain_name"] or "",
-            node_id=row["node_id"] or "",
-            node_index=int(row["node_index"] or 0),
-            step_type=row["step_type"],
-            status=row["status"] or "completed",
-            interrupt_reason=row["interrupt_reason"],
-            agent_path=row["agent_path"],
-            created_at=iso(row["created_at"]),
-            # A boolean here, 0/1 in SQLite: the records carry SQLite's shape.
-            synced=None if synced is None else int(synced),
-            sync_error=row["sync_error"],
-        )
+        return shared.row_header(row, iso)
 
     def list_rows(self, execution_id: str) -> tuple[RowHeader, ...]:
         def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:
@@ -458,19 +415,6 @@ class PostgresStore:
 
     # --- pauses -------------------------------------------------------
 
-    @staticmethod
-    def _pending(row: dict[str, Any]) -> Pending:
-        return Pending(
-            checkpoint_id=row["checkpoint_id"],
-            execution_id=row["execution_id"],
-            agent=row["chain_name"] or "",
-            node_id=row["node_id"] or "",
-            reason=row["reason"] or "",
-            context=parse_json(row["context"], {}),
-            agent_path=row["agent_path"],
-            created_at=iso(row["created_at"]),
-        )
-
     def _pending_columns(self) -> str:
         # The interrupted row a resume would answer: newest first, as Agent.aresume picks it.
         return f"""p.execution_id, p.chain_name, p.node_id, p.reason, p.context::text AS context,
@@ -493,7 +437,7 @@ class PostgresStore:
             return row
 
         row = self._run(work)
-        return self._pending(row) if row is not None else None
+        return shared.pending(row, iso) if row is not None else None
 
     def list_pending(
         self, *, after: tuple[str, str] | None = None, limit: int = 50, newest_first: bool = False
@@ -524,11 +468,8 @@ class PostgresStore:
             return cur.fetchall(), total
 
         rows, total = self._run(work, statements=2)
-        items = tuple(self._pending(r) for r in rows[:limit])
-        next_key = None
-        if len(rows) > limit and items:
-            next_key = (items[-1].created_at, items[-1].execution_id)
-        return PendingPage(items=items, next_key=next_key, total=total)
+        page = Page.of(rows, limit, _pending, shared.pending_key)
+        return PendingPage(items=page.items, next_key=page.next_key, total=total)
 
     # --- idempotency cache -------------------------------------------
 
@@ -545,7 +486,7 @@ class PostgresStore:
             rows: list[dict[str, Any]] = cur.fetchall()
             return rows
 
-        return tuple(self._cache_entry(r) for r in self._run(work))
+        return tuple(_cache_entry(r) for r in self._run(work))
 
     def list_cache_before(
         self, cutoff: str, *, after: tuple[str, str] | None = None, limit: int = 50
@@ -578,23 +519,8 @@ class PostgresStore:
             return cur.fetchall(), total
 
         rows, total = self._run(work, statements=2)
-        entries = tuple(self._cache_entry(r) for r in rows[:limit])
-        next_key = None
-        if len(rows) > limit and entries:
-            last = entries[-1]
-            next_key = (last.created_at, f"{last.execution_id}:{last.function_key}")
-        return CachePage(entries=entries, next_key=next_key, total=total)
-
-    @staticmethod
-    def _cache_entry(row: dict[str, Any]) -> CacheEntry:
-        value, enveloped = unwrap_cached(parse_json(row["result"], None))
-        return CacheEntry(
-            execution_id=row["execution_id"],
-            function_key=row["function_key"],
-            value=value,
-            enveloped=enveloped,
-            created_at=iso(row["created_at"]),
-        )
+        page = Page.of(rows, limit, _cache_entry, shared.cache_key)
+        return CachePage(entries=page.items, next_key=page.next_key, total=total)
 
     # --- lineage ------------------------------------------------------
 
@@ -616,16 +542,7 @@ class PostgresStore:
             rows: list[dict[str, Any]] = cur.fetchall()
             return rows
 
-        return tuple(
-            ForkLink(
-                execution_id=r["execution_id"],
-                source_execution_id=r["source_execution_id"],
-                source_checkpoint_id=r["parent"] or "",
-                source_node_id=r["source_node_id"],
-                created_at=iso(r["created_at"]),
-            )
-            for r in self._run(work)
-        )
+        return tuple(shared.fork_link(r, iso) for r in self._run(work))
 
     def get_fork_origin(self, execution_id: str) -> ForkLink | None:
         links = self._fork_links("f.execution_id = %s", (execution_id,))
@@ -687,15 +604,7 @@ class PostgresStore:
             return rows, pauses, cache, self._resumable_cache(cur, s, instant)
 
         rows, pauses, cache, resumable = self._run(work, statements=4)
-        runs = tuple(
-            PruneRun(
-                execution_id=r["execution_id"],
-                agent=r["agent"] or "",
-                rows_deleted=int(r["gone"]),
-                rows_kept=int(r["total"]) - int(r["gone"]),
-            )
-            for r in rows
-        )
+        runs = tuple(shared.prune_run(r) for r in rows)
         return PrunePreview(
             cutoff=cutoff,
             checkpoint_rows=sum(r.rows_deleted for r in runs),
@@ -771,3 +680,11 @@ class PostgresStore:
             )
 
         return self._run(work)
+
+
+def _pending(row: dict[str, Any]) -> Pending:
+    return shared.pending(row, iso)
+
+
+def _cache_entry(row: dict[str, Any]) -> CacheEntry:
+    return shared.cache_entry(row, iso)

@@ -1,0 +1,250 @@
+"""What every backend gives the app: the protocols, and the vocabulary they share.
+
+A :class:`Backend` is one kind of store (a SQLite file, a PostgreSQL schema)
+opened once by :func:`localui.backends.open_backend`: its :class:`Store` (the
+read model), its :class:`ChangeSource` (what the live pages hear), its
+:class:`DecisionLog` (the app's own record and lock), the SDK checkpointer that
+prune uses, and the :class:`StoreTarget` agents are bound to.
+
+Every store, source and log method is synchronous and may block on I/O: views
+call them off the event loop. Implementations never write the SDK's tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from localui.records import (
+    CacheEntry,
+    CachePage,
+    Claim,
+    Decision,
+    ForkLink,
+    Pending,
+    PendingPage,
+    PrunePreview,
+    RowDetail,
+    RowHeader,
+    RunFacts,
+    RunFactsPage,
+    RunQuery,
+    StoreTotals,
+)
+
+#: The vocabulary of run states (DESIGN.md); the rules that derive them live in
+#: ``localui.runs`` and the PostgreSQL store's SQL mirrors them for filtering.
+STATES = ("completed", "failed", "paused", "orphaned", "unfinished")
+
+
+class Store(Protocol):
+    """Read access to one checkpoint store."""
+
+    #: Where the store is, as a person would recognise it (a path or a redacted URL).
+    location: str
+
+    def list_runs(self, query: RunQuery) -> RunFactsPage:
+        """One page of runs, newest activity first, with counts per state."""
+        ...
+
+    def get_run(self, execution_id: str) -> RunFacts | None: ...
+
+    def list_rows(self, execution_id: str) -> tuple[RowHeader, ...]:
+        """The run's rows in the order they were written, without payloads."""
+        ...
+
+    def get_row(self, checkpoint_id: str) -> RowDetail | None:
+        """One row with its payloads; checkpoint ids are unique across runs."""
+        ...
+
+    def get_pending(self, execution_id: str) -> Pending | None: ...
+
+    def list_pending(
+        self, *, after: tuple[str, str] | None = None, limit: int = 50, newest_first: bool = False
+    ) -> PendingPage:
+        """Pending interrupts ordered by ``(created_at, execution_id)``."""
+        ...
+
+    def list_cache(self, execution_id: str) -> tuple[CacheEntry, ...]: ...
+
+    def list_cache_before(
+        self, cutoff: str, *, after: tuple[str, str] | None = None, limit: int = 50
+    ) -> CachePage:
+        """Cache entries written before ``cutoff``, oldest first: what prune would remove."""
+        ...
+
+    def get_fork_origin(self, execution_id: str) -> ForkLink | None:
+        """The row this run was forked from, when it is a fork."""
+        ...
+
+    def list_forks(self, execution_id: str) -> tuple[ForkLink, ...]:
+        """Runs forked from any row of this run."""
+        ...
+
+    def totals(self) -> StoreTotals: ...
+
+    def count_pending(self) -> int: ...
+
+    def get_project_id(self, execution_id: str) -> str | None: ...
+
+    def prune_preview(self, cutoff: str) -> PrunePreview:
+        """What the SDK's ``prune`` would delete for rows older than ``cutoff``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What changed in the store since the previous poll."""
+
+    #: Runs that got new rows, or whose rows changed (outbox flags).
+    runs: frozenset[str] = frozenset()
+    #: Runs that paused on an interrupt (a new ``pending_interrupts`` row).
+    pauses_added: frozenset[str] = frozenset()
+    #: Runs whose pause was claimed, by an approval here or anywhere else.
+    pauses_removed: frozenset[str] = frozenset()
+    #: Runs with a new or finished decision in the app's own record.
+    decided: frozenset[str] = frozenset()
+    #: Something changed that cannot be pinned to runs (the schema): refresh all.
+    everything: bool = False
+    #: The feed's count of published changes; stamped by ``localui.live.ChangeFeed``.
+    seq: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.everything or self.runs or self.pauses_added or self.pauses_removed or self.decided
+        )
+
+    @property
+    def pauses_changed(self) -> bool:
+        return self.everything or bool(self.pauses_added or self.pauses_removed)
+
+    @property
+    def runs_changed(self) -> bool:
+        return self.everything or bool(self.runs or self.pauses_added or self.pauses_removed)
+
+    def touches(self, execution_id: str) -> bool:
+        """Whether a page about this one run must be rendered again."""
+        return self.everything or any(
+            execution_id in ids
+            for ids in (self.runs, self.pauses_added, self.pauses_removed, self.decided)
+        )
+
+    def merge(self, other: Changes) -> Changes:
+        """Both changes as one, for a subscriber that fell behind by a few."""
+        return Changes(
+            runs=self.runs | other.runs,
+            pauses_added=self.pauses_added | other.pauses_added,
+            pauses_removed=self.pauses_removed | other.pauses_removed,
+            decided=self.decided | other.decided,
+            everything=self.everything or other.everything,
+            seq=max(self.seq, other.seq),
+        )
+
+
+class ChangeSource(Protocol):
+    """Tells the change feed what changed in one store. Methods block: the feed runs
+    them in a worker thread, one at a time."""
+
+    def reset(self) -> None:
+        """Take the store as it is now as the baseline for the next :meth:`poll`."""
+        ...
+
+    def poll(self) -> Changes | None:
+        """What changed since the last poll or reset; None when nothing did."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class DecisionLog(Protocol):
+    """The app's record of decisions, and its exactly-once lock (see
+    ``localui.backends.decisions``)."""
+
+    def claim(
+        self,
+        *,
+        kind: str,
+        execution_id: str,
+        checkpoint_id: str,
+        approved: bool | None,
+        actor: str,
+        reason: str,
+        still_pending: Callable[[], bool],
+    ) -> Claim: ...
+
+    def finish(self, decision_id: int, outcome: str, detail: str | None) -> Decision: ...
+
+    def release(self, decision_id: int) -> None:
+        """Delete a claim that never reached the SDK, so the pause can be decided again."""
+        ...
+
+    def list_for_run(self, execution_id: str) -> tuple[Decision, ...]: ...
+
+    def close(self) -> None: ...
+
+
+class Prunes(Protocol):
+    """The one SDK checkpointer method the app calls: prune goes through the SDK."""
+
+    def prune(self, older_than: Any) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoreTarget:
+    """What a registered agent must write to: a SQLite file or a PostgreSQL schema."""
+
+    sqlite_path: Path | None = None
+    pg_dsn: str | None = None
+    pg_schema: str = "fastaiagent"
+
+    def describe(self) -> str:
+        if self.sqlite_path is not None:
+            return str(self.sqlite_path)
+        from localui.backends.urls import redact
+
+        where = f" of {redact(self.pg_dsn)}" if self.pg_dsn else ""
+        return f"PostgreSQL schema {self.pg_schema}{where}"
+
+
+class Backend(Protocol):
+    """One opened store and everything the app needs beside it."""
+
+    @property
+    def kind(self) -> str:
+        """``sqlite`` or ``postgres`` (``localui.runs.SQLITE``/``POSTGRES``): the SDK's
+        checkpointer lists a run's rows in a different order on each, and what a resume
+        re-enters follows that order (``localui.runs.sdk_history``)."""
+        ...
+
+    @property
+    def label(self) -> str:
+        """The store as pages show it: a path, or a URL without its password."""
+        ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def target(self) -> StoreTarget:
+        """What agents registered with ``--agents`` must write to (``localui.registry``)."""
+        ...
+
+    def change_source(self) -> ChangeSource:
+        """A source of its own for the change feed (the feed closes it)."""
+        ...
+
+    def decision_log(self, *, writable: bool) -> DecisionLog:
+        """The decision record in the store's own database (the caller closes it)."""
+        ...
+
+    def checkpointer(self) -> Prunes:
+        """An SDK checkpointer on the served store, for prune."""
+        ...
+
+    def close(self) -> None:
+        """Close the store (sources and logs are closed by whoever asked for them)."""
+        ...

@@ -1,0 +1,76 @@
+"""The decision record's shape, shared by the SQLite and PostgreSQL logs.
+
+It lives in a table of the app's own (``localui_decisions``) inside the store's
+database, never in the SDK's tables, so it travels with the store and outlives
+pruned checkpoints and disabled traces. It is also the app's lock: a decision is
+claimed by inserting its row, and the unique key ``(kind, execution_id,
+checkpoint_id)`` lets exactly one claim win across threads and processes,
+before the SDK is asked to do anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from localui.backends.shared import NamedRow
+from localui.records import Decision
+
+TABLE = "localui_decisions"
+
+#: A claim whose row has no outcome after this long, while the SDK's pending row
+#: is still there, was left by a process that died before it reached the SDK:
+#: the next person may take it over. The SDK's own claim follows ours within
+#: milliseconds, so a live claim is never this old with its pending row intact.
+ABANDONED_AFTER_SECONDS = 30.0
+
+#: The record's columns, in the order every SELECT and RETURNING lists them.
+COLUMN_NAMES = (
+    "id",
+    "kind",
+    "execution_id",
+    "checkpoint_id",
+    "approved",
+    "actor",
+    "reason",
+    "decided_at",
+    "outcome",
+    "detail",
+    "finished_at",
+)
+COLUMNS = ", ".join(COLUMN_NAMES)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def decision_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> Decision:
+    """A row of ``COLUMNS`` (by name) as a :class:`Decision`; ``instant`` turns the
+    database's time values into ISO text."""
+    approved = row["approved"]
+    return Decision(
+        id=int(row["id"]),
+        kind=str(row["kind"]),
+        execution_id=str(row["execution_id"]),
+        checkpoint_id=str(row["checkpoint_id"]),
+        approved=None if approved is None else bool(approved),
+        actor=str(row["actor"]),
+        reason=str(row["reason"] or ""),
+        decided_at=instant(row["decided_at"]),
+        outcome=None if row["outcome"] is None else str(row["outcome"]),
+        detail=None if row["detail"] is None else str(row["detail"]),
+        finished_at=None if row["finished_at"] is None else instant(row["finished_at"]),
+    )
+
+
+def abandoned(decision: Decision) -> bool:
+    """Whether a claim with no outcome is old enough to be taken over."""
+    if decision.outcome is not None:
+        return False
+    try:
+        started = datetime.fromisoformat(decision.decided_at)
+    except ValueError:
+        return False
+    return (datetime.now(UTC) - started).total_seconds() > ABANDONED_AFTER_SECONDS

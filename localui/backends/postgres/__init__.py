@@ -1,0 +1,38 @@
+"""The PostgreSQL backend: the SDK's ``PostgresCheckpointer`` schema, read through a
+pool, with the decision record in a schema of the app's own."""
+
+from __future__ import annotations
+
+from localui import runs
+from localui.backends.base import ChangeSource, DecisionLog, Prunes, StoreTarget
+from localui.backends.postgres.changes import PostgresChangeSource
+from localui.backends.postgres.decisions import PostgresDecisionLog
+from localui.backends.postgres.prune import PostgresPrune
+from localui.backends.postgres.store import PostgresStore
+from localui.backends.urls import redact
+
+
+class PostgresBackend:
+    """:class:`localui.backends.base.Backend` over one schema of a PostgreSQL database."""
+
+    kind = runs.POSTGRES
+
+    def __init__(self, dsn: str, *, schema: str = "fastaiagent", app_schema: str = "localui"):
+        self.dsn = dsn
+        self.store = PostgresStore(dsn, schema=schema, app_schema=app_schema)
+        self.schema = self.store.schema
+        self.app_schema = self.store.app_schema
+        self.label = f"{redact(dsn)} (schema {self.schema})"
+        self.target = StoreTarget(pg_dsn=dsn, pg_schema=schema)
+
+    def change_source(self) -> ChangeSource:
+        return PostgresChangeSource(self.dsn, schema=self.schema, app_schema=self.app_schema)
+
+    def decision_log(self, *, writable: bool) -> DecisionLog:
+        return PostgresDecisionLog(self.dsn, schema=self.app_schema, writable=writable)
+
+    def checkpointer(self) -> Prunes:
+        return PostgresPrune(self.dsn, schema=self.schema)
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,212 @@
+"""The decision record on PostgreSQL: ``localui_decisions`` in a schema of the app's own.
+
+The same record and the same lock as the SQLite log (``localui.backends.decisions``),
+shared by every localui process on the database: a claim is the insert of a
+row under the unique key ``(kind, execution_id, checkpoint_id)``, so one
+request in one process wins, whichever process it reaches. The schema
+(default ``localui``) and table are created on first use; the SDK's schema is
+never touched. Times come from the server's clock, so processes on hosts whose
+clocks disagree still agree on when a claim was abandoned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from psycopg import sql
+
+from localui.backends.decisions import (
+    ABANDONED_AFTER_SECONDS,
+    COLUMN_NAMES,
+    TABLE,
+    decision_from_row,
+)
+from localui.backends.postgres.pool import Pool, identifier, iso
+from localui.errors import Unavailable
+from localui.records import Claim, Decision
+
+#: How many times a claim starts over when the row that beat it vanished before it
+#: could be read (taken over and released in between). Each round needs another
+#: process to take over and release a claim within milliseconds: a few are plenty.
+CLAIM_ATTEMPTS = 5
+
+_COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in COLUMN_NAMES)
+
+
+def _decision(row: dict[str, Any]) -> Decision:
+    return decision_from_row(row, iso)
+
+
+class PostgresDecisionLog:
+    """:class:`localui.backends.base.DecisionLog` in ``{schema}.localui_decisions``."""
+
+    def __init__(self, dsn: str, *, schema: str = "localui", writable: bool = True) -> None:
+        self.schema = identifier(schema, "--pg-app-schema")
+        #: The table's name as ``to_regclass`` and messages read it.
+        self.table = f"{self.schema}.{TABLE}"
+        self._table = sql.Identifier(self.schema, TABLE)
+        self.writable = writable
+        self._pool = Pool(
+            dsn,
+            name="localui-decisions",
+            read_only=not writable,
+            privileges=(
+                f"localui keeps its decisions in {self.table}: it needs CREATE on the database"
+                f" or on schema {self.schema}, or that table made for it with SELECT, INSERT,"
+                " UPDATE and DELETE"
+                if writable
+                else f"a read-only localui shows decisions with USAGE on schema {self.schema}"
+                f" and SELECT on {self.table}"
+            ),
+        )
+        if writable:
+            try:
+                self._create()
+            except BaseException:
+                self._pool.close()
+                raise
+
+    def _sql(self, text: str) -> sql.Composed:
+        """``text`` with ``{table}`` and ``{columns}`` filled in as quoted identifiers."""
+        return sql.SQL(text).format(table=self._table, columns=_COLUMNS)
+
+    def _create(self) -> None:
+        """Schema, table and index, each only when missing: a role that was given an
+        existing schema needs no CREATE on the database."""
+        with self._pool.connection() as conn:
+            # Two processes starting together would race on the catalog.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
+            exists = conn.execute("SELECT to_regclass(%s)", (self._regclass(),)).fetchone()[0]
+            if exists is not None:
+                return
+            has_schema = conn.execute(
+                "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)
+            ).fetchone()
+            if has_schema is None:
+                conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.schema)))
+            conn.execute(
+                self._sql(
+                    """CREATE TABLE {table} (
+                    id            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                    kind          TEXT NOT NULL,
+                    execution_id  TEXT NOT NULL,
+                    checkpoint_id TEXT NOT NULL,
+                    approved      BOOLEAN,
+                    actor         TEXT NOT NULL,
+                    reason        TEXT NOT NULL DEFAULT '',
+                    decided_at    TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+                    outcome       TEXT,
+                    detail        TEXT,
+                    finished_at   TIMESTAMPTZ,
+                    UNIQUE (kind, execution_id, checkpoint_id)
+                )"""
+                )
+            )
+            conn.execute(
+                sql.SQL("CREATE INDEX {} ON {} (execution_id, decided_at)").format(
+                    sql.Identifier(f"{TABLE}_run"), self._table
+                )
+            )
+
+    def _regclass(self) -> str:
+        """The table as ``to_regclass`` parses it: quoted, so the name is taken as is."""
+        return sql.Identifier(self.schema, TABLE).as_string()
+
+    def claim(
+        self,
+        *,
+        kind: str,
+        execution_id: str,
+        checkpoint_id: str,
+        approved: bool | None,
+        actor: str,
+        reason: str,
+        still_pending: Callable[[], bool],
+    ) -> Claim:
+        from psycopg.rows import dict_row
+
+        key = (kind, execution_id, checkpoint_id)
+        for _ in range(CLAIM_ATTEMPTS):
+            with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                existing = cur.execute(
+                    self._sql(
+                        "SELECT {columns}, outcome IS NULL AND decided_at < clock_timestamp()"
+                        " - make_interval(secs => %s) AS abandoned"
+                        " FROM {table} WHERE kind = %s AND execution_id = %s"
+                        " AND checkpoint_id = %s FOR UPDATE"
+                    ),
+                    (ABANDONED_AFTER_SECONDS, *key),
+                ).fetchone()
+                if existing is not None:
+                    if not existing["abandoned"] or not still_pending():
+                        return Claim(won=False, decision=_decision(existing))
+                    cur.execute(self._sql("DELETE FROM {table} WHERE id = %s"), (existing["id"],))
+                # A concurrent claim that inserted first makes this one wait for its
+                # commit and then insert nothing: it lost.
+                row = cur.execute(
+                    self._sql(
+                        "INSERT INTO {table}"
+                        " (kind, execution_id, checkpoint_id, approved, actor, reason)"
+                        " VALUES (%s, %s, %s, %s, %s, %s)"
+                        " ON CONFLICT (kind, execution_id, checkpoint_id) DO NOTHING"
+                        " RETURNING {columns}"
+                    ),
+                    (*key, approved, actor, reason),
+                ).fetchone()
+                if row is not None:
+                    return Claim(won=True, decision=_decision(row))
+                winner = cur.execute(
+                    self._sql(
+                        "SELECT {columns} FROM {table}"
+                        " WHERE kind = %s AND execution_id = %s AND checkpoint_id = %s"
+                    ),
+                    key,
+                ).fetchone()
+            if winner is not None:
+                return Claim(won=False, decision=_decision(winner))
+            # The winner was itself taken over and released in between: try again.
+        raise Unavailable(
+            f"the claim on {execution_id} changed hands {CLAIM_ATTEMPTS} times while being"
+            " made; try again"
+        )
+
+    def finish(self, decision_id: int, outcome: str, detail: str | None) -> Decision:
+        from psycopg.rows import dict_row
+
+        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                self._sql(
+                    "UPDATE {table} SET outcome = %s, detail = %s,"
+                    " finished_at = clock_timestamp() WHERE id = %s RETURNING {columns}"
+                ),
+                (outcome, detail, decision_id),
+            ).fetchone()
+        if row is None:
+            raise LookupError(f"decision {decision_id} is gone from {self.table}")
+        return _decision(row)
+
+    def release(self, decision_id: int) -> None:
+        with self._pool.connection() as conn:
+            conn.execute(self._sql("DELETE FROM {table} WHERE id = %s"), (decision_id,))
+
+    def list_for_run(self, execution_id: str) -> tuple[Decision, ...]:
+        from psycopg.rows import dict_row
+
+        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            if (
+                cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()["t"]
+                is None
+            ):
+                return ()  # read-only and never written: nothing decided here yet
+            rows = cur.execute(
+                self._sql(
+                    "SELECT {columns} FROM {table} WHERE execution_id = %s"
+                    " ORDER BY decided_at ASC, id ASC"
+                ),
+                (execution_id,),
+            ).fetchall()
+        return tuple(_decision(r) for r in rows)
+
+    def close(self) -> None:
+        self._pool.close()

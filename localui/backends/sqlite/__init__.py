@@ -1,0 +1,39 @@
+"""The SQLite backend: the SDK's ``local.db`` file, with the app's runs index beside
+it and the decision record inside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+from localui import runs
+from localui.backends.base import ChangeSource, DecisionLog, Prunes, StoreTarget
+from localui.backends.sqlite.changes import SQLiteChangeSource
+from localui.backends.sqlite.decisions import SQLiteDecisionLog
+from localui.backends.sqlite.store import SQLiteStore
+
+
+class SQLiteBackend:
+    """:class:`localui.backends.base.Backend` over one SQLite file."""
+
+    kind = runs.SQLITE
+
+    def __init__(self, path: str | Path, *, store: SQLiteStore | None = None) -> None:
+        self.path = Path(path)
+        self.store = store if store is not None else SQLiteStore(self.path)
+        self.label = str(self.path)
+        self.target = StoreTarget(sqlite_path=self.path)
+
+    def change_source(self) -> ChangeSource:
+        return SQLiteChangeSource(self.store.path)
+
+    def decision_log(self, *, writable: bool) -> DecisionLog:
+        return SQLiteDecisionLog(self.path, writable=writable)
+
+    def checkpointer(self) -> Prunes:
+        from fastaiagent.checkpointers import SQLiteCheckpointer
+
+        return cast(Prunes, SQLiteCheckpointer(str(self.path)))
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,198 @@
+"""Reading the runs index: pages of runs, one run, totals, forks; rows by column name.
+
+Every function takes the index's connection with its lock held. Text search goes
+through the FTS5 trigram index over each run's id, agent, pause reason and tool
+arguments, so a search of 3 characters or more is an index lookup; a shorter one
+scans the index's own columns with ``LIKE``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from localui.backends import shared
+from localui.backends.shared import Page
+from localui.backends.sqlite.index import schema
+from localui.backends.sqlite.index.sync import StoreColumns, facts, fold, store_pending
+from localui.records import RunFacts, RunFactsPage, RunQuery
+
+#: Above this many runs matching a text search, its page is found by walking the runs
+#: newest first rather than by sorting the matches.
+_FEW_MATCHES = 2000
+
+
+def _rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+    cursor = conn.cursor()
+    cursor.row_factory = sqlite3.Row
+    return cursor.execute(sql, params).fetchall()
+
+
+def run_facts(row: sqlite3.Row) -> RunFacts:
+    """A row of ``runs`` (selected with :data:`schema.COLUMNS`) as its record."""
+    return RunFacts(
+        execution_id=row["execution_id"],
+        agent=row["agent"],
+        row_count=int(row["row_count"]),
+        first_at=row["first_at"],
+        last_at=row["last_at"],
+        last_checkpoint_id=row["last_checkpoint_id"],
+        last_node_id=row["last_node_id"],
+        last_step_type=row["last_step_type"],
+        last_status=row["last_status"],
+        has_pending=bool(row["has_pending"]),
+        pending_reason=row["pending_reason"],
+        fork_parent_checkpoint_id=row["fork_parent"],
+        rows_waiting=int(row["rows_waiting"]),
+        rows_quarantined=int(row["rows_quarantined"]),
+    )
+
+
+def get_run(conn: sqlite3.Connection, execution_id: str) -> RunFacts | None:
+    rows = _rows(conn, f"SELECT {schema.COLUMNS} FROM runs WHERE execution_id = ?", (execution_id,))
+    return run_facts(rows[0]) if rows else None
+
+
+def list_runs(conn: sqlite3.Connection, query: RunQuery, *, has_text_index: bool) -> RunFactsPage:
+    """One page of runs, newest activity first, with counts per state."""
+    where: list[str] = []
+    params: list[Any] = []
+    by_trigrams = bool(query.text) and has_text_index and len(query.text or "") >= 3
+    if query.text and by_trigrams:
+        # A substring of 3 characters or more, case-insensitively: the trigram index
+        # answers it exactly (the text has one field per line and a search for text
+        # without a line break cannot match across two).
+        where.append("rowid IN (SELECT rowid FROM run_text WHERE run_text MATCH ?)")
+        params.append(phrase(query.text))
+    elif query.text:
+        # Shorter than a trigram: a scan of the index's own columns.
+        where.append(
+            "(execution_id LIKE ?1 ESCAPE '\\' OR agent LIKE ?1 ESCAPE '\\'"
+            " OR COALESCE(pending_reason, '') LIKE ?1 ESCAPE '\\'"
+            " OR tool_args LIKE ?1 ESCAPE '\\')"
+        )
+        params.append(shared.like(query.text))
+    if query.agent:
+        where.append("agent = ?")
+        params.append(query.agent)
+    if query.outbox == "waiting":
+        where.append("rows_waiting > 0")
+    elif query.outbox == "quarantined":
+        where.append("rows_quarantined > 0")
+    if where:
+        counts = {
+            row["state"]: int(row["n"])
+            for row in _rows(
+                conn,
+                f"SELECT state, COUNT(*) AS n FROM runs WHERE {' AND '.join(where)} GROUP BY state",
+                params,
+            )
+        }
+    else:
+        counts = {
+            row["state"]: int(row["n"])
+            for row in _rows(conn, "SELECT state, n FROM state_counts")
+            if row["n"]
+        }
+    page_where = list(where)
+    page_params = list(params)
+    if by_trigrams and sum(counts.values()) > _FEW_MATCHES:
+        # Many runs match: walking the runs newest first and checking each against
+        # the matches finds a page sooner than sorting every match (``+rowid``
+        # keeps SQLite from looking the matches up one by one instead).
+        page_where[0] = "+" + page_where[0]
+    if query.state:
+        page_where.append("state = ?")
+        page_params.append(query.state)
+    if query.after is not None:
+        page_where.append("(last_at, execution_id) < (?, ?)")
+        page_params.extend(query.after)
+    rows = _rows(
+        conn,
+        f"SELECT {schema.COLUMNS} FROM runs WHERE {' AND '.join(page_where) or '1'}"
+        " ORDER BY last_at DESC, execution_id DESC LIMIT ?",
+        [*page_params, query.limit + 1],
+    )
+    page = Page.of(rows, query.limit, run_facts, shared.run_key)
+    return RunFactsPage(runs=page.items, next_key=page.next_key, counts=counts)
+
+
+def resumable_cache_before(conn: sqlite3.Connection, cutoff: str) -> dict[str, int]:
+    """Cache entries older than ``cutoff`` of runs that can still resume, per run."""
+    has_cache = conn.execute(
+        "SELECT 1 FROM s.sqlite_master WHERE type = 'table' AND name = 'idempotency_cache'"
+    ).fetchone()
+    if has_cache is None:
+        return {}
+    return {
+        row["execution_id"]: int(row["n"])
+        for row in _rows(
+            conn,
+            "SELECT c.execution_id AS execution_id, COUNT(*) AS n FROM s.idempotency_cache c"
+            " JOIN runs r ON r.execution_id = c.execution_id"
+            " WHERE c.created_at < ? AND r.state IN ('paused', 'unfinished', 'failed')"
+            " GROUP BY c.execution_id",
+            (cutoff,),
+        )
+    }
+
+
+def totals(conn: sqlite3.Connection) -> tuple[int, int, int]:
+    """``(rows, rows waiting for the plane, rows quarantined)`` across the store."""
+    row = _rows(conn, "SELECT rows, waiting, quarantined FROM totals")[0]
+    return int(row["rows"]), int(row["waiting"]), int(row["quarantined"])
+
+
+def forks_of(
+    conn: sqlite3.Connection, execution_id: str, columns: StoreColumns
+) -> list[tuple[str, str, str, str]]:
+    """``(fork id, parent checkpoint id, parent node id, fork's first row time)`` of
+    the runs forked from any row of this run, oldest first."""
+    rows = _rows(
+        conn,
+        "SELECT r.execution_id AS fork, r.fork_parent AS parent, c.node_id AS node,"
+        " r.first_at AS first_at FROM runs r"
+        f" JOIN s.checkpoints c ON c.{columns.checkpoint_key} = r.fork_parent"
+        " WHERE r.fork_parent IS NOT NULL AND c.execution_id = ?"
+        " ORDER BY r.first_at",
+        (execution_id,),
+    )
+    return [(str(r["fork"]), str(r["parent"]), str(r["node"]), str(r["first_at"])) for r in rows]
+
+
+def from_store(
+    conn: sqlite3.Connection, columns: StoreColumns, execution_ids: Sequence[str]
+) -> list[RunFacts]:
+    """These runs summarised straight from their rows (the SDK's index on
+    ``execution_id``), for answers that cannot wait for a build; newest first."""
+    if not execution_ids:
+        return []
+    marks = ",".join("?" * len(execution_ids))
+    folded = fold(
+        conn.execute(
+            f"SELECT {columns.select} FROM s.checkpoints WHERE execution_id IN ({marks})",
+            tuple(execution_ids),
+        )
+    )
+    pending = {eid: reason for eid, reason in store_pending(conn).items() if eid in folded}
+    found = [facts(eid, summary, pending) for eid, summary in folded.items()]
+    found.sort(key=lambda f: (f.last_at, f.execution_id), reverse=True)
+    return found
+
+
+def recently_written(conn: sqlite3.Connection, limit: int) -> list[str]:
+    """The ``limit`` runs with the newest rows, by the order the rows were written."""
+    found: dict[str, None] = {}
+    cursor = conn.execute("SELECT execution_id FROM s.checkpoints ORDER BY rowid DESC")
+    for (eid,) in cursor:
+        found[eid] = None
+        if len(found) == limit:
+            break
+    cursor.close()
+    return list(found)
+
+
+def phrase(text: str) -> str:
+    """``text`` as one FTS5 phrase: trigrams match it anywhere, whatever its characters."""
+    return '"' + text.replace('"', '""') + '"'

@@ -1,0 +1,290 @@
+"""The runs index's file: where it lives, its tables, triggers and bookkeeping.
+
+One row per run in ``runs`` (its facts, its derived state and the text search
+looks in), counts per state and store totals kept by triggers, an FTS5 trigram
+index for text search when SQLite has FTS5, and ``meta``: the version of these
+tables, which store file the index describes, and the store's rowid up to which
+it is folded in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import quote
+
+from localui.errors import Unavailable
+
+#: Bump when the index's tables change: an index of another version is rebuilt.
+VERSION = "3"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    execution_id       TEXT PRIMARY KEY,
+    agent              TEXT NOT NULL,
+    row_count          INTEGER NOT NULL,
+    first_at           TEXT NOT NULL,
+    last_at            TEXT NOT NULL,
+    last_rowid         INTEGER NOT NULL,
+    last_checkpoint_id TEXT NOT NULL,
+    last_node_id       TEXT NOT NULL,
+    last_step_type     TEXT,
+    last_status        TEXT NOT NULL,
+    has_pending        INTEGER NOT NULL,
+    pending_reason     TEXT,
+    fork_parent        TEXT,
+    rows_waiting       INTEGER NOT NULL,
+    rows_quarantined   INTEGER NOT NULL,
+    state              TEXT NOT NULL,
+    -- The tools' arguments, for the runs list's text search.
+    tool_args          TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS state_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS totals (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    rows INTEGER NOT NULL, waiting INTEGER NOT NULL, quarantined INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO totals VALUES (1, 0, 0, 0);
+"""
+
+#: What text search looks in: one line each for the id, agent, pause reason and
+#: tool arguments of run ``{r}`` (``new`` or ``old`` in a trigger, ``runs`` in a select).
+_SEARCHED = (
+    "{r}.execution_id || char(10) || {r}.agent || char(10)"
+    " || COALESCE({r}.pending_reason, '') || char(10) || {r}.tool_args"
+)
+
+#: Contentless: the text is in ``runs`` already; only the trigrams are stored.
+_TEXT_TABLE = (
+    "CREATE VIRTUAL TABLE IF NOT EXISTS run_text USING fts5(body, content='', tokenize='trigram')"
+)
+
+#: Keeps ``run_text`` in step with ``runs`` (rows of ``runs`` are only ever
+#: inserted and deleted, never updated).
+_TEXT_UPKEEP = (
+    f"""CREATE TRIGGER IF NOT EXISTS runs_text_ins AFTER INSERT ON runs BEGIN
+        INSERT INTO run_text (rowid, body) VALUES (new.rowid, {_SEARCHED.format(r="new")});
+    END""",
+    f"""CREATE TRIGGER IF NOT EXISTS runs_text_del AFTER DELETE ON runs BEGIN
+        INSERT INTO run_text (run_text, rowid, body)
+            VALUES ('delete', old.rowid, {_SEARCHED.format(r="old")});
+    END""",
+)
+
+#: Indexes and the triggers that keep the counts. A rebuild drops them, loads the
+#: runs, and puts them back: much faster than keeping them up row by row.
+_UPKEEP = (
+    "CREATE INDEX IF NOT EXISTS runs_recent ON runs (last_at DESC, execution_id DESC)",
+    "CREATE INDEX IF NOT EXISTS runs_state ON runs (state, last_at DESC, execution_id DESC)",
+    "CREATE INDEX IF NOT EXISTS runs_agent ON runs (agent, last_at DESC, execution_id DESC)",
+    "CREATE INDEX IF NOT EXISTS runs_fork ON runs (fork_parent) WHERE fork_parent IS NOT NULL",
+    """CREATE TRIGGER IF NOT EXISTS runs_ins AFTER INSERT ON runs BEGIN
+        INSERT INTO state_counts VALUES (new.state, 1)
+            ON CONFLICT (state) DO UPDATE SET n = n + 1;
+        UPDATE totals SET rows = rows + new.row_count, waiting = waiting + new.rows_waiting,
+            quarantined = quarantined + new.rows_quarantined;
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS runs_del AFTER DELETE ON runs BEGIN
+        UPDATE state_counts SET n = n - 1 WHERE state = old.state;
+        UPDATE totals SET rows = rows - old.row_count, waiting = waiting - old.rows_waiting,
+            quarantined = quarantined - old.rows_quarantined;
+    END""",
+)
+
+_DROP_UPKEEP = (
+    "DROP INDEX IF EXISTS runs_recent",
+    "DROP INDEX IF EXISTS runs_state",
+    "DROP INDEX IF EXISTS runs_agent",
+    "DROP INDEX IF EXISTS runs_fork",
+    "DROP TRIGGER IF EXISTS runs_ins",
+    "DROP TRIGGER IF EXISTS runs_del",
+    "DROP TRIGGER IF EXISTS runs_text_ins",
+    "DROP TRIGGER IF EXISTS runs_text_del",
+)
+
+#: The columns of ``runs``, in the order the index inserts them.
+RUN_COLUMNS = (
+    "execution_id",
+    "agent",
+    "row_count",
+    "first_at",
+    "last_at",
+    "last_rowid",
+    "last_checkpoint_id",
+    "last_node_id",
+    "last_step_type",
+    "last_status",
+    "has_pending",
+    "pending_reason",
+    "fork_parent",
+    "rows_waiting",
+    "rows_quarantined",
+    "state",
+    "tool_args",
+)
+COLUMNS = ", ".join(RUN_COLUMNS)
+
+
+def default_index_dir() -> Path:
+    """Where index files live: ``$XDG_CACHE_HOME/localui``, else ``~/.cache/localui``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "localui"
+
+
+def _writable_dir(preferred: Path | None) -> Path:
+    for candidate in (preferred or default_index_dir(), Path(tempfile.gettempdir()) / "localui"):
+        try:
+            candidate.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(candidate, os.W_OK):
+            return candidate
+    return Path(tempfile.mkdtemp(prefix="localui-index-"))
+
+
+def index_path(store_path: Path, index_dir: Path | None) -> Path:
+    """The index file of one store: named after its path, in a writable cache dir."""
+    name = hashlib.sha256(str(store_path).encode()).hexdigest()[:24]
+    return _writable_dir(index_dir) / f"runs-{name}.sqlite"
+
+
+def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
+    """A connection to the index file, in WAL mode."""
+    # Opened as a URI so that the store is attached read-only (``mode=ro``) whatever
+    # this SQLite build's default for URI file names.
+    conn = sqlite3.connect(
+        f"file:{quote(str(path))}",
+        uri=True,
+        timeout=busy_timeout,
+        check_same_thread=False,
+        isolation_level=None,
+    )
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+def attach_store(conn: sqlite3.Connection, store_path: Path) -> None:
+    """The store, read-only, as schema ``s``."""
+    conn.execute("ATTACH DATABASE ? AS s", (f"file:{quote(str(store_path))}?mode=ro",))
+
+
+def store_identity(store_path: Path) -> str:
+    """Which file is at ``store_path`` now (device and inode): a replaced store differs."""
+    try:
+        st = os.stat(store_path)
+    except FileNotFoundError as exc:
+        raise Unavailable(f"the store {store_path} is gone: the file was deleted") from exc
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+@contextmanager
+def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction, its lock taken up front."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        # SQLite may have rolled back already (an I/O error does).
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    else:
+        conn.execute("COMMIT")
+
+
+def upkeep(has_text_index: bool) -> tuple[str, ...]:
+    """The indexes and triggers a build drops and puts back."""
+    return _UPKEEP + _TEXT_UPKEEP if has_text_index else _UPKEEP
+
+
+def create(conn: sqlite3.Connection) -> bool:
+    """Create the tables, or start over when the file holds another version's;
+    whether text search has its trigram index."""
+    tables = {r[0] for r in conn.execute("SELECT name FROM main.sqlite_master WHERE type='table'")}
+    if "meta" in tables:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()
+        if row is not None and row[0] == VERSION:
+            # Current: opening it writes nothing (another process may be building it).
+            return "run_text" in tables
+        conn.executescript(
+            "DROP TABLE IF EXISTS run_text; DROP TABLE IF EXISTS runs;"
+            " DROP TABLE IF EXISTS state_counts; DROP TABLE IF EXISTS totals;"
+            " DROP TABLE IF EXISTS meta;"
+        )
+    with write(conn):
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        try:
+            conn.execute(_TEXT_TABLE)
+        except sqlite3.OperationalError:
+            # A SQLite built without FTS5: text search scans the index's columns.
+            has_text_index = False
+        else:
+            has_text_index = True
+        for statement in upkeep(has_text_index):
+            conn.execute(statement)
+        # Marked current only once a build has filled it (see ``is_stale``).
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('version', ?)", (VERSION,))
+    return has_text_index
+
+
+def drop_upkeep(conn: sqlite3.Connection) -> None:
+    for statement in _DROP_UPKEEP:
+        conn.execute(statement)
+
+
+def fill_text_index(conn: sqlite3.Connection) -> None:
+    """Index every run's searched text at once (after a build loaded ``runs``)."""
+    conn.execute(
+        f"INSERT INTO run_text (rowid, body) SELECT rowid, {_SEARCHED.format(r='runs')} FROM runs"
+    )
+
+
+def read_meta(conn: sqlite3.Connection) -> dict[str, str]:
+    return {k: v for k, v in conn.execute("SELECT key, value FROM meta")}
+
+
+def set_meta(conn: sqlite3.Connection, *, high_water: int, identity: str) -> None:
+    conn.executemany(
+        "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+        [
+            ("version", VERSION),
+            ("identity", identity),
+            ("high_water", str(high_water)),
+            ("tip", store_tip(conn, high_water)),
+        ],
+    )
+
+
+def store_tip(conn: sqlite3.Connection, rowid: int) -> str:
+    """What identifies the store's row at ``rowid`` by content: its run, node and time."""
+    if rowid <= 0:
+        return ""
+    row = conn.execute(
+        "SELECT execution_id, node_id, created_at FROM s.checkpoints WHERE rowid = ?", (rowid,)
+    ).fetchone()
+    return "" if row is None else "|".join(str(v) for v in row)
+
+
+def is_stale(conn: sqlite3.Connection, identity: str) -> bool:
+    """Whether the index was built by another version, or for another file."""
+    meta = read_meta(conn)
+    return meta.get("version") != VERSION or meta.get("identity") != identity
+
+
+def clear(conn: sqlite3.Connection, *, has_text_index: bool, identity: str) -> None:
+    """Empty the index, as for a store with no runs."""
+    conn.execute("DELETE FROM runs")
+    if has_text_index:
+        conn.execute("INSERT INTO run_text (run_text) VALUES ('delete-all')")
+    conn.execute("DELETE FROM state_counts")
+    conn.execute("UPDATE totals SET rows = 0, waiting = 0, quarantined = 0")
+    set_meta(conn, high_water=0, identity=identity)

@@ -1,0 +1,510 @@
+"""Keeping the runs index up to date with the store: the catch-up engine and the
+build thread.
+
+* nothing changed (``PRAGMA data_version``): nothing to do;
+* rows were added: only the runs that got rows (``rowid`` above the high-water
+  mark) and the runs whose pending row came or went are summarised again;
+* rows were deleted (prune), or the file is another file now: the whole index
+  is rebuilt;
+* the outbox marked rows in place: the runs that had rows waiting are summarised
+  again.
+
+A whole build reads every checkpoint (about 3 s at 400,000 rows). On a store that
+large it runs in a thread of its own, and :meth:`IndexSync.refresh` says False
+until it is done. State comes from ``localui.runs.run_state``, the one place the
+rules live.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localui import runs
+from localui.backends.sqlite.index import schema
+from localui.errors import Unavailable
+from localui.records import FORK_ORIGIN_NODE, IndexProgress, RunFacts
+
+#: A store with at least this many checkpoint rows is indexed in the background;
+#: a smaller one before the first answer (a few hundred ms at most).
+BACKGROUND_FROM_ROWS = 20_000
+
+#: Rows read between two progress reports (and checks for a shutdown) of a build.
+_PROGRESS_EVERY = 8192
+
+#: How much of a run's tool arguments the index keeps for search.
+MAX_TOOL_ARGS = 4000
+
+#: What the fold reads of each checkpoint, in the order :class:`_Summary` unpacks it;
+#: :class:`StoreColumns` maps each name to SQL for the store at hand.
+FOLD_COLUMNS = (
+    "rowid",
+    "execution_id",
+    "agent",
+    "checkpoint_id",
+    "node_id",
+    "step_type",
+    "status",
+    "created_at",
+    "parent_checkpoint_id",
+    "synced",
+    "sync_error",
+    "tool_args",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreColumns:
+    """How to read the store's checkpoints: SQL for each of :data:`FOLD_COLUMNS`, and
+    the outbox columns; a column an older SDK did not write reads as NULL."""
+
+    #: Name in :data:`FOLD_COLUMNS` -> its SQL over ``s.checkpoints``.
+    expressions: Mapping[str, str]
+    synced: str
+    sync_error: str
+    #: The column holding checkpoint ids (``id`` in stores older than ``checkpoint_id``).
+    checkpoint_key: str = "checkpoint_id"
+
+    @property
+    def select(self) -> str:
+        """The fold's select list, in :data:`FOLD_COLUMNS` order."""
+        return ", ".join(f"{self.expressions[name]} AS {name}" for name in FOLD_COLUMNS)
+
+
+class _Summary:
+    """One run folded from its rows (:data:`FOLD_COLUMNS` tuples), in any order."""
+
+    __slots__ = (
+        "agent",
+        "cid",
+        "node",
+        "step",
+        "status",
+        "at",
+        "rowid",
+        "count",
+        "first",
+        "fork_parent",
+        "waiting",
+        "quarantined",
+        "args",
+    )
+
+    def __init__(self, row: tuple[Any, ...]) -> None:
+        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args = row
+        self.agent, self.cid, self.node, self.step = agent or "", cid or "", node or "", step
+        self.status, self.at, self.rowid = status or "completed", at or "", rowid
+        self.count, self.first = 1, at or ""
+        self.fork_parent = parent if node == FORK_ORIGIN_NODE else None
+        self.waiting = 1 if synced == 0 else 0
+        self.quarantined = 1 if error is not None else 0
+        self.args: set[str] = {args} if args else set()
+
+    def add(self, row: tuple[Any, ...]) -> None:
+        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args = row
+        at = at or ""
+        self.count += 1
+        # The SDK's newest row: created_at, then insertion order (get_last).
+        if (at, rowid) > (self.at, self.rowid):
+            self.agent, self.cid, self.node, self.step = agent or "", cid or "", node or "", step
+            self.status, self.at, self.rowid = status or "completed", at, rowid
+        if at < self.first:
+            self.first = at
+        if node == FORK_ORIGIN_NODE:
+            self.fork_parent = parent
+        if synced == 0:
+            self.waiting += 1
+        if error is not None:
+            self.quarantined += 1
+        if args:
+            self.args.add(args)
+
+
+#: Where the fold finds the run a row belongs to.
+_RUN = FOLD_COLUMNS.index("execution_id")
+
+
+def facts(eid: str, s: _Summary, pending: Mapping[str, str]) -> RunFacts:
+    """A folded run as the records carry it."""
+    return RunFacts(
+        execution_id=eid,
+        agent=s.agent,
+        row_count=s.count,
+        first_at=s.first,
+        last_at=s.at,
+        last_checkpoint_id=s.cid,
+        last_node_id=s.node,
+        last_step_type=s.step,
+        last_status=s.status,
+        has_pending=eid in pending,
+        pending_reason=pending.get(eid),
+        fork_parent_checkpoint_id=s.fork_parent,
+        rows_waiting=s.waiting,
+        rows_quarantined=s.quarantined,
+    )
+
+
+class _Rebuild(Exception):
+    """Catching up is not enough (rows were deleted): the index must be built anew."""
+
+
+class _Closing(Exception):
+    """The app is shutting down: a background build stops where it is."""
+
+
+def _fold_in_order(
+    rows: Iterable[tuple[Any, ...]], batch: int = 1000
+) -> Iterator[dict[str, _Summary]]:
+    """Runs folded from rows that come grouped by run, ``batch`` complete runs at a
+    time: a whole store is folded without holding every run in memory at once."""
+    folded: dict[str, _Summary] = {}
+    current: _Summary | None = None
+    current_id = None
+    run = _RUN  # a local: looked up once per row of the whole store
+    for row in rows:
+        if row[run] == current_id and current is not None:
+            current.add(row)
+            continue
+        if len(folded) >= batch:
+            yield folded
+            folded = {}
+        current_id, current = row[run], _Summary(row)
+        folded[current_id] = current
+    if folded:
+        yield folded
+
+
+def fold(rows: Iterable[tuple[Any, ...]]) -> dict[str, _Summary]:
+    """Runs folded from their rows, which may come in any order."""
+    folded: dict[str, _Summary] = {}
+    for row in rows:
+        summary = folded.get(row[_RUN])
+        if summary is None:
+            folded[row[_RUN]] = _Summary(row)
+        else:
+            summary.add(row)
+    return folded
+
+
+def store_pending(conn: sqlite3.Connection) -> dict[str, str]:
+    """The store's pending interrupts: execution id -> reason."""
+    has_table = conn.execute(
+        "SELECT 1 FROM s.sqlite_master WHERE type = 'table' AND name = 'pending_interrupts'"
+    ).fetchone()
+    if has_table is None:
+        return {}
+    return {
+        eid: reason or ""
+        for eid, reason in conn.execute("SELECT execution_id, reason FROM s.pending_interrupts")
+    }
+
+
+class IndexSync:
+    """One index file kept up to date with one store, on a connection of its own
+    (``conn``, guarded by ``lock``) and, for a whole build of a large store, a
+    thread with another."""
+
+    def __init__(
+        self,
+        store_path: Path,
+        *,
+        columns: Callable[[], StoreColumns | None],
+        index_dir: Path | None = None,
+        busy_timeout: float = 10.0,
+        background_from_rows: int = BACKGROUND_FROM_ROWS,
+    ) -> None:
+        """``columns`` says how to read the store's checkpoints, or None when it has none."""
+        self.store_path = store_path.resolve()
+        self.columns = columns
+        self.path = schema.index_path(self.store_path, index_dir)
+        self._busy_timeout = busy_timeout
+        self._background_from_rows = background_from_rows
+        self.lock = threading.Lock()
+        self.conn = schema.connect(self.path, busy_timeout)
+        self._seen_version: int | None = None
+        self._attached = ""
+        self._attach()
+        self.has_text_index = schema.create(self.conn)
+        # The background build, when one runs; each build has a number, and the last
+        # one that failed is kept with its number for whoever was waiting on it.
+        self._builder: threading.Thread | None = None
+        self._build_conn: sqlite3.Connection | None = None
+        self._builds = itertools.count(1)
+        self._build_number = 0
+        self._failed: tuple[int, BaseException] | None = None
+        self._progress = IndexProgress(0, 0)
+        self._closing = False
+
+    def _identity(self) -> str:
+        return schema.store_identity(self.store_path)
+
+    def _attach(self) -> None:
+        """Attach the store as it is on disk now; a replaced file is attached anew."""
+        if self._attached:
+            self.conn.execute("DETACH DATABASE s")
+        schema.attach_store(self.conn, self.store_path)
+        self._attached = self._identity()
+        self._seen_version = None
+
+    def close(self) -> None:
+        """Close the index; a build running in the background is stopped first."""
+        with self.lock:
+            self._closing = True
+            builder, build_conn = self._builder, self._build_conn
+        if build_conn is not None:
+            build_conn.interrupt()
+        if builder is not None:
+            builder.join()
+        with self.lock:
+            self.conn.close()
+
+    # --- keeping up with the store -------------------------------------
+
+    def refresh(self) -> bool:
+        """Bring the index up to date with the store; cheap when nothing changed.
+
+        False while the index is being built in the background: until then it holds
+        what it held before (nothing, on a first start).
+        """
+        with self.lock:
+            if self._builder is not None:
+                return False
+            if self._identity() != self._attached:
+                self._attach()
+            version = int(self.conn.execute("PRAGMA s.data_version").fetchone()[0])
+            if version == self._seen_version:
+                return True
+            columns = self.columns()
+            if columns is not None and schema.is_stale(self.conn, self._identity()):
+                complete = self._build(columns)
+            else:
+                try:
+                    with schema.write(self.conn) as conn:
+                        if columns is None:
+                            schema.clear(
+                                conn, has_text_index=self.has_text_index, identity=self._identity()
+                            )
+                        elif not self._catch_up(conn, columns):
+                            raise _Rebuild
+                    complete = True
+                except _Rebuild:
+                    assert columns is not None
+                    complete = self._build(columns)
+            if complete:
+                self._seen_version = version
+            return complete
+
+    def _build(self, columns: StoreColumns) -> bool:
+        """Build the index anew: now on a small store (True), in the background on a
+        large one (False). Called with the lock held."""
+        rows = int(
+            self.conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM s.checkpoints").fetchone()[0]
+        )
+        if rows < self._background_from_rows:
+            with schema.write(self.conn) as conn:
+                self._rebuild(conn, columns, self._identity())
+            return True
+        self._progress = IndexProgress(0, rows)
+        self._build_number = next(self._builds)
+        self._builder = threading.Thread(
+            target=self._build_in_background,
+            args=(columns, self._build_number),
+            name="localui-runs-index",
+            daemon=True,
+        )
+        self._builder.start()
+        return False
+
+    def _build_in_background(self, columns: StoreColumns, number: int) -> None:
+        failure: BaseException | None = None
+        try:
+            conn = schema.connect(self.path, self._busy_timeout)
+            try:
+                with self.lock:
+                    if self._closing:
+                        raise _Closing
+                    self._build_conn = conn
+                schema.attach_store(conn, self.store_path)
+                identity = self._identity()
+                with schema.write(conn):
+                    # Another process may have built it while this one waited its turn.
+                    try:
+                        if schema.is_stale(conn, identity) or not self._catch_up(conn, columns):
+                            raise _Rebuild
+                    except _Rebuild:
+                        self._rebuild(conn, columns, identity)
+            finally:
+                conn.close()
+        except Exception as exc:
+            failure = exc
+        with self.lock:
+            self._builder = self._build_conn = None
+            self._seen_version = None  # the reading connection catches up from here
+            if failure is not None and not isinstance(failure, _Closing):
+                self._failed = (number, failure)
+
+    def progress(self) -> IndexProgress | None:
+        """How far a background build has got, or None when none runs."""
+        with self.lock:
+            return self._progress if self._builder is not None else None
+
+    def complete(self) -> None:
+        """Return once the index is complete, waiting for a background build."""
+        while not self.refresh():
+            with self.lock:
+                builder, number = self._builder, self._build_number
+            if builder is not None:
+                builder.join()
+            failed = self._failed
+            if failed is not None and failed[0] == number:
+                raise Unavailable(
+                    f"the runs index for {self.store_path} could not be built: {failed[1]}"
+                ) from failed[1]
+
+    # --- folding rows in ------------------------------------------------
+
+    def _rebuild(self, conn: sqlite3.Connection, columns: StoreColumns, identity: str) -> None:
+        schema.drop_upkeep(conn)
+        schema.clear(conn, has_text_index=self.has_text_index, identity=identity)
+        high_water = int(
+            conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM s.checkpoints").fetchone()[0]
+        )
+        pending = store_pending(conn)
+        # In run order (the SDK's index on execution_id), so that each run is complete
+        # when the next begins and memory holds one batch of runs, not the store's.
+        rows = conn.execute(
+            f"SELECT {columns.select} FROM s.checkpoints WHERE rowid <= ? ORDER BY execution_id",
+            (high_water,),
+        )
+        for folded in _fold_in_order(self._counted(rows, high_water)):
+            self._insert(conn, folded, pending)
+        if self.has_text_index:
+            schema.fill_text_index(conn)
+        conn.execute("INSERT INTO state_counts SELECT state, COUNT(*) FROM runs GROUP BY state")
+        conn.execute(
+            "UPDATE totals SET (rows, waiting, quarantined) = (SELECT COALESCE(SUM(row_count), 0),"
+            " COALESCE(SUM(rows_waiting), 0), COALESCE(SUM(rows_quarantined), 0) FROM runs)"
+        )
+        for statement in schema.upkeep(self.has_text_index):
+            conn.execute(statement)
+        schema.set_meta(conn, high_water=high_water, identity=identity)
+
+    def _counted(self, rows: Iterable[tuple[Any, ...]], total: int) -> Iterator[tuple[Any, ...]]:
+        """``rows``, reporting progress (and stopping on shutdown) as they are read."""
+        for n, row in enumerate(rows, 1):
+            if n % _PROGRESS_EVERY == 0:
+                if self._closing:
+                    raise _Closing
+                self._progress = IndexProgress(n, total)
+            yield row
+        self._progress = IndexProgress(total, total)
+
+    def _catch_up(self, conn: sqlite3.Connection, columns: StoreColumns) -> bool:
+        """Fold in what changed since the last look; False when rows were deleted,
+        which only a rebuild gets right."""
+        meta = schema.read_meta(conn)
+        high_water = int(meta.get("high_water", "0"))
+        if meta.get("tip", "") != schema.store_tip(conn, high_water):
+            # The row the index last folded in is not what it was: the file was replaced
+            # in place (same inode, maybe the same row count) or rows were deleted.
+            return False
+        # Separate statements, so each can use the SDK's own indexes.
+        top = int(conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM s.checkpoints").fetchone()[0])
+        total = int(conn.execute("SELECT COUNT(*) FROM s.checkpoints").fetchone()[0])
+        waiting = int(
+            conn.execute(
+                f"SELECT COUNT(*) FROM s.checkpoints WHERE {columns.synced} = 0"
+            ).fetchone()[0]
+        )
+        added = {
+            r[0]
+            for r in conn.execute(
+                "SELECT DISTINCT execution_id FROM s.checkpoints WHERE rowid > ? AND rowid <= ?",
+                (high_water, top),
+            )
+        }
+        pending = store_pending(conn)
+        indexed = {
+            eid: reason or ""
+            for eid, reason in conn.execute(
+                "SELECT execution_id, pending_reason FROM runs WHERE has_pending"
+            )
+        }
+        changed = added | (pending.keys() ^ indexed.keys())
+        changed.update(e for e in pending.keys() & indexed.keys() if pending[e] != indexed[e])
+        self._refold(conn, columns, changed, pending, top)
+        schema.set_meta(conn, high_water=top, identity=self._identity())
+        rows_now, waiting_now = conn.execute("SELECT rows, waiting FROM totals").fetchone()
+        if rows_now != total:
+            # Rows were deleted (prune, delete_execution).
+            return False
+        if waiting_now != waiting:
+            # The outbox drain marked rows in place (synced, or quarantined: both clear
+            # ``synced = 0``), and only rows that were waiting can have been marked.
+            stale = {r[0] for r in conn.execute("SELECT execution_id FROM runs WHERE rows_waiting")}
+            self._refold(conn, columns, stale, pending, top)
+        return True
+
+    def _refold(
+        self,
+        conn: sqlite3.Connection,
+        columns: StoreColumns,
+        execution_ids: set[str],
+        pending: dict[str, str],
+        top: int,
+    ) -> None:
+        """Summarise these runs again from their rows (up to rowid ``top``)."""
+        folded: dict[str, _Summary] = {}
+        ids = sorted(execution_ids)
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            folded.update(
+                fold(
+                    conn.execute(
+                        f"SELECT {columns.select} FROM s.checkpoints"
+                        f" WHERE execution_id IN ({marks}) AND rowid <= ?",
+                        (*chunk, top),
+                    )
+                )
+            )
+        gone = [(eid,) for eid in ids if eid not in folded]
+        conn.executemany("DELETE FROM runs WHERE execution_id = ?", gone)
+        conn.executemany("DELETE FROM runs WHERE execution_id = ?", [(e,) for e in folded])
+        self._insert(conn, folded, pending)
+
+    def _insert(
+        self, conn: sqlite3.Connection, folded: dict[str, _Summary], pending: dict[str, str]
+    ) -> None:
+        marks = ",".join("?" * len(schema.RUN_COLUMNS))
+        # Tuples rather than a mapping per run: a build inserts 100,000 of them.
+        conn.executemany(
+            f"INSERT INTO runs ({schema.COLUMNS}) VALUES ({marks})",
+            (
+                (  # in schema.RUN_COLUMNS order
+                    eid,  # execution_id
+                    s.agent,  # agent
+                    s.count,  # row_count
+                    s.first,  # first_at
+                    s.at,  # last_at
+                    s.rowid,  # last_rowid
+                    s.cid,  # last_checkpoint_id
+                    s.node,  # last_node_id
+                    s.step,  # last_step_type
+                    s.status,  # last_status
+                    int(eid in pending),  # has_pending
+                    pending.get(eid),  # pending_reason
+                    s.fork_parent,  # fork_parent
+                    s.waiting,  # rows_waiting
+                    s.quarantined,  # rows_quarantined
+                    runs.run_state(s.step, s.status, eid in pending),  # state
+                    "\n".join(sorted(s.args))[:MAX_TOOL_ARGS],  # tool_args
+                )
+                for eid, s in folded.items()
+            ),
+        )

@@ -1,0 +1,129 @@
+"""Every URL the app hands out, built from route names, under the prefix it is served at.
+
+Ids come from whoever called the SDK: an ``execution_id`` may hold ``/ ? # % \\``
+or text outside Latin-1. So ids never enter a URL by string formatting; they go
+through the ``id`` path convertor, which tilde-encodes them (as Datasette does):
+every byte outside ``[A-Za-z0-9_-]`` becomes ``~XX``. Why not percent-encoding:
+Starlette (like most servers and proxies) decodes ``%2F`` to ``/`` before routing,
+so ``/runs/a%2Fb`` would reach the router as ``/runs/a/b`` and not match, and a
+``{execution_id:path}`` route cannot tell ``/runs/a/rows/b`` (run ``a``, row ``b``)
+from a run called ``a/rows/b``. A tilde-encoded segment holds no ``/``, ``%``,
+``.``, ``?`` or ``#``, passes every proxy unchanged, and is plain ASCII, so it fits
+in ``Location`` and ``HX-Redirect`` headers. Ids made of letters, digits and
+dashes (the SDK's own uuids) read the same encoded, and a hand-typed URL with a
+plain id still opens: decoding only touches ``~XX``.
+
+The prefix is the request's ``root_path``: where a parent app mounted this one
+(``Mount("/ops/localui", app=create_app(...))``) or what ``--root-path`` says a
+reverse proxy strips. ``request.url_for`` is not used: mounted, it asks the
+parent's router, where another route may bear the same name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import quote, unquote, urlencode
+
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.requests import HTTPConnection
+from starlette.routing import Router
+
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_TILDE_BYTE = re.compile(r"(?:~[0-9A-Fa-f]{2})+")
+#: In element ids, ``~`` would be a CSS combinator inside an htmx target selector.
+_DOM_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+
+
+def tilde_encode(value: str) -> str:
+    """``a/b`` -> ``a~2Fb``, ``王`` -> ``~E7~8E~8B``; ``[A-Za-z0-9_-]`` left as it is."""
+    return "".join(chr(b) if b in _SAFE else f"~{b:02X}" for b in value.encode("utf-8"))
+
+
+def tilde_decode(value: str) -> str:
+    """The inverse of :func:`tilde_encode`; anything else in ``value`` stays as it is."""
+
+    def decode(match: re.Match[str]) -> str:
+        return unquote(match.group(0).replace("~", "%"))
+
+    return _TILDE_BYTE.sub(decode, value)
+
+
+def dom_id(value: str) -> str:
+    """An id for an HTML ``id`` attribute and a ``#`` selector: ``[A-Za-z0-9-]`` plus
+    ``_XX`` for every other byte, so two different ids never share an element id."""
+    return "".join(chr(b) if b in _DOM_SAFE else f"_{b:02X}" for b in value.encode("utf-8"))
+
+
+class IdConvertor(Convertor[str]):
+    """``{name:id}`` in a route: one tilde-encoded path segment."""
+
+    regex = "[^/]+"
+
+    def convert(self, value: str) -> str:
+        return tilde_decode(value)
+
+    def to_string(self, value: str) -> str:
+        if not value:
+            raise ValueError("an id in a URL must not be empty")
+        return tilde_encode(value)
+
+
+# Starlette keeps convertors in one table that routes read when they are built; this
+# key is localui's own, so an app that mounts localui keeps its own ``id`` meaning.
+ID = "localui_id"
+register_url_convertor(ID, IdConvertor())
+
+
+@dataclass(frozen=True, slots=True)
+class Urls:
+    """Paths of this app's routes under one prefix; what views and templates link with."""
+
+    #: Left out of equality and hashing (a Router is not hashable): within one app it is
+    #: always the same, and live renders are keyed by the prefix.
+    router: Router = field(compare=False)
+    #: Where the app is served: ``""``, or a mount point / proxy prefix like ``/ops/localui``.
+    prefix: str = ""
+
+    def path(
+        self,
+        name: str,
+        /,
+        query: Mapping[str, str | int | None] | None = None,
+        fragment: str | None = None,
+        **params: str,
+    ) -> str:
+        """The path of route ``name`` with its ``params`` encoded, then ``?query`` (None
+        values left out) and ``#fragment`` (an element id, see :func:`dom_id`)."""
+        url = self.prefix + str(self.router.url_path_for(name, **params))
+        if query:
+            pairs = {k: v for k, v in query.items() if v is not None and v != ""}
+            if pairs:
+                url += "?" + urlencode(pairs)
+        if fragment:
+            url += "#" + quote(fragment, safe="-_")
+        return url
+
+    def static(self, file: str) -> str:
+        return self.path("static", path=file)
+
+    # Named shortcuts for the links most pages make.
+
+    def runs(self, query: Mapping[str, str | int | None] | None = None) -> str:
+        return self.path("runs", query)
+
+    def run(self, execution_id: str, fragment: str | None = None) -> str:
+        return self.path("run", fragment=fragment, execution_id=execution_id)
+
+    def row(self, execution_id: str, checkpoint_id: str) -> str:
+        return self.path("row_detail", execution_id=execution_id, checkpoint_id=checkpoint_id)
+
+    def approval(self, execution_id: str) -> str:
+        return self.path("approval", execution_id=execution_id)
+
+
+def urls_of(request: HTTPConnection) -> Urls:
+    """The URLs as this request's client must see them: under the request's root path."""
+    prefix = quote(request.scope.get("root_path", "").rstrip("/"), safe="/")
+    return Urls(router=request.app.router, prefix=prefix)
