@@ -185,6 +185,8 @@ def start_localui(
     port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix="localui-bench-serve-"))
     command = [sys.executable, "-m", "localui", "serve", "--store", str(store), "--port", str(port)]
+    # Pages are timed as a page's work; what sign-in adds is measured in process.
+    command.append("--no-auth")
     if agents:
         command += ["--agents", AGENTS_SPEC]
     env = clean_env(XDG_CACHE_HOME=str(cache_dir), PYTHONPATH=pythonpath(app_path))

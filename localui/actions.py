@@ -298,6 +298,9 @@ class ActionService:
             )
         problem = await asyncio.to_thread(self.approval_problem, pending)
         if problem is not None:
+            # Another approval may have claimed this pause since: its resume writes the
+            # rows the check reads, so say who decided rather than what they now show.
+            await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
             raise Refused(problem)
         owner = runs.run_owner(await asyncio.to_thread(self.store.list_rows, execution_id))
 

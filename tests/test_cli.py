@@ -104,11 +104,17 @@ def test_serve_refuses_an_agent_bound_to_another_store(
 
 @contextmanager
 def serving(
-    args: Sequence[str], cwd: Path, log: Path, *, within: float = 30
+    args: Sequence[str],
+    cwd: Path,
+    log: Path,
+    *,
+    ready: str = "/runs.json",
+    within: float = 30,
 ) -> Iterator[LocalServer]:
-    """A real ``localui`` process, answering within ``within`` seconds; always stopped
-    on the way out."""
-    server = start_localui(args, cwd=cwd, log=log, env=child_env(), timeout=within)
+    """A real ``localui`` process, answering 200 on ``ready`` within ``within`` seconds;
+    always stopped on the way out. With sign-in on, ``/signin`` is the page that answers
+    without a session."""
+    server = start_localui(args, cwd=cwd, log=log, env=child_env(), ready=ready, timeout=within)
     try:
         yield server
     finally:
@@ -118,7 +124,8 @@ def serving(
 def test_serve_answers_loopback_and_refuses_a_foreign_host(
     cwd: Path, store_copy: Path, seeded: Seeded, tmp_path: Path
 ) -> None:
-    with serving(["serve", "--store", str(store_copy)], cwd, tmp_path / "serve.log") as server:
+    args = ["serve", "--store", str(store_copy), "--no-auth"]
+    with serving(args, cwd, tmp_path / "serve.log") as server:
         base = server.url
         port = base.rsplit(":", 1)[1]
         page = httpx.get(f"{base}/", timeout=10)
@@ -166,7 +173,8 @@ def test_demo_refuses_an_existing_store(cwd: Path, store_copy: Path) -> None:
 def test_serve_stops_quietly_on_ctrl_c_and_sigterm(
     cwd: Path, store_copy: Path, stop: signal.Signals, tmp_path: Path
 ) -> None:
-    with serving(["serve", "--store", str(store_copy)], cwd, tmp_path / "serve.log") as server:
+    args = ["serve", "--store", str(store_copy)]
+    with serving(args, cwd, tmp_path / "serve.log", ready="/signin") as server:
         server.process.send_signal(stop)
         code = server.process.wait(timeout=15)
         said = server.output()
@@ -176,7 +184,7 @@ def test_serve_stops_quietly_on_ctrl_c_and_sigterm(
 
 def test_demo_removes_its_temporary_store_when_stopped(cwd: Path, tmp_path: Path) -> None:
     # The demo seeds every shape first, a run of 550 rows among them.
-    with serving(["demo"], cwd, tmp_path / "demo.log", within=120) as server:
+    with serving(["demo", "--no-auth"], cwd, tmp_path / "demo.log", within=120) as server:
         runs = httpx.get(f"{server.url}/runs.json", timeout=10).json()["runs"]
         assert len(runs) == len(ALL_SCENARIOS)
         server.process.send_signal(signal.SIGTERM)

@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BASE_URL, PgRaw, backup, copy_pg_store, pg_name
+from conftest import (
+    BASE_URL,
+    LOOPBACK_CLIENT,
+    NO_SIGN_IN,
+    PgRaw,
+    backup,
+    copy_pg_store,
+    pg_name,
+)
 from starlette.testclient import TestClient
 
 from localui import runs
@@ -93,7 +101,7 @@ def copy(request: pytest.FixtureRequest, seeds: Seeds, tmp_path: Path) -> Iterat
             from localui.backends.sqlite import SQLiteBackend
 
             path = backup(Path(seeds.sqlite.store), tmp_path / "copy.db")
-            settings = Settings(store=str(path))
+            settings = Settings(store=str(path), sign_in=NO_SIGN_IN)
             backend: Backend = SQLiteBackend(path)
             checkpointer: Any = SQLiteCheckpointer(str(path))
             report = seeds.sqlite
@@ -106,7 +114,12 @@ def copy(request: pytest.FixtureRequest, seeds: Seeds, tmp_path: Path) -> Iterat
             copy_pg_store(seeds.pg_dsn, seeds.pg_schema, seeds.pg_dsn, schema)
             stack.callback(PgRaw(seeds.pg_dsn, schema).drop)
             stack.callback(PgRaw(seeds.pg_dsn, app_schema).drop)
-            settings = Settings(store=seeds.pg_dsn, pg_schema=schema, pg_app_schema=app_schema)
+            settings = Settings(
+                store=seeds.pg_dsn,
+                pg_schema=schema,
+                pg_app_schema=app_schema,
+                sign_in=NO_SIGN_IN,
+            )
             backend = PostgresBackend(seeds.pg_dsn, schema=schema, app_schema=app_schema)
             checkpointer = PostgresCheckpointer(seeds.pg_dsn, schema=schema)
             report = seeds.pg
@@ -230,7 +243,7 @@ def test_the_failed_fork_re_enters_where_each_backend_sorts_it(copy: Copy) -> No
 
 def approve_through_the_app(copy: Copy, execution_id: str, agents: list[Any]) -> Any:
     app = create_app(copy.settings, agents=agents)
-    with TestClient(app, base_url=BASE_URL) as client:
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
         card = client.get(f"/approvals/{execution_id}.json").json()
         response = client.post(
             f"/approvals/{execution_id}/approve",
@@ -304,7 +317,7 @@ def test_a_crashed_team_or_chain_is_resumed_through_its_owner(copy: Copy, name: 
     execution_id = copy.report.run_id(name)
     events: list[str] = []
     app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
-    with TestClient(app, base_url=BASE_URL) as client:
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
         page = client.get(f"/runs/{execution_id}.json").json()
         plan = page["resume"]
         response = client.post(
