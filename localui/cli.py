@@ -218,6 +218,7 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
 
     from localui.app import create_app
     from localui.backends import open_backend, target_of
+    from localui.limits import server_limits
     from localui.memory import ReleaseFreedMemory, keep_thresholds
 
     target = target_of(settings)
@@ -225,7 +226,11 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
         # The SDK resolves its own default store from this variable, and caches its
         # config on first use: set it before any agent module is imported.
         os.environ.setdefault("FASTAIAGENT_LOCAL_DB", str(target.sqlite_path))
-        if not target.sqlite_path.is_file():
+        try:
+            is_file = target.sqlite_path.is_file()
+        except OSError as exc:
+            return fail(f"the store {target.sqlite_path} cannot be read: {exc.strerror}")
+        if not is_file:
             return fail(
                 f"no store at {target.sqlite_path} (pass --store or set FASTAIAGENT_LOCAL_DB)"
             )
@@ -274,6 +279,7 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
         proxy_headers=False,
         # Open streams must not hold a stopping server for long.
         timeout_graceful_shutdown=2,
+        **server_limits(),
     )
     # uvicorn stops on Ctrl-C or SIGTERM, then raises the signal again for whoever
     # installed a handler; these make that a quiet exit 0 through the clean-up below,
@@ -392,11 +398,15 @@ def run_demo(args: argparse.Namespace) -> int:
     # the served agent (approvals, resumes) traces there too.
     os.environ["FASTAIAGENT_TRACE_ENABLED"] = "true"
 
-    from localui.demo.scenarios import SeedError, seed
+    from localui.demo.scenarios import ALL_SCENARIOS, SeedError, seed
 
     print(f"localui: seeding demo runs into {store}", flush=True)
     try:
-        report = seed(store, progress=lambda line: print(f"  {line}", flush=True))
+        report = seed(
+            store,
+            progress=lambda line: print(f"  {line}", flush=True),
+            scenarios=ALL_SCENARIOS,
+        )
     except SeedError as exc:
         return fail(f"seeding the demo failed: {exc}")
     print(f"localui: {len(report.runs)} runs seeded in {report.seconds:.1f} s", flush=True)
@@ -406,11 +416,19 @@ def run_demo(args: argparse.Namespace) -> int:
 
     from fastaiagent.checkpointers import SQLiteCheckpointer
 
+    from localui.demo import teams
     from localui.demo.agent import build_agent
 
-    agent = build_agent(SQLiteCheckpointer(str(store)))
+    checkpointer = SQLiteCheckpointer(str(store))
+    runners = [
+        build_agent(checkpointer),
+        teams.build_chain(checkpointer),
+        teams.build_supervisor(checkpointer),
+        teams.build_swarm(checkpointer),
+        teams.build_long_agent(checkpointer),
+    ]
     try:
-        return serve(_settings(args, str(store)), [agent])
+        return serve(_settings(args, str(store)), runners)
     finally:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)

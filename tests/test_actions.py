@@ -138,6 +138,7 @@ def approver_value(html: str, execution_id: str) -> str | None:
 # --- approve and reject ---------------------------------------------------------
 
 
+@pytest.mark.floor
 def test_approve_completes_the_run_and_records_who_why_and_outcome(
     desk: Desk, seeded: Seeded, page_text: Callable[..., str]
 ) -> None:
@@ -373,7 +374,7 @@ def test_without_the_agent_an_approval_is_refused_and_the_pause_kept(
     expected = (
         "No agent named 'refund-bot' is registered in this localui process (registered: none)."
         " Restart it with --agents MODULE:ATTR (or FILE.py:ATTR) naming the code that builds"
-        " 'refund-bot', bound to this store."
+        " the Agent 'refund-bot', bound to this store."
     )
     assert shown["problem"] == expected
 
@@ -534,6 +535,7 @@ def resume_point(client: TestClient, run: str) -> dict[str, Any]:
     return dict(plan)
 
 
+@pytest.mark.floor
 def test_resume_of_a_run_that_died_in_its_tool_charges_once(
     desk: Desk, seeded: Seeded, page_text: Callable[..., str]
 ) -> None:
@@ -783,7 +785,13 @@ def test_prune_deletes_what_it_previewed_and_keeps_pauses(desk: Desk, seeded: Se
     assert preview["pauses_kept"] == INTERRUPTED_ROWS
 
     pruned = desk.client.post(
-        "/prune", data={"older_than": "0s", "cutoff": preview["cutoff"]}, headers=JSON
+        "/prune",
+        data={
+            "older_than": "0s",
+            "cutoff": preview["cutoff"],
+            "prune_token": preview["prune_token"],
+        },
+        headers=JSON,
     )
 
     assert pruned.status_code == 200
@@ -809,15 +817,19 @@ def test_the_prune_form_posts_back_the_previewed_cutoff(
 ) -> None:
     html = desk.client.get("/prune?older_than=0s").text
     cutoff = re.search(r'<input type="hidden" name="cutoff" value="([^"]+)">', html)
+    token = re.search(r'<input type="hidden" name="prune_token" value="([^"]+)">', html)
     count = re.search(r"Prune these (\d+) rows", html)
-    assert cutoff is not None and count is not None
+    assert cutoff is not None and token is not None and count is not None
     would_delete = int(count.group(1))
     assert (
         would_delete
         == desk.client.get("/prune.json", params={"older_than": "0s"}).json()["would_delete"]
     )
 
-    done = desk.client.post("/prune", data={"older_than": "0s", "cutoff": cutoff.group(1)})
+    done = desk.client.post(
+        "/prune",
+        data={"older_than": "0s", "cutoff": cutoff.group(1), "prune_token": token.group(1)},
+    )
 
     assert done.status_code == 200
     assert (

@@ -32,6 +32,7 @@ from localui.live import ChangeFeed
 from localui.records import Unreadable
 from localui.registry import Registry
 from localui.settings import Settings
+from localui.signing import Signer
 from localui.views.urls import urls_of
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ class AppState:
     #: Who may use the server: tokens, sessions, the proxy header, and the users
     #: table it reads (the auth middleware holds the same one).
     auth: Authenticator
+    #: Signs the values a page hands out to be posted back unchanged (the prune cutoff).
+    signer: Signer
     #: Where the run pages find the SDK's trace spans; None for a PostgreSQL
     #: store served without ``--traces``.
     traces: SpanIndex | None = None

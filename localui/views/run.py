@@ -29,6 +29,7 @@ from localui.views.approvals import (
     decisions_for_run,
 )
 from localui.views.common import context, html_only, off_loop, pretty_json, respond
+from localui.views.params import parse_count
 from localui.views.row import jsonable
 from localui.views.trace import (
     StepView,
@@ -45,6 +46,8 @@ MAX_LINEAGE = 200
 TIMELINE_ROWS = 200
 #: ``?rows=all`` shows at most this many.
 MAX_ROWS = 100_000
+#: The largest row number ``?from=`` accepts; past a run's end it shows the last rows.
+MAX_ROW_NUMBER = 1_000_000_000
 
 
 def outbox_state(row: RowHeader) -> str:
@@ -99,6 +102,9 @@ class ResumeView:
     turn: int | None
     reason: str | None
     saved_args: Any
+    #: A Chain's node that runs next; the team member that re-enters.
+    start_node: str | None = None
+    member: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +152,10 @@ class OutboxSummary:
 class RunPage:
     execution_id: str
     state: str
+    #: The name of the runner that owns the run (the top of its ``agent_path``).
     agent: str
+    #: That runner as a person reads it, e.g. ``Chain 'refund-chain'``.
+    runner: str
     #: What a resume would do (``shape`` tool, turn or approval), or null.
     resume: ResumeView | None
     #: Why there is no resume, in words, when ``resume`` is null.
@@ -372,6 +381,8 @@ def resume_view(plan: runs.ResumePlan | runs.Refusal, saved_args: Any) -> Resume
         turn=plan.turn,
         reason=plan.reason,
         saved_args=jsonable(saved_args),
+        start_node=plan.start_node,
+        member=plan.member,
     )
 
 
@@ -389,7 +400,7 @@ def pending_view(pending: Pending | None) -> PendingView | None:
 
 @dataclass(frozen=True, slots=True)
 class ActionsSection:
-    """What this process can do with the run (its agent and tool registered or not), the
+    """What this process can do with the run (its runner and tool registered or not), the
     pause's card, and what localui already did with the run."""
 
     decisions: tuple[DecisionView, ...] = ()
@@ -399,24 +410,21 @@ class ActionsSection:
 
 
 def actions_section(
-    actions: ActionService | None,
+    actions: ActionService,
     execution_id: str,
-    agent: str,
+    owner: runs.Owner,
     plan: runs.ResumePlan | runs.Refusal,
     pending: Pending | None,
     now: datetime,
     urls: Urls,
 ) -> ActionsSection:
-    if actions is None:
-        return ActionsSection()
     resume_problem = None
     if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
-        tool = actions.tool_of(plan.checkpoint_id, plan.node_id) if plan.tool else None
-        resume_problem = actions.agent_problem(agent, tool)
+        resume_problem = actions.plan_problem(plan)
     return ActionsSection(
         decisions=decisions_for_run(actions, execution_id),
         resume_problem=resume_problem,
-        fork_problem=actions.agent_problem(agent, None),
+        fork_problem=actions.fork_problem(owner),
         approval=approval_item(actions, pending, now, urls) if pending is not None else None,
     )
 
@@ -425,7 +433,7 @@ def build_run_page(
     store: Store,
     execution_id: str,
     urls: Urls,
-    actions: ActionService | None = None,
+    actions: ActionService,
     *,
     start: int | None = None,
     window: int = TIMELINE_ROWS,
@@ -437,8 +445,10 @@ def build_run_page(
     headers = store.list_rows(execution_id)
     now = datetime.now(UTC)
     state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
-    plan = runs.resume_plan(state, headers)
+    # The owner's plan on this backend, with the registered Chain's node order.
+    plan = actions.plan(state, headers)
     last = headers[-1]
+    owner = runs.run_owner(headers)
     cache = store.list_cache(execution_id)
     pending = store.get_pending(execution_id) if facts.has_pending else None
     saved_args: Any = None
@@ -468,12 +478,13 @@ def build_run_page(
         reentries(trace, headers),
     )
     origin = store.get_fork_origin(execution_id)
-    acting = actions_section(actions, execution_id, facts.agent, plan, pending, now, urls)
+    acting = actions_section(actions, execution_id, owner, plan, pending, now, urls)
     age = seconds_since(last.created_at)
     return RunPage(
         execution_id=execution_id,
         state=state,
-        agent=facts.agent,
+        agent=owner.name,
+        runner=owner.describe(),
         resume=resume_view(plan, saved_args),
         resume_refusal=plan.reason if isinstance(plan, runs.Refusal) else None,
         verdict=verdict,
@@ -499,11 +510,7 @@ def build_run_page(
 def _window_params(request: Request) -> tuple[int | None, int]:
     params = request.query_params
     start_text = params.get("from")
-    start = None
-    if start_text is not None:
-        if not start_text.isdigit():
-            raise BadRequest(f"from={start_text!r} is not a row number")
-        start = int(start_text)
+    start = None if start_text is None else parse_count("from", start_text, maximum=MAX_ROW_NUMBER)
     rows = params.get("rows")
     if rows is not None and rows != "all":
         raise BadRequest(f"rows={rows!r}: the only choice is rows=all")

@@ -150,7 +150,7 @@ def run_row(
     state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
     stopped_at = None
     if state == runs.UNFINISHED:
-        stopped_at = "tool" if runs.parse_node(facts.last_node_id).tool is not None else "turn"
+        stopped_at = runs.stopped_at(facts.last_node_id, facts.last_step_type)
     first, last = runs.parse_time(facts.first_at), runs.parse_time(facts.last_at)
     duration_ms = max(0, round((last - first).total_seconds() * 1000)) if first and last else None
     return RunRow(

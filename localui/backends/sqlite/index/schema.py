@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
+from localui.backends.sqlite.files import read_uri
 from localui.errors import Unavailable
 
 #: Bump when the index's tables change: an index of another version is rebuilt.
@@ -172,7 +173,7 @@ def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
 
 def attach_store(conn: sqlite3.Connection, store_path: Path) -> None:
     """The store, read-only, as schema ``s``."""
-    conn.execute("ATTACH DATABASE ? AS s", (f"file:{quote(str(store_path))}?mode=ro",))
+    conn.execute("ATTACH DATABASE ? AS s", (read_uri(store_path),))
 
 
 def store_identity(store_path: Path) -> str:
@@ -255,8 +256,23 @@ def read_meta(conn: sqlite3.Connection) -> dict[str, str]:
 def set_meta(conn: sqlite3.Connection, *, high_water: int, identity: str) -> None:
     conn.executemany(
         "INSERT OR REPLACE INTO meta VALUES (?, ?)",
-        [("version", VERSION), ("identity", identity), ("high_water", str(high_water))],
+        [
+            ("version", VERSION),
+            ("identity", identity),
+            ("high_water", str(high_water)),
+            ("tip", store_tip(conn, high_water)),
+        ],
     )
+
+
+def store_tip(conn: sqlite3.Connection, rowid: int) -> str:
+    """What identifies the store's row at ``rowid`` by content: its run, node and time."""
+    if rowid <= 0:
+        return ""
+    row = conn.execute(
+        "SELECT execution_id, node_id, created_at FROM s.checkpoints WHERE rowid = ?", (rowid,)
+    ).fetchone()
+    return "" if row is None else "|".join(str(v) for v in row)
 
 
 def is_stale(conn: sqlite3.Connection, identity: str) -> bool:
