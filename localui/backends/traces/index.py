@@ -175,11 +175,16 @@ class SpanIndex:
         return True
 
     def _has_spans(self) -> bool:
-        if not self._attach():
+        # A file this process cannot read (a WAL store in a read-only directory
+        # has no -shm to open) shows no spans rather than breaking the page.
+        try:
+            if not self._attach():
+                return False
+            found = self._conn.execute(
+                "SELECT 1 FROM t.sqlite_master WHERE type = 'table' AND name = 'spans'"
+            ).fetchone()
+        except sqlite3.OperationalError:
             return False
-        found = self._conn.execute(
-            "SELECT 1 FROM t.sqlite_master WHERE type = 'table' AND name = 'spans'"
-        ).fetchone()
         return found is not None
 
     def _meta(self, key: str) -> str | None:
