@@ -144,7 +144,9 @@ def ddl(t: Tables) -> list[str]:
             rows BIGINT NOT NULL, waiting BIGINT NOT NULL, quarantined BIGINT NOT NULL)""",
         f"INSERT INTO {t.totals} VALUES (1, 0, 0, 0) ON CONFLICT DO NOTHING",
         f"""CREATE TABLE IF NOT EXISTS {t.seen} (
-            checkpoint_id TEXT PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL)""",
+            checkpoint_id TEXT NOT NULL, created_at TIMESTAMPTZ NOT NULL,
+            -- A row is new to the index when its id or its time is.
+            PRIMARY KEY (checkpoint_id, created_at))""",
         f"CREATE TABLE IF NOT EXISTS {t.meta} (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
         f"""CREATE INDEX IF NOT EXISTS {t.index("recent")}
             ON {t.runs} (last_at DESC, execution_id COLLATE "C" DESC)""",

@@ -361,8 +361,9 @@ class IndexSync:
             for r in cur.execute(
                 f"WITH fresh AS ({self._window_rows(store)}),"
                 f" added AS (INSERT INTO {t.seen} SELECT checkpoint_id, created_at FROM fresh"
-                " ON CONFLICT DO NOTHING RETURNING checkpoint_id)"
-                " SELECT DISTINCT f.execution_id FROM fresh f JOIN added a USING (checkpoint_id)",
+                " ON CONFLICT DO NOTHING RETURNING checkpoint_id, created_at)"
+                " SELECT DISTINCT f.execution_id FROM fresh f JOIN added a"
+                " USING (checkpoint_id, created_at)",
                 params,
             ).fetchall()
         )
