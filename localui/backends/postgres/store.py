@@ -660,7 +660,17 @@ class PostgresStore:
         return links[0] if links else None
 
     def list_forks(self, execution_id: str) -> tuple[ForkLink, ...]:
-        return self._fork_links("src.execution_id = %s", (execution_id,))
+        index = self._index
+        if index is None or not index.refresh():
+            # A scan of every fork origin row: no index of the SDK's finds them by parent.
+            return self._fork_links("src.execution_id = %s", (execution_id,))
+        # The runs index knows each fork's parent row: this run's rows, then their forks.
+        return self._fork_links(
+            f"f.execution_id IN (SELECT r.execution_id FROM {index.tables.runs} r"
+            f" JOIN {self._t['checkpoints']} p ON p.checkpoint_id = r.fork_parent"
+            " WHERE p.execution_id = %s)",
+            (execution_id,),
+        )
 
     # --- actions' helpers ---------------------------------------------
 

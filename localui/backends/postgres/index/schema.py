@@ -154,6 +154,8 @@ def ddl(t: Tables) -> list[str]:
             ON {t.runs} (state, last_at DESC, execution_id COLLATE "C" DESC)""",
         f"""CREATE INDEX IF NOT EXISTS {t.index("agent")}
             ON {t.runs} (agent, last_at DESC, execution_id COLLATE "C" DESC)""",
+        f"""CREATE INDEX IF NOT EXISTS {t.index("fork")}
+            ON {t.runs} (fork_parent) WHERE fork_parent IS NOT NULL""",
         f"""CREATE INDEX IF NOT EXISTS {t.index("pending")}
             ON {t.runs} (execution_id) WHERE has_pending""",
         f"""CREATE INDEX IF NOT EXISTS {t.index("waiting")}
@@ -187,17 +189,23 @@ def _upkeep(t: Tables, name: str, event: str, rows: str, sign: str) -> list[str]
     ]
 
 
+def trigram_installed(cur: Any) -> str | None:
+    """The schema ``pg_trgm`` is installed in, or None."""
+    row = cur.execute(
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+        " WHERE e.extname = 'pg_trgm'"
+    ).fetchone()
+    return str(row[0]) if row is not None else None
+
+
 def trigram_schema(cur: Any) -> str | None:
     """The schema ``pg_trgm`` is installed in, creating it when this role may; None
     when it is not there and cannot be (text search then scans the index's rows)."""
     import psycopg
 
-    row = cur.execute(
-        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
-        " WHERE e.extname = 'pg_trgm'"
-    ).fetchone()
-    if row is not None:
-        return str(row[0])
+    installed = trigram_installed(cur)
+    if installed is not None:
+        return installed
     try:
         with cur.connection.transaction():
             cur.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")

@@ -105,6 +105,11 @@ class IndexSync:
         from psycopg import sql
 
         with self.pool.connection() as conn, conn.cursor() as cur:
+            if self._meta_if_any(cur).get("version") == schema.VERSION:
+                # There already: nothing to create, and no lock to wait for (another
+                # process may be building it, which can take a while).
+                return schema.trigram_installed(cur) is not None
+        with self.pool.connection() as conn, conn.cursor() as cur:
             # Two processes starting together would race on the catalog.
             cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.t.lock_key,))
             has_schema = cur.execute(
@@ -188,7 +193,7 @@ class IndexSync:
                         conn.rollback()
                         self._start_builder(store, rows=rows)
                         return False
-                    self._build(cur, store, gate)
+                    self._build(cur, store, gate, first=meta.get("built") != "1")
                 else:
                     self._catch_up(cur, store, meta)
             self._gate = gate
@@ -261,7 +266,7 @@ class IndexSync:
                 if store is None:
                     self._clear(cur, gate)
                 elif self._needs_build(meta, gate):
-                    self._build(cur, store, gate)
+                    self._build(cur, store, gate, first=meta.get("built") != "1")
                 else:
                     self._catch_up(cur, store, meta)
         except Exception as exc:
@@ -302,26 +307,33 @@ class IndexSync:
         ).fetchone()
         return (row[0], str(row[1])) if row else None
 
-    def _build(self, cur: Any, store: StoreSql, gate: tuple[Any, ...]) -> None:
-        """Fold every run anew, in this transaction (readers see the old index until it commits)."""
+    def _build(self, cur: Any, store: StoreSql, gate: tuple[Any, ...], *, first: bool) -> None:
+        """Fold every run anew, in this transaction. A first build empties the tables
+        and puts the trigram index back after (fastest); a rebuild (after a prune)
+        deletes and inserts, so other processes read the old index until it commits."""
         t = self.t
         # The cursors are read before the runs, each statement on a snapshot at least
         # as new as the one before: whatever the cursors count as folded is in the
         # runs, and what comes in between is folded (again) by the next catch-up.
         newest = self._newest(cur, store)
         synced = self._newest_synced(cur, store)
-        cur.execute(f"TRUNCATE {t.runs}, {t.counts}, {t.seen}")
+        if first:
+            cur.execute(f"TRUNCATE {t.runs}, {t.counts}, {t.seen}")
+            cur.execute(f"UPDATE {t.totals} SET rows = 0, waiting = 0, quarantined = 0")
+            # The trigram index is put back after the runs are in: far faster than
+            # keeping it up run by run.
+            cur.execute(f"DROP INDEX IF EXISTS {t.app_schema}.{t.index('search')}")
+        else:
+            # Counts and totals follow the delete (the triggers).
+            cur.execute(f"DELETE FROM {t.runs}")
+            cur.execute(f"DELETE FROM {t.seen}")
         if newest is not None:
             self._see_window(cur, store, newest)
-        cur.execute(f"UPDATE {t.totals} SET rows = 0, waiting = 0, quarantined = 0")
-        # The trigram index is put back after the runs are in: far faster than
-        # keeping it up run by run.
-        cur.execute(f"DROP INDEX IF EXISTS {t.app_schema}.{t.index('search')}")
         cur.execute(
             f"INSERT INTO {t.runs} ({schema.COLUMNS}) {store.facts('')}"
             f" SELECT {schema.FROM_FACTS} FROM r"
         )
-        if self.has_trigrams:
+        if first and self.has_trigrams:
             trgm = schema.trigram_schema(cur)
             if trgm is not None:
                 cur.execute(schema.trigram_index(t, trgm))
