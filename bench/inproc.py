@@ -40,16 +40,22 @@ async def _time(client: Any, url: str, requests: int, warmup: int) -> Timing:
     return Timing(tuple(samples), 200, len(body), cpu_ms=cpu_ms)
 
 
-async def _measure(store: Path, urls: dict[str, str], requests: int, warmup: int) -> dict[str, Any]:
+#: The start-up token of ``--sign-in session`` and ``--sign-in bearer``.
+TOKEN = "bench-start-up-token"
+
+
+async def _measure(
+    store: Path, urls: dict[str, str], requests: int, warmup: int, sign_in: str = "off"
+) -> dict[str, Any]:
     import httpx
 
     from bench.agents import refund_bot
     from localui.app import create_app
     from localui.backends import open_backend
     from localui.registry import Registry
-    from localui.settings import Settings
+    from localui.settings import Settings, SignIn
 
-    settings = Settings(store=str(store))
+    settings = Settings(store=str(store), sign_in=SignIn(required=sign_in != "off", token=TOKEN))
     opened = open_backend(settings)
     registry = Registry.build([refund_bot()], opened.target)
     app = create_app(settings, agents=registry.agents.values(), backend=opened)
@@ -60,6 +66,17 @@ async def _measure(store: Path, urls: dict[str, str], requests: int, warmup: int
             async with httpx.AsyncClient(
                 transport=transport, base_url="http://127.0.0.1:8765"
             ) as client:
+                if sign_in == "session":
+                    # The sign-in link sets the session cookie every page then carries.
+                    signed = await client.get(f"/?token={TOKEN}")
+                    assert signed.status_code == 303, signed.status_code
+                    # Sent as a plain header, as a browser does: httpx's cookie jar
+                    # costs ~0.1 ms a request on the client side, which is not the app's.
+                    [(name, value)] = client.cookies.items()
+                    client.cookies.clear()
+                    client.headers["Cookie"] = f"{name}={value}"
+                elif sign_in == "bearer":
+                    client.headers["Authorization"] = f"Bearer {TOKEN}"
                 for name, url in urls.items():
                     timing = await _time(client, url, requests, warmup)
                     results[name] = timing.as_json()
@@ -73,11 +90,18 @@ def main() -> int:
     parser.add_argument("--store", type=Path, required=True)
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--sign-in",
+        choices=("off", "session", "bearer"),
+        default="off",
+        help="Time pages with sign-in off (as the served bench), or signed in by a session"
+        " cookie or a Bearer token: what sign-in costs a page.",
+    )
     args = parser.parse_args()
     store = args.store.resolve()
     os.environ["FASTAIAGENT_LOCAL_DB"] = str(store)
     urls = json.loads(sys.stdin.read())
-    results = asyncio.run(_measure(store, urls, args.requests, args.warmup))
+    results = asyncio.run(_measure(store, urls, args.requests, args.warmup, args.sign_in))
     print(json.dumps(results))
     return 0
 

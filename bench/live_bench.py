@@ -106,7 +106,7 @@ def start_server(store: Path, workdir: Path) -> Server:
     env = {**os.environ, "FASTAIAGENT_TRACE_ENABLED": "false"}
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [str(LOCALUI), "serve", "--store", str(store), "--port", str(port)],
+            [str(LOCALUI), "serve", "--store", str(store), "--port", str(port), "--no-auth"],
             cwd=workdir,
             env=env,
             stdout=out,

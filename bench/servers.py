@@ -171,6 +171,8 @@ def start_localui(
         # The bench's agent binds to this store (bench/agents.py).
         extra = {"LOCALUI_BENCH_PG_DSN": pg.dsn, "LOCALUI_BENCH_PG_SCHEMA": pg.schema}
     command = [sys.executable, "-m", "localui", "serve", "--store", *where, "--port", str(port)]
+    # Pages are timed as a page's work; what sign-in adds is measured in process.
+    command.append("--no-auth")
     if agents:
         command += ["--agents", AGENTS_SPEC]
     env = clean_env(XDG_CACHE_HOME=str(cache_dir), PYTHONPATH=pythonpath(app_path), **extra)

@@ -12,6 +12,8 @@ from localui.settings import Settings
 
 store = os.environ.get("FASTAIAGENT_LOCAL_DB", ".fastaiagent/local.db")
 # agents=[...] as for `localui serve --agents`, to approve and resume from here too.
+# Sign-in stays on: people open the links that
+# `localui users add NAME --role approver --url https://YOUR-HOST/ops/localui/` prints.
 ui = create_app(Settings(store=store))
 
 

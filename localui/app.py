@@ -18,8 +18,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from localui.actions import ActionService
+from localui.auth import Authenticator, AuthMiddleware, template_values
 from localui.backends import open_backend
 from localui.backends.base import Backend
+from localui.backends.users import new_token
 from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed
 from localui.paths import static_dir, templates_dir
@@ -34,6 +36,7 @@ from localui.views import live as live_views
 from localui.views import row as row_views
 from localui.views import run as run_views
 from localui.views import runs as runs_views
+from localui.views import signin as signin_views
 from localui.views.common import AppState, error_response
 from localui.views.urls import dom_id
 
@@ -108,6 +111,8 @@ def build_routes() -> list[Route | Mount]:
         Route("/prune.json", as_json(action_views.prune_preview), name="prune_json"),
         Route("/prune", action_views.prune_preview, methods=["GET"], name="prune"),
         Route("/prune", action_views.prune_now, methods=["POST"], name="prune_now"),
+        Route("/signin", signin_views.signin, methods=["GET", "POST"], name="signin"),
+        Route("/signout", signin_views.signout, methods=["POST"], name="signout"),
         Mount("/static", app=StaticFiles(directory=static_dir()), name="static"),
     ]
 
@@ -155,8 +160,13 @@ def create_app(
     """The app for one store: ``backend``, or the one ``settings.store`` names, opened
     by the lifespan (and then closed by it too). ``agents`` are those this process
     may resume; they must already be bound to the store (``localui.registry``)."""
-    templates = Jinja2Templates(directory=str(templates_dir()))
+    templates = Jinja2Templates(
+        directory=str(templates_dir()), context_processors=[template_values]
+    )
     templates.env.filters["dom_id"] = dom_id
+    auth = Authenticator(
+        settings.sign_in, port=settings.port, token=settings.sign_in.token or new_token()
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -165,6 +175,8 @@ def create_app(
         templates.env.globals["store_label"] = opened.label
         registry = Registry(agents={a.name: a for a in agents})
         decisions = opened.decision_log(writable=not settings.read_only)
+        if settings.sign_in.required:
+            auth.users = opened.users(writable=False)
         actions = ActionService(
             settings=settings,
             store=opened.store,
@@ -180,6 +192,7 @@ def create_app(
             registry=registry,
             actions=actions,
             feed=feed,
+            auth=auth,
         )
         await feed.start()
         try:
@@ -188,6 +201,9 @@ def create_app(
             # Ends every open live stream with the app.
             await feed.stop()
             decisions.close()
+            if auth.users is not None:
+                auth.users.close()
+                auth.users = None
             if owned:
                 opened.close()
 
@@ -195,6 +211,12 @@ def create_app(
         routes=build_routes(),
         middleware=[
             Middleware(GuardMiddleware, host_names=settings.host_names),
+            Middleware(
+                AuthMiddleware,
+                auth=auth,
+                signin_page=signin_views.signin_page_renderer(templates, settings),
+                public=("/static/",),
+            ),
             # Pages and the vendored htmx go compressed; event streams are left alone.
             # Level 1: level 9 spends ~300 ms on a 2 MB diff page for a few % smaller.
             Middleware(GZipMiddleware, minimum_size=512, compresslevel=1),

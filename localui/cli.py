@@ -14,7 +14,7 @@ from typing import Any
 
 from localui.errors import LocalUIError
 from localui.registry import Registry, RegistryError, load_spec
-from localui.settings import Settings
+from localui.settings import LOOPBACK_NAMES, ROLES, Settings, SignIn
 
 DEFAULT_PORT = 8765
 
@@ -29,7 +29,7 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         "--host",
         default="127.0.0.1",
         help="Interface to listen on. Loopback by default: the app can approve and resume "
-        "runs, so expose it to a network only behind your own authentication.",
+        "runs, so any other address requires sign-in (or --auth-proxy-header).",
     )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument(
@@ -46,6 +46,44 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         metavar="PREFIX",
         help="Behind a reverse proxy that serves the app at PREFIX (e.g. /tools/localui) and "
         "strips it before forwarding: every link, form and redirect carries PREFIX.",
+    )
+    auth = parser.add_argument_group(
+        "sign-in",
+        "Sign-in is on: the server prints a link carrying a token made at start (it signs in"
+        " as an operator); `localui users add` makes links for other people.",
+    )
+    auth.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="No sign-in: anyone who can reach the server may act. Loopback --host only.",
+    )
+    auth.add_argument(
+        "--auth-proxy-header",
+        default="",
+        metavar="HEADER",
+        help="Believe this header (e.g. X-Forwarded-User) as the signed-in person's name, from a"
+        " --trusted-proxy address only: for teams behind their own single sign-on proxy.",
+    )
+    auth.add_argument(
+        "--auth-proxy-role-header",
+        default="",
+        metavar="HEADER",
+        help="With --auth-proxy-header: the header carrying the person's role (viewer, approver,"
+        " operator). Without it, the role `localui users add` gave that name, else"
+        " --auth-proxy-default-role.",
+    )
+    auth.add_argument(
+        "--auth-proxy-default-role",
+        default="viewer",
+        choices=ROLES,
+        help="The role of a proxied person nothing else gives a role to (default: viewer).",
+    )
+    auth.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
+        help="An address or network (10.0.0.0/8) of the proxy whose headers are believed.",
     )
 
 
@@ -99,6 +137,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed-only", action="store_true", help="Write the store, print its path, and stop."
     )
     _add_server_options(demo)
+
+    users = sub.add_parser(
+        "users", help="The people who may sign in to a store's servers, and their roles."
+    )
+    users_sub = users.add_subparsers(dest="users_command", required=True)
+    for name, what in (
+        ("add", "Add a person and print their sign-in link."),
+        ("list", "List the people and their roles."),
+        ("remove", "Remove a person: their link and sessions stop working."),
+        ("reset", "Give a person a new link: the old one and its sessions stop working."),
+    ):
+        command = users_sub.add_parser(name, help=what, description=what)
+        if name != "list":
+            command.add_argument("name", help="The person's name, as decisions record it.")
+        if name == "add":
+            command.add_argument("--role", required=True, choices=ROLES)
+        command.add_argument(
+            "--store", default=None, help="The store (as for serve); its database keeps the table."
+        )
+        command.add_argument("--pg-app-schema", default="localui", metavar="SCHEMA")
+        if name in ("add", "reset"):
+            command.add_argument(
+                "--url",
+                default=f"http://127.0.0.1:{DEFAULT_PORT}/",
+                help="The server's address as the person opens it, for the printed link.",
+            )
     return parser
 
 
@@ -152,7 +216,10 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
     if releasing:
         app = ReleaseFreedMemory(app)
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    print(f"localui: serving {backend.label} at http://{shown_host}:{settings.port}/", flush=True)
+    url = f"http://{shown_host}:{settings.port}/"
+    print(f"localui: serving {backend.label} at {url}", flush=True)
+    for line in sign_in_lines(settings, url):
+        print(f"localui: {line}", flush=True)
     if settings.root_path:
         print(f"localui: links point under {settings.root_path}/, where the proxy serves it")
     if registry.agents:
@@ -163,6 +230,9 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
         port=settings.port,
         log_level="warning",
         root_path=settings.root_path,
+        # The client address must be the TCP peer: sign-in trusts proxy headers only
+        # from --trusted-proxy addresses, and a loopback Host only from loopback.
+        proxy_headers=False,
         # Open streams must not hold a stopping server for long.
         timeout_graceful_shutdown=2,
     )
@@ -178,7 +248,55 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
     return 0
 
 
+def is_loopback_host(host: str) -> bool:
+    return host in LOOPBACK_NAMES or host.startswith("127.")
+
+
+def sign_in_problem(args: argparse.Namespace) -> str | None:
+    """Why these sign-in options cannot be served, or None."""
+    if args.no_auth and not is_loopback_host(args.host):
+        return (
+            f"--no-auth with --host {args.host} would let anyone on the network act on the"
+            " store: drop --no-auth (sign-in) or use --auth-proxy-header behind your proxy"
+        )
+    if args.no_auth and args.auth_proxy_header:
+        return "--no-auth and --auth-proxy-header contradict each other: pick one"
+    if args.auth_proxy_header and not args.trusted_proxy:
+        return "--auth-proxy-header needs --trusted-proxy: the addresses of your proxy"
+    from localui.auth import parse_networks
+
+    try:
+        parse_networks(tuple(args.trusted_proxy))
+    except LocalUIError as exc:
+        return str(exc)
+    return None
+
+
+def sign_in_lines(settings: Settings, url: str) -> list[str]:
+    """What a person needs to know at start about who may use the server."""
+    sign_in = settings.sign_in
+    if not sign_in.required:
+        return ["sign-in is OFF (--no-auth): anyone who can reach this address may act"]
+    lines = []
+    if not is_loopback_host(settings.host):
+        ways = "a session, a Bearer token" + (", or the proxy" if sign_in.proxy_user_header else "")
+        lines.append(
+            f"listening on {settings.host}, beyond this machine: every request must sign in"
+            f" ({ways})"
+        )
+    if sign_in.proxy_user_header:
+        lines.append(
+            f"people signed in by the proxy at {', '.join(sign_in.trusted_proxies)}"
+            f" are named by its {sign_in.proxy_user_header} header"
+        )
+    lines.append(f"sign in at {url}?token={sign_in.token} (as {sign_in.owner}, operator)")
+    return lines
+
+
 def _settings(args: argparse.Namespace, store: str) -> Settings:
+    from localui.auth import owner_name
+    from localui.backends.users import new_token
+
     return Settings(
         store=store,
         host=args.host,
@@ -188,6 +306,15 @@ def _settings(args: argparse.Namespace, store: str) -> Settings:
         pg_schema=getattr(args, "pg_schema", "fastaiagent"),
         pg_app_schema=getattr(args, "pg_app_schema", "localui"),
         root_path=normal_root_path(args.root_path),
+        sign_in=SignIn(
+            required=not args.no_auth,
+            token=new_token(),
+            owner=owner_name(),
+            proxy_user_header=args.auth_proxy_header,
+            proxy_role_header=args.auth_proxy_role_header,
+            proxy_default_role=args.auth_proxy_default_role,
+            trusted_proxies=tuple(args.trusted_proxy),
+        ),
     )
 
 
@@ -198,6 +325,8 @@ def normal_root_path(text: str) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    if problem := sign_in_problem(args):
+        return fail(problem)
     store = args.store or default_store()
     return serve(_settings(args, store), specs=args.agents)
 
@@ -207,6 +336,8 @@ def _exit_quietly(signum: int, frame: object) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    if problem := sign_in_problem(args):
+        return fail(problem)
     temp_dir: str | None = None
     if args.store:
         store = Path(args.store).resolve()
@@ -243,8 +374,54 @@ def run_demo(args: argparse.Namespace) -> int:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+def run_users(args: argparse.Namespace) -> int:
+    """``localui users add|list|remove|reset``: the table servers of this store read."""
+    from localui.backends import open_users, target_of
+    from localui.backends.users import check_name, new_token, token_hash
+
+    store = args.store or default_store()
+    settings = Settings(store=store, pg_app_schema=args.pg_app_schema)
+    sqlite_path = target_of(settings).sqlite_path
+    if sqlite_path is not None and not sqlite_path.is_file():
+        return fail(f"no store at {store} (pass --store or set FASTAIAGENT_LOCAL_DB)")
+    try:
+        users = open_users(settings, writable=args.users_command != "list")
+    except LocalUIError as exc:
+        return fail(str(exc))
+    try:
+        if args.users_command == "list":
+            for user in users.list_users():
+                print(f"{user.name}\t{user.role}\tadded {user.created_at}")
+            return 0
+        name = check_name(args.name)
+        if args.users_command == "remove":
+            if not users.remove(name):
+                return fail(f"no user {name!r}")
+            print(f"localui: removed {name}; their link and sessions no longer work")
+            return 0
+        token = new_token()
+        if args.users_command == "add":
+            user = users.add(name, args.role, token_hash(token))
+        else:
+            found = users.set_token(name, token_hash(token))
+            if found is None:
+                return fail(f"no user {name!r}")
+            user = found
+        base = args.url if args.url.endswith("/") else args.url + "/"
+        print(f"localui: {user.name} ({user.role}) signs in at {base}?token={token}")
+        print(f"localui: scripts send the header: Authorization: Bearer {token}")
+        print("localui: the token is shown only now; `localui users reset` makes a new one")
+        return 0
+    except LocalUIError as exc:
+        return fail(str(exc))
+    finally:
+        users.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return run_serve(args)
+    if args.command == "users":
+        return run_users(args)
     return run_demo(args)

@@ -25,6 +25,13 @@ class ReadOnly(LocalUIError):
     title = "Read-only"
 
 
+class Forbidden(LocalUIError):
+    """The person's role does not allow this action."""
+
+    status_code = 403
+    title = "Refused"
+
+
 class Conflict(LocalUIError):
     status_code = 409
     title = "Conflict"
@@ -49,3 +56,16 @@ class Refused(LocalUIError):
 
     status_code = 422
     title = "Cannot do that here"
+
+
+class LifespanNotRun(RuntimeError):
+    """A request reached localui before its lifespan ran: a programming error of the
+    app that mounts it, so it is raised, never answered as a page."""
+
+    def __init__(self) -> None:
+        # Starlette runs only the outermost app's lifespan: a parent that mounts
+        # localui must enter localui's (see ``localui.app.lifespan_of``).
+        super().__init__(
+            "localui's lifespan has not run: the app that mounts it must enter "
+            "localui.app.lifespan_of(app) in its own lifespan"
+        )

@@ -285,3 +285,19 @@ class Claim:
 
     won: bool
     decision: Decision
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """A person who may sign in to a store's servers (``localui users``)."""
+
+    name: str
+    role: str
+    #: SHA-256 of the personal token, hex; a session remembers its first characters,
+    #: so a reset token ends the sessions opened with the old one.
+    token_sha256: str
+    created_at: str
+
+    @property
+    def token_mark(self) -> str:
+        return self.token_sha256[:16]

@@ -3,7 +3,9 @@
 A pure ASGI middleware so it also guards streams. It refuses:
 
 * a request whose ``Host`` is not a name this server answers to, which stops
-  DNS rebinding from turning a web page into a client of a loopback server;
+  DNS rebinding from turning a web page into a client of a loopback server; a
+  loopback name (``localhost``) is accepted only from a loopback client, since
+  any client on a network can send it;
 * an unsafe method (anything but GET, HEAD, OPTIONS) sent cross-site, judged the
   way browsers report it: ``Sec-Fetch-Site`` when present, else ``Origin``
   against ``Host``. No token dance: every browser that can run the pages sends
@@ -20,6 +22,9 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from localui.auth import is_loopback_client
+from localui.settings import LOOPBACK_NAMES
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -44,7 +49,10 @@ class GuardMiddleware:
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         host = headers.get("host", "")
-        if host_name(host) not in self.host_names:
+        name = host_name(host)
+        if name not in self.host_names or (
+            name in LOOPBACK_NAMES and not is_loopback_client(scope)
+        ):
             await _refuse(scope, send, 400, f"Host {host!r} is not one this server answers to.")
             return
         method = scope.get("method", "GET")

@@ -6,6 +6,40 @@ from dataclasses import dataclass
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
+#: What each role may do, least first: a viewer sees, an approver also decides
+#: pauses, an operator also resumes, forks and prunes.
+ROLES = ("viewer", "approver", "operator")
+
+
+@dataclass(frozen=True, slots=True)
+class SignIn:
+    """Who may use the server, and how they prove it (``localui.auth``)."""
+
+    #: Off only with ``--no-auth``, which the CLI allows on loopback alone.
+    required: bool = True
+    #: The start-up token (the link printed at start, and scripts' Bearer token);
+    #: empty means ``create_app`` makes one.
+    token: str = ""
+    #: The name decisions record for whoever signs in with the start-up token.
+    owner: str = "owner"
+    #: Trusted proxy mode: the header naming the person a trusted proxy signed in.
+    proxy_user_header: str = ""
+    #: The header carrying that person's role; without it, localui's users table
+    #: decides, then ``proxy_default_role``.
+    proxy_role_header: str = ""
+    proxy_default_role: str = "viewer"
+    #: Addresses or networks (``10.0.0.0/8``) whose proxy headers are believed.
+    trusted_proxies: tuple[str, ...] = ()
+    #: Bad tokens from one client address: each answer after ``slow_after`` of them
+    #: waits ``slow_seconds`` more; after ``lock_after`` the address is refused for
+    #: ``lock_seconds``, good token or not.
+    slow_after: int = 3
+    slow_seconds: float = 0.5
+    lock_after: int = 10
+    lock_seconds: float = 300.0
+    #: How long a session cookie stays good.
+    session_seconds: int = 7 * 86400
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -29,6 +63,7 @@ class Settings:
     #: The path prefix a reverse proxy strips before it forwards (``--root-path``):
     #: links and redirects put it back. Mounted in a parent app, the mount sets it.
     root_path: str = ""
+    sign_in: SignIn = SignIn()
 
     @property
     def host_names(self) -> frozenset[str]:

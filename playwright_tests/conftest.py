@@ -51,11 +51,12 @@ class DemoServer:
 
 
 def start_demo(tmp_path_factory: pytest.TempPathFactory, name: str) -> DemoServer:
-    """``localui demo`` as a person starts it; its output goes beside its directory."""
+    """``localui demo`` as a person starts it; its output goes beside its directory.
+    Sign-in is off: these tests are about the pages (test_signin is about signing in)."""
     workdir = tmp_path_factory.mktemp(f"{name}-cwd")
     store = tmp_path_factory.mktemp(f"{name}-store") / "local.db"
     server = start_localui(
-        ["demo", "--store", str(store)],
+        ["demo", "--store", str(store), "--no-auth"],
         cwd=workdir,
         log=workdir.parent / f"{workdir.name}.log",
         ready="/",

@@ -20,6 +20,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--token", required=True, help="the sign-in token of its owner")
     args = parser.parse_args()
     os.environ["FASTAIAGENT_TRACE_ENABLED"] = "false"
     os.environ["FASTAIAGENT_LOCAL_DB"] = args.store
@@ -32,10 +33,11 @@ def main() -> None:
 
     from localui.app import create_app, lifespan_of
     from localui.demo.agent import build_agent
-    from localui.settings import Settings
+    from localui.settings import Settings, SignIn
 
     checkpointer = SQLiteCheckpointer(args.store)
-    ui = create_app(Settings(store=args.store), agents=[build_agent(checkpointer)])
+    settings = Settings(store=args.store, sign_in=SignIn(token=args.token, owner="Mounted Owner"))
+    ui = create_app(settings, agents=[build_agent(checkpointer)])
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

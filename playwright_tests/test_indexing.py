@@ -66,7 +66,7 @@ def test_the_runs_page_fills_in_when_the_index_is_ready(page: Page, tmp_path: Pa
     holder.execute("BEGIN IMMEDIATE")
     try:
         server = start_localui(
-            ["serve", "--store", str(store)],
+            ["serve", "--store", str(store), "--no-auth"],
             cwd=tmp_path,
             log=tmp_path / "serve.log",
             env={**os.environ, "XDG_CACHE_HOME": str(cache)},

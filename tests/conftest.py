@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 import pytest
+from helpers import LOOPBACK_CLIENT, NO_SIGN_IN
 from starlette.exceptions import StarletteDeprecationWarning
 
 # Starlette 1.x warns at import when the TestClient runs on ``httpx`` rather
@@ -371,15 +372,20 @@ ClientFactory = Callable[..., TestClient]
 @pytest.fixture
 def make_client() -> Iterator[ClientFactory]:
     """``make_client(store_path, raise_server_exceptions=True, **settings)``: a
-    TestClient with the app's lifespan running, closed when the test ends."""
+    TestClient with the app's lifespan running, closed when the test ends. Sign-in is
+    off unless ``sign_in=sign_in_settings()`` is given."""
     with ExitStack() as stack:
 
         def make(
             store_path: Path, *, raise_server_exceptions: bool = True, **settings: Any
         ) -> TestClient:
+            settings.setdefault("sign_in", NO_SIGN_IN)
             app = create_app(Settings(store=str(store_path), **settings))
             client = TestClient(
-                app, base_url=BASE_URL, raise_server_exceptions=raise_server_exceptions
+                app,
+                base_url=BASE_URL,
+                raise_server_exceptions=raise_server_exceptions,
+                client=LOOPBACK_CLIENT,
             )
             return stack.enter_context(client)
 
@@ -506,9 +512,13 @@ def make_acting_client() -> Iterator[ActingClientFactory]:
                 agents = [
                     build_agent(checkpointer, ledger=ledger.path if ledger is not None else None)
                 ]
+            settings.setdefault("sign_in", NO_SIGN_IN)
             app = create_app(Settings(store=str(store_path), **settings), agents=agents)
             client = TestClient(
-                app, base_url=BASE_URL, raise_server_exceptions=raise_server_exceptions
+                app,
+                base_url=BASE_URL,
+                raise_server_exceptions=raise_server_exceptions,
+                client=LOOPBACK_CLIENT,
             )
             return stack.enter_context(client)
 
@@ -647,6 +657,7 @@ class PgStore:
         return PgRaw(self.dsn, self.app_schema)
 
     def settings(self, **changes: Any) -> Settings:
+        changes.setdefault("sign_in", NO_SIGN_IN)
         return Settings(
             store=self.dsn, pg_schema=self.schema, pg_app_schema=self.app_schema, **changes
         )
@@ -689,9 +700,13 @@ def make_pg_client() -> Iterator[Callable[..., TestClient]]:
                 agents = [
                     build_agent(checkpointer, ledger=ledger.path if ledger is not None else None)
                 ]
+            settings.setdefault("sign_in", NO_SIGN_IN)
             app = create_app(store.settings(**settings), agents=agents)
             client = TestClient(
-                app, base_url=BASE_URL, raise_server_exceptions=raise_server_exceptions
+                app,
+                base_url=BASE_URL,
+                raise_server_exceptions=raise_server_exceptions,
+                client=LOOPBACK_CLIENT,
             )
             return stack.enter_context(client)
 

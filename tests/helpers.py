@@ -1,5 +1,6 @@
 """What the tests and the browser tests share: a free port, a real ``localui``
-server process, and the requests a person makes on the approvals queue.
+server process, the requests a person makes on the approvals queue, and how a
+test signs in (or turns sign-in off).
 
 ``pyproject.toml`` puts this folder on pytest's ``pythonpath``, so both suites
 ``from helpers import ...`` the one copy.
@@ -22,9 +23,27 @@ from typing import IO, Any, Protocol
 import httpx
 import pytest
 
+from localui.settings import SignIn
+
 #: The console script installed beside this interpreter, as a user would type it.
 LOCALUI = Path(sys.executable).with_name("localui")
 JSON = {"Accept": "application/json"}
+
+
+#: Where the app tests' requests come from: a loopback client, as a browser on this
+#: machine is (the server accepts loopback Host names from loopback clients only).
+LOOPBACK_CLIENT = ("127.0.0.1", 50000)
+#: Sign-in off (``--no-auth``), for the app tests that are not about who may act.
+NO_SIGN_IN = SignIn(required=False)
+#: The start-up token of app tests that sign in (``sign_in_settings``).
+TEST_TOKEN = "start-up-token-of-the-tests"
+
+
+def sign_in_settings(**changes: Any) -> SignIn:
+    """Sign-in on, with the tests' known start-up token and quick lockouts."""
+    values: dict[str, Any] = {"token": TEST_TOKEN, "owner": "the-owner"}
+    values.update(changes)
+    return SignIn(**values)
 
 
 def free_port() -> int:
@@ -72,10 +91,12 @@ def start_localui(
     env: Mapping[str, str] | None = None,
     ready: str = "/runs.json",
     timeout: float = 30.0,
+    port: int | None = None,
 ) -> LocalServer:
     """``localui ARGS --port N`` started in ``cwd``, returned once ``ready`` answers 200;
-    a test failure with the server's output when it does not within ``timeout``."""
-    port = free_port()
+    a test failure with the server's output when it does not within ``timeout``. ``port``
+    when the test must know it before the server starts (a link printed for it)."""
+    port = free_port() if port is None else port
     command = [str(LOCALUI), *args, "--port", str(port)]
     log_file = log.open("wb")
     process = subprocess.Popen(

@@ -103,9 +103,12 @@ def test_serve_refuses_an_agent_bound_to_another_store(
 
 
 @contextmanager
-def serving(args: Sequence[str], cwd: Path, log: Path) -> Iterator[LocalServer]:
-    """A real ``localui`` process, answering; always stopped on the way out."""
-    server = start_localui(args, cwd=cwd, log=log, env=child_env())
+def serving(
+    args: Sequence[str], cwd: Path, log: Path, *, ready: str = "/runs.json"
+) -> Iterator[LocalServer]:
+    """A real ``localui`` process, answering 200 on ``ready``; always stopped on the way
+    out. With sign-in on, ``/signin`` is the page that answers without a session."""
+    server = start_localui(args, cwd=cwd, log=log, env=child_env(), ready=ready)
     try:
         yield server
     finally:
@@ -115,7 +118,8 @@ def serving(args: Sequence[str], cwd: Path, log: Path) -> Iterator[LocalServer]:
 def test_serve_answers_loopback_and_refuses_a_foreign_host(
     cwd: Path, store_copy: Path, seeded: Seeded, tmp_path: Path
 ) -> None:
-    with serving(["serve", "--store", str(store_copy)], cwd, tmp_path / "serve.log") as server:
+    args = ["serve", "--store", str(store_copy), "--no-auth"]
+    with serving(args, cwd, tmp_path / "serve.log") as server:
         base = server.url
         port = base.rsplit(":", 1)[1]
         page = httpx.get(f"{base}/", timeout=10)
@@ -162,7 +166,8 @@ def test_demo_refuses_an_existing_store(cwd: Path, store_copy: Path) -> None:
 def test_serve_stops_quietly_on_ctrl_c_and_sigterm(
     cwd: Path, store_copy: Path, stop: signal.Signals, tmp_path: Path
 ) -> None:
-    with serving(["serve", "--store", str(store_copy)], cwd, tmp_path / "serve.log") as server:
+    args = ["serve", "--store", str(store_copy)]
+    with serving(args, cwd, tmp_path / "serve.log", ready="/signin") as server:
         server.process.send_signal(stop)
         code = server.process.wait(timeout=15)
         said = server.output()
@@ -171,7 +176,7 @@ def test_serve_stops_quietly_on_ctrl_c_and_sigterm(
 
 
 def test_demo_removes_its_temporary_store_when_stopped(cwd: Path, tmp_path: Path) -> None:
-    with serving(["demo"], cwd, tmp_path / "demo.log") as server:
+    with serving(["demo", "--no-auth"], cwd, tmp_path / "demo.log") as server:
         runs = httpx.get(f"{server.url}/runs.json", timeout=10).json()["runs"]
         assert len(runs) == len(SCENARIO_NAMES)
         server.process.send_signal(signal.SIGTERM)

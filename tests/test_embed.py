@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import re
 import runpy
+import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
 from html import unescape
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers import LOCALUI, LOOPBACK_CLIENT, TEST_TOKEN, sign_in_settings
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.testclient import TestClient
@@ -59,9 +61,23 @@ def test_the_readme_example_serves_localui_under_its_prefix(
     app_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FASTAIAGENT_LOCAL_DB", str(app_store))
+    # Sign-in stays on in the example: Ann opens the link `localui users add` prints.
+    added = subprocess.run(
+        [str(LOCALUI), "users", "add", "Ann", "--role", "approver", "--store", str(app_store)]
+        + ["--url", f"{BASE_URL}{PREFIX}/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    link = re.search(r"signs in at (\S+)", added.stdout)
+    assert link is not None, added.stdout
     app = runpy.run_path(str(EXAMPLE))["app"]
-    with TestClient(app, base_url=BASE_URL) as client:
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
         assert client.get("/").text == "my app"
+        assert client.get(f"{PREFIX}/").status_code == 401
+        signed_in = client.get(link.group(1).removeprefix(BASE_URL), follow_redirects=False)
+        assert signed_in.status_code == 303
+        assert signed_in.headers["location"] == f"{PREFIX}/"
         page = client.get(f"{PREFIX}/")
         assert page.status_code == 200
         assert_under(PREFIX, page.text)
@@ -77,7 +93,8 @@ def mounted(make_acting_client: Any, copy_store: Callable[[], Path]) -> Iterator
 
     path = copy_store()
     checkpointer = SQLiteCheckpointer(str(path))
-    ui = create_app(Settings(store=str(path)), agents=[build_agent(checkpointer)])
+    settings = Settings(store=str(path), sign_in=sign_in_settings())
+    ui = create_app(settings, agents=[build_agent(checkpointer)])
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -86,7 +103,12 @@ def mounted(make_acting_client: Any, copy_store: Callable[[], Path]) -> Iterator
 
     parent = Starlette(routes=[Mount(PREFIX, app=ui)], lifespan=lifespan)
     try:
-        with TestClient(parent, base_url=BASE_URL) as client:
+        with TestClient(parent, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+            # Signing in works under the prefix too: the link's redirect and the
+            # session cookie stay there.
+            answer = client.get(f"{PREFIX}/?token={TEST_TOKEN}", follow_redirects=False)
+            assert answer.status_code == 303
+            assert answer.headers["location"] == f"{PREFIX}/"
             yield client
     finally:
         checkpointer.close()
@@ -109,7 +131,7 @@ def test_every_page_links_only_under_the_prefix(mounted: TestClient) -> None:
     # forks' sources, the cache and prune pages, the live streams' paths aside (they
     # do not end, and TestClient waits for a whole response).
     for url in sorted(seen):
-        if "/live/" in url or url.endswith(("/approve", "/reject", "/resume", "/fork")):
+        if "/live/" in url or url.endswith(("/approve", "/reject", "/resume", "/fork", "/signout")):
             continue
         answer = client.get(url, headers=JSON if "/static/" not in url else {})
         assert answer.status_code in (200, 400), url  # a diff without ?a=&b= is a 400
@@ -153,7 +175,7 @@ def test_actions_answer_and_redirect_under_the_prefix(mounted: TestClient) -> No
 def test_a_parent_that_skips_the_lifespan_is_told_what_to_do(app_store: Path) -> None:
     ui = create_app(Settings(store=str(app_store)))
     parent = Starlette(routes=[Mount(PREFIX, app=ui)])
-    with TestClient(parent, base_url=BASE_URL) as client:
+    with TestClient(parent, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
         with pytest.raises(RuntimeError, match=r"lifespan_of"):
             client.get(f"{PREFIX}/")
 
@@ -167,7 +189,7 @@ def behind_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from helpers import start_localui
 
     store = tmp_path_factory.mktemp("root-path") / "local.db"
-    args = ["demo", "--store", str(store), "--root-path", "tools/localui/"]
+    args = ["demo", "--store", str(store), "--root-path", "tools/localui/", "--no-auth"]
     cwd = tmp_path_factory.mktemp("root-path-cwd")
     server = start_localui(args, cwd=cwd, log=cwd.parent / "root-path.log", timeout=120)
     try:

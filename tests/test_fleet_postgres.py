@@ -184,6 +184,7 @@ def start_server(
             app_schema,
             "--agents",
             f"{workdir / 'fleet_agents.py'}:payout_bot",
+            "--no-auth",
         ],  # fmt: skip
         cwd=workdir,
         log=workdir / f"{name}.log",

@@ -47,7 +47,7 @@ def start_server(store: Path, agents: Path, workdir: Path, name: str) -> LocalSe
         "FASTAIAGENT_LOCAL_DB": str(store),
     }
     return start_localui(
-        ["serve", "--store", str(store), "--agents", f"{agents}:refund_bot"],
+        ["serve", "--store", str(store), "--agents", f"{agents}:refund_bot", "--no-auth"],
         cwd=workdir,
         log=workdir / f"{name}.log",
         env=env,

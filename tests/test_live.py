@@ -26,7 +26,7 @@ import anyio
 import httpx
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
-from helpers import start_localui
+from helpers import NO_SIGN_IN, start_localui
 from starlette.applications import Starlette
 
 from localui.app import create_app
@@ -244,7 +244,8 @@ def acting_app(store: Path, **settings: Any) -> Iterator[Starlette]:
     try:
         agent = build_agent(checkpointer)
         yield create_app(
-            Settings(store=str(store), poll_interval=INTERVAL, **settings), agents=[agent]
+            Settings(store=str(store), poll_interval=INTERVAL, sign_in=NO_SIGN_IN, **settings),
+            agents=[agent],
         )
     finally:
         checkpointer.close()
@@ -454,7 +455,7 @@ async def test_the_backends_source_pins_a_new_pause_to_its_run(
 async def test_the_runs_stream_opens_with_the_table_and_pushes_a_new_run(
     store_copy: Path, tmp_path: Path, page_text: Callable[..., str]
 ) -> None:
-    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL))
+    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL, sign_in=NO_SIGN_IN))
     async with running(app), open_stream(app, "/live/runs") as stream:
         assert stream.status == 200
         opening = await stream.first("nav-badge", "runs-table")
@@ -482,7 +483,7 @@ async def test_the_runs_stream_opens_with_the_table_and_pushes_a_new_run(
 async def test_the_runs_stream_follows_the_page_filters(
     store_copy: Path, seeded: Seeded, tmp_path: Path
 ) -> None:
-    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL))
+    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL, sign_in=NO_SIGN_IN))
     async with running(app), open_stream(app, "/live/runs?state=failed") as stream:
         table = (await stream.first("runs-table"))["runs-table"].data
         assert table.count('<tr id="run-') == 1 and f'id="run-{seeded.id("failed")}"' in table
@@ -573,7 +574,7 @@ async def test_a_client_that_stops_reading_gets_a_resync_then_everything(
     store_copy: Path, tmp_path: Path, page_text: Callable[..., str]
 ) -> None:
     # The feed polls only when the test says so.
-    app = create_app(Settings(store=str(store_copy), poll_interval=3600))
+    app = create_app(Settings(store=str(store_copy), poll_interval=3600, sign_in=NO_SIGN_IN))
     async with running(app) as ctx:
         feed = ctx.feed
         feed.queue_size = 1
@@ -596,7 +597,7 @@ async def test_a_client_that_stops_reading_gets_a_resync_then_everything(
 @pytest.mark.anyio
 async def test_a_reconnect_gets_the_current_state_first(store_copy: Path, tmp_path: Path) -> None:
     """A browser that lost its stream missed changes; the new stream opens with them."""
-    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL))
+    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL, sign_in=NO_SIGN_IN))
     async with running(app):
         async with open_stream(app, "/live/approvals") as stream:
             first = (await stream.first("queue"))["queue"].data
@@ -614,7 +615,7 @@ async def test_streams_share_renders_and_idle_streams_read_nothing(
 ) -> None:
     store = CountingStore(store_copy)
     app = create_app(
-        Settings(store=str(store_copy), poll_interval=0.01),
+        Settings(store=str(store_copy), poll_interval=0.01, sign_in=NO_SIGN_IN),
         backend=SQLiteBackend(store_copy, store=store),
     )
     try:
@@ -653,7 +654,7 @@ async def test_streams_share_renders_and_idle_streams_read_nothing(
 
 @pytest.mark.anyio
 async def test_the_app_stopping_ends_open_streams(store_copy: Path, seeded: Seeded) -> None:
-    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL))
+    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL, sign_in=NO_SIGN_IN))
     async with running(app) as ctx:
         async with (
             open_stream(app, "/live/nav") as nav,
@@ -668,7 +669,7 @@ async def test_the_app_stopping_ends_open_streams(store_copy: Path, seeded: Seed
 
 @pytest.mark.anyio
 async def test_a_stream_for_a_run_that_does_not_exist_is_a_404(store_copy: Path) -> None:
-    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL))
+    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL, sign_in=NO_SIGN_IN))
     async with running(app), http(app) as client:
         response = await client.get("/live/runs/no-such-run")
     assert response.status_code == 404
@@ -702,7 +703,9 @@ def test_every_page_connects_its_own_stream(client: TestClient, seeded: Seeded) 
 def test_a_server_with_open_streams_stops_at_once(store_copy: Path, tmp_path: Path) -> None:
     """uvicorn waits for open responses before it stops; live streams must end first."""
     server = start_localui(
-        ["serve", "--store", str(store_copy)], cwd=tmp_path, log=tmp_path / "serve.log"
+        ["serve", "--store", str(store_copy), "--no-auth"],
+        cwd=tmp_path,
+        log=tmp_path / "serve.log",
     )
     base = server.url
     try:

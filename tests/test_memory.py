@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import LOOPBACK_CLIENT, NO_SIGN_IN
 
 from localui.app import create_app
 from localui.memory import (
@@ -86,9 +87,13 @@ def test_pages_are_the_same_through_the_middleware_which_releases_after_requests
     from starlette.testclient import TestClient  # after conftest silenced its import warning
 
     # A step no page grows by: only the first request releases.
-    app = ReleaseFreedMemory(create_app(Settings(store=str(app_store))), step_bytes=1 << 40)
-    plain = create_app(Settings(store=str(app_store)))
-    with TestClient(app, base_url=BASE_URL) as client, TestClient(plain, base_url=BASE_URL) as raw:
+    settings = Settings(store=str(app_store), sign_in=NO_SIGN_IN)
+    app = ReleaseFreedMemory(create_app(settings), step_bytes=1 << 40)
+    plain = create_app(settings)
+    with (
+        TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client,
+        TestClient(plain, base_url=BASE_URL, client=LOOPBACK_CLIENT) as raw,
+    ):
         # The lifespan ran (the pages need its store), and released nothing.
         assert app.releases == 0 and app.resident_after_release is None
         for url in ("/runs.json", "/approvals.json", "/", "/runs/no-such-run"):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from helpers import card, decide
+from helpers import LOOPBACK_CLIENT, card, decide
 
 from localui import runs
 from localui.backends import open_backend
@@ -377,7 +377,7 @@ def test_the_page_header_shows_the_store_without_its_password(pg_store: PgStore)
 
     with_password = pg_store.dsn.replace("postgres@", "postgres:s3cret@")
     app = create_app(replace(pg_store.settings(), store=with_password))
-    with Client(app, base_url="http://127.0.0.1:8765") as client:
+    with Client(app, base_url="http://127.0.0.1:8765", client=LOOPBACK_CLIENT) as client:
         html = client.get("/").text
     assert "s3cret" not in html
     assert f"(schema {pg_store.schema})" in html
@@ -752,7 +752,8 @@ def test_a_reader_role_serves_read_only_and_says_what_to_grant(
 
     run = pg_seeded.id("paused-1")
     settings = replace(pg_store.settings(read_only=True), store=roles["reader"])
-    with Client(create_app(settings), base_url="http://127.0.0.1:8765") as reader:
+    app = create_app(settings)
+    with Client(app, base_url="http://127.0.0.1:8765", client=LOOPBACK_CLIENT) as reader:
         assert reader.get("/runs.json").json()["counts"] == {**COUNTS, "orphaned": 0}
         assert reader.get(f"/approvals/{run}.json").status_code == 200  # no app schema yet
         # Once an acting localui made its schema, a reader needs to be let in.

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from fastaiagent.checkpointers import SQLiteCheckpointer
+from helpers import LOOPBACK_CLIENT, NO_SIGN_IN
 
 from localui.backends.sqlite.store import SQLiteStore
 from localui.records import RunQuery
@@ -313,8 +314,10 @@ def test_the_runs_page_says_it_is_indexing_and_asks_again(
     first, complete, index_file = _stale_index(path, tmp_path / "index")
     holder = _hold_write_lock(index_file)
     store = SQLiteStore(path, index_dir=tmp_path / "index", background_index_from_rows=0)
-    app = create_app(Settings(store=str(path)), backend=SQLiteBackend(path, store=store))
-    with TestClient(app, base_url="http://127.0.0.1:8765") as client:
+    app = create_app(
+        Settings(store=str(path), sign_in=NO_SIGN_IN), backend=SQLiteBackend(path, store=store)
+    )
+    with TestClient(app, base_url="http://127.0.0.1:8765", client=LOOPBACK_CLIENT) as client:
         try:
             html = client.get("/").text
             rows = complete["totals"].rows

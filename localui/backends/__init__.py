@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from localui.backends.base import STATES, Backend, Store, StoreTarget
+from localui.backends.base import STATES, Backend, Store, StoreTarget, UserDirectory
 from localui.backends.urls import is_postgres_url
 from localui.settings import Settings
 
@@ -20,9 +20,11 @@ __all__ = [
     "Backend",
     "Store",
     "StoreTarget",
+    "UserDirectory",
     "is_busy",
     "is_postgres_url",
     "open_backend",
+    "open_users",
     "target_of",
 ]
 
@@ -52,6 +54,21 @@ def open_backend(settings: Settings) -> Backend:
 
     assert target.sqlite_path is not None
     return SQLiteBackend(target.sqlite_path)
+
+
+def open_users(settings: Settings, *, writable: bool) -> UserDirectory:
+    """The users table of the store ``settings`` names, without opening the store
+    (``localui users``: a large SQLite store would start indexing for nothing). A
+    server asks its backend instead (``Backend.users``)."""
+    target = target_of(settings)
+    if target.pg_dsn is not None:
+        from localui.backends.postgres.users import PostgresUsers
+
+        return PostgresUsers(target.pg_dsn, schema=settings.pg_app_schema, writable=writable)
+    from localui.backends.sqlite.users import SQLiteUsers
+
+    assert target.sqlite_path is not None
+    return SQLiteUsers(target.sqlite_path, writable=writable)
 
 
 def is_busy(exc: BaseException) -> bool:

@@ -3,8 +3,9 @@
 A :class:`Backend` is one kind of store (a SQLite file, a PostgreSQL schema)
 opened once by :func:`localui.backends.open_backend`: its :class:`Store` (the
 read model), its :class:`ChangeSource` (what the live pages hear), its
-:class:`DecisionLog` (the app's own record and lock), the SDK checkpointer that
-prune uses, and the :class:`StoreTarget` agents are bound to.
+:class:`DecisionLog` (the app's own record and lock), its :class:`UserDirectory`
+(who may sign in), the SDK checkpointer that prune uses, and the
+:class:`StoreTarget` agents are bound to.
 
 Every store, source and log method is synchronous and may block on I/O: views
 call them off the event loop. Implementations never write the SDK's tables.
@@ -32,6 +33,7 @@ from localui.records import (
     RunFactsPage,
     RunQuery,
     StoreTotals,
+    User,
 )
 
 #: The vocabulary of run states (DESIGN.md); the rules that derive them live in
@@ -187,6 +189,29 @@ class DecisionLog(Protocol):
     def close(self) -> None: ...
 
 
+class UserDirectory(Protocol):
+    """The people who may sign in (``localui.backends.users``): reads for the server,
+    writes for ``localui users``."""
+
+    def by_token_hash(self, digest: str) -> User | None: ...
+
+    def by_name(self, name: str) -> User | None: ...
+
+    def list_users(self) -> tuple[User, ...]: ...
+
+    def add(self, name: str, role: str, digest: str) -> User:
+        """A new person; :class:`~localui.errors.Conflict` when the name is taken."""
+        ...
+
+    def set_token(self, name: str, digest: str) -> User | None:
+        """A new token for a person (the old one stops working); None if no such person."""
+        ...
+
+    def remove(self, name: str) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 class Prunes(Protocol):
     """The one SDK checkpointer method the app calls: prune goes through the SDK."""
 
@@ -232,6 +257,10 @@ class Backend(Protocol):
 
     def decision_log(self, *, writable: bool) -> DecisionLog:
         """The decision record in the store's own database (the caller closes it)."""
+        ...
+
+    def users(self, *, writable: bool) -> UserDirectory:
+        """The users table in the store's own database (the caller closes it)."""
         ...
 
     def checkpointer(self) -> Prunes:

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui.actions import parse_age
+from localui.auth import OPERATOR, require
 from localui.errors import BadRequest
 from localui.records import PruneRun
 from localui.views.approvals import actions_of, approver_of, outcome_view
@@ -30,12 +31,14 @@ def _answer(request: Request, payload: object, location: str) -> Response:
 
 
 async def resume_run(request: Request) -> Response:
+    person = require(request, OPERATOR)
     execution_id = request.path_params["execution_id"]
     form = await request.form()
+    typed = str(form.get("actor") or approver_of(request))
     outcome = await actions_of(request).resume(
         execution_id,
         checkpoint_id=str(form.get("checkpoint_id") or ""),
-        actor=str(form.get("actor") or approver_of(request)),
+        actor=person.name if person.signed_in else typed,
         confirm=str(form.get("confirm") or "") in ("yes", "on", "true", "1"),
     )
     urls = urls_of(request)
@@ -43,6 +46,7 @@ async def resume_run(request: Request) -> Response:
 
 
 async def fork_run(request: Request) -> Response:
+    require(request, OPERATOR)
     execution_id = request.path_params["execution_id"]
     form = await request.form()
     new_input = str(form.get("input") or "").strip()
@@ -103,6 +107,7 @@ async def prune_preview(request: Request) -> Response:
 
 
 async def prune_now(request: Request) -> Response:
+    require(request, OPERATOR)
     actions = actions_of(request)
     actions.ensure_writable()
     form = await request.form()

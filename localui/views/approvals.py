@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui import runs
 from localui.actions import ActionService, Outcome
+from localui.auth import APPROVER, require
 from localui.errors import BadRequest, NotFound
 from localui.records import APPROVAL, Decision, Pending, Unreadable
 from localui.views.common import (
@@ -311,9 +312,11 @@ async def answer_outcome(request: Request, outcome: Outcome, redirect_to: str) -
 
 
 async def _decide(request: Request, approved: bool) -> Response:
+    person = require(request, APPROVER)
     execution_id = request.path_params["execution_id"]
     form = await request.form()
-    approver = str(form.get("approver") or "")
+    # A signed-in person decides as themselves; only with sign-in off is it typed.
+    approver = person.name if person.signed_in else str(form.get("approver") or "")
     outcome = await actions_of(request).decide(
         execution_id,
         approved=approved,
@@ -322,8 +325,9 @@ async def _decide(request: Request, approved: bool) -> Response:
         checkpoint_id=str(form.get("checkpoint_id") or ""),
     )
     response = await answer_outcome(request, outcome, urls_of(request).approval(execution_id))
-    # No accounts here: remember who this browser's approver is, for the next card.
-    remember_approver(response, approver)
+    if not person.signed_in:
+        # No accounts here: remember who this browser's approver is, for the next card.
+        remember_approver(response, approver)
     return response
 
 

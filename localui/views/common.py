@@ -24,8 +24,9 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.templating import Jinja2Templates
 
 from localui.actions import ActionService
+from localui.auth import Authenticator
 from localui.backends.base import Backend, Store
-from localui.errors import BadRequest, LocalUIError
+from localui.errors import BadRequest, LifespanNotRun, LocalUIError
 from localui.live import ChangeFeed
 from localui.records import Unreadable
 from localui.registry import Registry
@@ -59,6 +60,9 @@ class AppState:
     registry: Registry
     actions: ActionService
     feed: ChangeFeed
+    #: Who may use the server: tokens, sessions, the proxy header, and the users
+    #: table it reads (the auth middleware holds the same one).
+    auth: Authenticator
     #: The live pages' shared renders, made with the first stream (``views.live``).
     live_renders: LiveRenders | None = None
 
@@ -70,12 +74,7 @@ class AppState:
 def context(request: Request) -> AppState:
     ctx: AppState | None = getattr(request.app.state, "localui", None)
     if ctx is None:
-        # Starlette runs only the outermost app's lifespan: a parent that mounts
-        # localui must enter localui's (see ``localui.app.lifespan_of``).
-        raise RuntimeError(
-            "localui's lifespan has not run: the app that mounts it must enter "
-            "localui.app.lifespan_of(app) in its own lifespan"
-        )
+        raise LifespanNotRun()
     return ctx
 
 

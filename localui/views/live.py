@@ -33,6 +33,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 
+from localui.auth import NOBODY, Person, person_of
 from localui.backends.base import Changes
 from localui.errors import BadRequest, LocalUIError, NotFound
 from localui.live import ChangeFeed, Resync, Subscription
@@ -144,10 +145,12 @@ class RunView:
     urls: Urls
     #: This browser's approver name, prefilled in the card of a paused run.
     approver: str = ""
+    #: Who watches: the actions shown depend on their role.
+    person: Person = NOBODY
 
     @property
     def key(self) -> Hashable:
-        return ("run", self.execution_id, self.approver, self.urls)
+        return ("run", self.execution_id, self.approver, self.urls, self.person)
 
     def affected_by(self, changes: Changes) -> bool:
         return changes.touches(self.execution_id)
@@ -163,7 +166,10 @@ class RunView:
         )
         return Rendered(
             fragments=tuple(
-                Fragment(event, render_partial(ctx, name, self.urls, page=page, live=True))
+                Fragment(
+                    event,
+                    render_partial(ctx, name, self.urls, page=page, live=True, person=self.person),
+                )
                 for event, name in parts
             ),
         )
@@ -177,10 +183,11 @@ class QueueView:
     newest_first: bool
     approver: str
     urls: Urls
+    person: Person = NOBODY
 
     @property
     def key(self) -> Hashable:
-        return ("queue", self.after, self.newest_first, self.approver, self.urls)
+        return ("queue", self.after, self.newest_first, self.approver, self.urls, self.person)
 
     def affected_by(self, changes: Changes) -> bool:
         return changes.pauses_changed
@@ -196,7 +203,13 @@ class QueueView:
         gone = [eid for eid in (*before_gone, *before_shown) if eid not in shown]
         gone = list(dict.fromkeys(gone))[-RECENTLY_GONE:]
         html = render_partial(
-            ctx, "partials/_queue.html", self.urls, page=page, live=True, gone=gone
+            ctx,
+            "partials/_queue.html",
+            self.urls,
+            page=page,
+            live=True,
+            gone=gone,
+            person=self.person,
         )
         return Rendered(fragments=(Fragment("queue", html),), memo=(shown, tuple(gone)))
 
@@ -356,7 +369,12 @@ async def live_run(request: Request) -> Response:
     execution_id = request.path_params["execution_id"]
     if await off_loop(context(request).store.get_run, execution_id) is None:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
-    view = RunView(execution_id=execution_id, urls=urls_of(request), approver=approver_of(request))
+    view = RunView(
+        execution_id=execution_id,
+        urls=urls_of(request),
+        approver=approver_of(request),
+        person=person_of(request),
+    )
     return stream(request, (NAV, view))
 
 
@@ -373,5 +391,6 @@ async def live_approvals(request: Request) -> Response:
         newest_first=order == "newest",
         approver=approver_of(request),
         urls=urls_of(request),
+        person=person_of(request),
     )
     return stream(request, (NAV, view))

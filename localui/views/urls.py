@@ -29,6 +29,7 @@ from urllib.parse import quote, unquote, urlencode
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import HTTPConnection
 from starlette.routing import Router
+from starlette.types import Scope
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _TILDE_BYTE = re.compile(r"(?:~[0-9A-Fa-f]{2})+")
@@ -125,5 +126,10 @@ class Urls:
 
 def urls_of(request: HTTPConnection) -> Urls:
     """The URLs as this request's client must see them: under the request's root path."""
-    prefix = quote(request.scope.get("root_path", "").rstrip("/"), safe="/")
-    return Urls(router=request.app.router, prefix=prefix)
+    return urls_of_scope(request.scope)
+
+
+def urls_of_scope(scope: Scope) -> Urls:
+    """:func:`urls_of` for middleware, which has the ASGI scope but no request yet."""
+    prefix = quote(scope.get("root_path", "").rstrip("/"), safe="/")
+    return Urls(router=scope["app"].router, prefix=prefix)

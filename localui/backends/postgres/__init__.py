@@ -1,13 +1,14 @@
 """The PostgreSQL backend: the SDK's ``PostgresCheckpointer`` schema, read through a
-pool, with the decision record in a schema of the app's own."""
+pool, with the decision record and the users table in a schema of the app's own."""
 
 from __future__ import annotations
 
-from localui.backends.base import ChangeSource, DecisionLog, Prunes, StoreTarget
+from localui.backends.base import ChangeSource, DecisionLog, Prunes, StoreTarget, UserDirectory
 from localui.backends.postgres.changes import PostgresChangeSource
 from localui.backends.postgres.decisions import PostgresDecisionLog
 from localui.backends.postgres.prune import PostgresPrune
 from localui.backends.postgres.store import PostgresStore
+from localui.backends.postgres.users import PostgresUsers
 from localui.backends.urls import redact
 
 
@@ -36,6 +37,9 @@ class PostgresBackend:
 
     def decision_log(self, *, writable: bool) -> DecisionLog:
         return PostgresDecisionLog(self.dsn, schema=self.app_schema, writable=writable)
+
+    def users(self, *, writable: bool) -> UserDirectory:
+        return PostgresUsers(self.dsn, schema=self.app_schema, writable=writable)
 
     def checkpointer(self) -> Prunes:
         return PostgresPrune(self.dsn, schema=self.schema)

@@ -1,15 +1,16 @@
 """The SQLite backend: the SDK's ``local.db`` file, with the app's runs index beside
-it and the decision record inside it."""
+it and the decision record and users table inside it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import cast
 
-from localui.backends.base import ChangeSource, DecisionLog, Prunes, StoreTarget
+from localui.backends.base import ChangeSource, DecisionLog, Prunes, StoreTarget, UserDirectory
 from localui.backends.sqlite.changes import SQLiteChangeSource
 from localui.backends.sqlite.decisions import SQLiteDecisionLog
 from localui.backends.sqlite.store import SQLiteStore
+from localui.backends.sqlite.users import SQLiteUsers
 
 
 class SQLiteBackend:
@@ -26,6 +27,9 @@ class SQLiteBackend:
 
     def decision_log(self, *, writable: bool) -> DecisionLog:
         return SQLiteDecisionLog(self.path, writable=writable)
+
+    def users(self, *, writable: bool) -> UserDirectory:
+        return SQLiteUsers(self.path, writable=writable)
 
     def checkpointer(self) -> Prunes:
         from fastaiagent.checkpointers import SQLiteCheckpointer

@@ -1,0 +1,561 @@
+"""Who is asking: sign-in by token, sessions, a trusted proxy, and roles.
+
+Sign-in works the way local notebook servers do it: the server makes a token at
+start and prints a link carrying it; opening the link sets a signed session
+cookie and redirects to the same URL without the token. People added with
+``localui users add`` get links of their own (``localui.backends.users``). Scripts send
+either token as ``Authorization: Bearer``. Teams behind their own single sign-on
+put localui behind a proxy that names the person in a header, believed only from
+the proxy's addresses (``--trusted-proxy``), as Grafana's auth proxy works.
+
+Roles, least first: a *viewer* sees everything and changes nothing, an
+*approver* also approves and rejects, an *operator* also resumes, forks and
+prunes. This middleware refuses every unsafe method to a viewer; each action
+checks its own role too (:func:`require`), so no route is left open by being
+mounted where the middleware does not look.
+
+Sessions are signed (``itsdangerous``) with a key made at start and kept only in
+memory: whoever can read the store cannot forge one, and a restart signs
+everyone out. A session names its person and the token it was opened with, so a
+removed person or a reset token ends it within :data:`CACHE_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import html
+import ipaddress
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import anyio.to_thread
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from localui.backends.base import UserDirectory
+from localui.backends.users import check_name, token_hash
+from localui.errors import BadRequest, Forbidden, LifespanNotRun
+from localui.records import User
+from localui.settings import ROLES, SignIn
+
+VIEWER, APPROVER, OPERATOR = ROLES
+#: How long a looked-up person is believed before the users table is asked again.
+CACHE_SECONDS = 2.0
+#: Clients whose bad tokens are remembered at once; the oldest are forgotten first.
+THROTTLE_CLIENTS = 10_000
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+SCOPE_KEY = "localui.person"
+#: The query parameter of a sign-in link.
+TOKEN_PARAM = "token"
+
+
+@dataclass(frozen=True, slots=True)
+class Person:
+    """Who a request comes from. ``via``: ``owner`` (the start-up token), ``user``
+    (a personal token), ``proxy`` (a trusted proxy's header), or ``open`` (sign-in
+    is off: everyone may do everything, and names their approver by hand)."""
+
+    name: str
+    role: str
+    via: str
+
+    @property
+    def signed_in(self) -> bool:
+        return self.via in ("owner", "user", "proxy")
+
+    def may(self, role: str) -> bool:
+        return ROLES.index(self.role) >= ROLES.index(role)
+
+    @property
+    def can_decide(self) -> bool:
+        return self.may(APPROVER)
+
+    @property
+    def can_operate(self) -> bool:
+        return self.may(OPERATOR)
+
+
+OPEN = Person(name="", role=OPERATOR, via="open")
+#: Who a request that never passed the middleware is: someone who may only look.
+NOBODY = Person(name="", role=VIEWER, via="none")
+
+
+def person_of(request: Request) -> Person:
+    person = request.scope.get(SCOPE_KEY)
+    return person if isinstance(person, Person) else NOBODY
+
+
+def require(request: Request, role: str) -> Person:
+    """The person, when their role allows ``role``'s actions; else a 403 saying why."""
+    person = person_of(request)
+    if not person.may(role):
+        who = f"{person.name} is" if person.name else "you are"
+        raise Forbidden(
+            f"{who} signed in as {person.role}: this needs {role}"
+            + (" or operator" if role == APPROVER else "")
+        )
+    return person
+
+
+def template_values(request: Request) -> dict[str, Any]:
+    """What every page template knows about the person (a Jinja context processor)."""
+    return {"person": person_of(request)}
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_networks(values: tuple[str, ...]) -> tuple[Network, ...]:
+    """``--trusted-proxy`` values as networks; a bad one is a :class:`BadRequest`."""
+    networks: list[Network] = []
+    for value in values:
+        try:
+            networks.append(ipaddress.ip_network(value.strip(), strict=False))
+        except ValueError as exc:
+            raise BadRequest(f"--trusted-proxy {value!r} is not an address or network") from exc
+    return tuple(networks)
+
+
+def client_address(scope: Scope) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The TCP peer's address (uvicorn runs without proxy headers, so it is the peer)."""
+    client = scope.get("client")
+    if not client:
+        return None
+    try:
+        address = ipaddress.ip_address(client[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def is_loopback_client(scope: Scope) -> bool:
+    address = client_address(scope)
+    return address is not None and address.is_loopback
+
+
+@dataclass(slots=True)
+class _Failures:
+    count: int
+    last_at: float
+    locked_until: float = 0.0
+
+
+class Throttle:
+    """Bad tokens per client address: later answers are slowed, then the address is
+    refused for a while. In memory, per process, bounded."""
+
+    def __init__(self, policy: SignIn, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self.clock = clock
+        self._by_client: OrderedDict[str, _Failures] = OrderedDict()
+
+    def locked_for(self, client: str) -> float:
+        """Seconds this client is still refused for; 0 when it is not."""
+        record = self._by_client.get(client)
+        if record is None:
+            return 0.0
+        now = self.clock()
+        if record.locked_until > now:
+            return record.locked_until - now
+        if now - record.last_at > self.policy.lock_seconds:
+            del self._by_client[client]  # a quiet while forgives the old failures
+        return 0.0
+
+    def failed(self, client: str) -> float:
+        """Count a bad token; the seconds to wait before answering it."""
+        now = self.clock()
+        record = self._by_client.pop(client, None) or _Failures(count=0, last_at=now)
+        record.count += 1
+        record.last_at = now
+        if record.count >= self.policy.lock_after:
+            record.locked_until = now + self.policy.lock_seconds
+        self._by_client[client] = record
+        while len(self._by_client) > THROTTLE_CLIENTS:
+            self._by_client.popitem(last=False)
+        extra = record.count - self.policy.slow_after
+        return min(self.policy.slow_seconds * extra, 5.0) if extra > 0 else 0.0
+
+    def succeeded(self, client: str) -> None:
+        self._by_client.pop(client, None)
+
+
+class Locked(Exception):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"too many bad tokens from this address: try again in {seconds:.0f} s")
+        self.seconds = seconds
+
+
+class Authenticator:
+    """Tokens, sessions and the proxy header for one app; made by ``create_app``."""
+
+    def __init__(self, policy: SignIn, *, port: int, token: str) -> None:
+        self.policy = policy
+        self.token = token
+        self._owner_digest = token_hash(token)
+        # Per process, never stored: see the module docstring.
+        self._serializer = URLSafeTimedSerializer(secrets.token_bytes(32), salt="localui-session")
+        self.cookie = f"localui_session_{port}"
+        self.throttle = Throttle(policy)
+        self.trusted = parse_networks(policy.trusted_proxies)
+        self.users: UserDirectory | None = None
+        self._cache: OrderedDict[tuple[str, str], tuple[float, User | None]] = OrderedDict()
+        self._sessions: OrderedDict[str, tuple[float, Any]] = OrderedDict()
+
+    # --- the users table, read through a short cache -----------------------------
+
+    async def _lookup(self, kind: str, key: str) -> User | None:
+        users = self.users
+        if users is None:
+            return None
+        now = time.monotonic()
+        cached = self._cache.get((kind, key))
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        find = users.by_token_hash if kind == "token" else users.by_name
+        user = await anyio.to_thread.run_sync(find, key)
+        self._cache[(kind, key)] = (now + CACHE_SECONDS, user)
+        while len(self._cache) > 1000:
+            self._cache.popitem(last=False)
+        return user
+
+    # --- tokens --------------------------------------------------------------------
+
+    async def person_for_token(self, token: str) -> tuple[Person, str] | None:
+        """The person a token signs in, with the mark their session keeps."""
+        digest = token_hash(token)
+        # Constant time against the start-up token; a user's is found by the hash of
+        # what was sent, which tells a timing observer nothing about any real token.
+        if hmac.compare_digest(digest, self._owner_digest):
+            return Person(name=self.policy.owner, role=OPERATOR, via="owner"), digest[:16]
+        if len(token) > 200:
+            return None
+        user = await self._lookup("token", digest)
+        if user is None or user.role not in ROLES:
+            return None
+        return Person(name=user.name, role=user.role, via="user"), user.token_mark
+
+    async def check_token(self, token: str, client: str) -> tuple[Person, str] | None:
+        """``person_for_token`` with the throttle around it: raises :class:`Locked`."""
+        locked = self.throttle.locked_for(client)
+        if locked:
+            raise Locked(locked)
+        found = await self.person_for_token(token)
+        if found is None:
+            delay = self.throttle.failed(client)
+            if delay:
+                await asyncio.sleep(delay)
+            locked = self.throttle.locked_for(client)
+            if locked:
+                raise Locked(locked)
+            return None
+        self.throttle.succeeded(client)
+        return found
+
+    # --- sessions ------------------------------------------------------------------
+
+    def session_value(self, person: Person, mark: str) -> str:
+        return self._serializer.dumps({"n": person.name, "v": person.via, "m": mark})
+
+    def _session_data(self, value: str) -> Any:
+        """The signed payload of a session cookie, or None; a cookie checked in the last
+        :data:`CACHE_SECONDS` is not checked again (its HMAC is most of a session's cost)."""
+        now = time.monotonic()
+        cached = self._sessions.get(value)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        try:
+            data = self._serializer.loads(value, max_age=self.policy.session_seconds)
+        except BadSignature:
+            data = None
+        self._sessions[value] = (now + CACHE_SECONDS, data)
+        while len(self._sessions) > 1000:
+            self._sessions.popitem(last=False)
+        return data
+
+    async def person_for_session(self, value: str) -> Person | None:
+        data = self._session_data(value)
+        if not isinstance(data, dict):
+            return None
+        name, via, mark = data.get("n"), data.get("v"), data.get("m")
+        if not isinstance(name, str) or not isinstance(mark, str):
+            return None
+        if via == "owner":
+            if not hmac.compare_digest(mark, self._owner_digest[:16]):
+                return None
+            return Person(name=self.policy.owner, role=OPERATOR, via="owner")
+        if via == "user":
+            user = await self._lookup("name", name)
+            if user is None or user.role not in ROLES:
+                return None
+            if not hmac.compare_digest(mark, user.token_mark):
+                return None  # the token was reset: sessions opened with the old one end
+            return Person(name=user.name, role=user.role, via="user")
+        return None
+
+    def set_session(self, response: Response, scope: Scope, person: Person, mark: str) -> None:
+        response.set_cookie(
+            self.cookie,
+            self.session_value(person, mark),
+            max_age=self.policy.session_seconds,
+            path=scope.get("root_path") or "/",
+            httponly=True,
+            samesite="strict",
+            secure=self.over_tls(scope),
+        )
+
+    def over_tls(self, scope: Scope) -> bool:
+        if scope.get("scheme") == "https":
+            return True
+        if self.from_trusted_proxy(scope):
+            proto = _header(scope, b"x-forwarded-proto")
+            return proto is not None and proto.strip().lower() == "https"
+        return False
+
+    # --- the trusted proxy ---------------------------------------------------------
+
+    def from_trusted_proxy(self, scope: Scope) -> bool:
+        address = client_address(scope)
+        return address is not None and any(address in net for net in self.trusted)
+
+    async def person_from_proxy(self, scope: Scope) -> Person | None:
+        """The person a trusted proxy names; None when there is no such header, or it
+        came from an address that is not a trusted proxy."""
+        header = self.policy.proxy_user_header
+        if not header or not self.from_trusted_proxy(scope):
+            return None
+        value = _header(scope, header.lower().encode("latin-1"))
+        if value is None:
+            return None
+        try:
+            name = check_name(value)
+        except BadRequest:
+            return None
+        role = ""
+        if self.policy.proxy_role_header:
+            role = (
+                (_header(scope, self.policy.proxy_role_header.lower().encode("latin-1")) or "")
+                .strip()
+                .lower()
+            )
+        if role not in ROLES:
+            user = await self._lookup("name", name)
+            role = user.role if user is not None else self.policy.proxy_default_role
+        return Person(name=name, role=role if role in ROLES else VIEWER, via="proxy")
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            # Proxies send UTF-8 names; ASGI hands over the bytes.
+            try:
+                return bytes(value).decode("utf-8")
+            except UnicodeDecodeError:
+                return bytes(value).decode("latin-1")
+    return None
+
+
+def _client_key(scope: Scope) -> str:
+    address = client_address(scope)
+    return str(address) if address is not None else "local"
+
+
+def _path(scope: Scope) -> str:
+    path: str = scope.get("path", "/")
+    root: str = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
+def without_token(scope: Scope) -> str:
+    """The URL being asked for, minus the token: where a sign-in link redirects to."""
+    query = scope.get("query_string", b"").decode("latin-1")
+    kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != TOKEN_PARAM]
+    url = (scope.get("root_path", "") + _path(scope)) or "/"
+    return url + (f"?{urlencode(kept)}" if kept else "")
+
+
+def safe_next(value: str, root_path: str) -> str:
+    """A same-site path to go to after signing in; anything else goes to the runs."""
+    if value.startswith("/") and not value.startswith("//") and "\\" not in value:
+        return value
+    return (root_path or "") + "/"
+
+
+def wants_json(scope: Scope, headers: dict[str, str]) -> bool:
+    accept = headers.get("accept", "")
+    if _path(scope).endswith(".json"):
+        return True
+    return "application/json" in accept and "text/html" not in accept
+
+
+SigninPage = Callable[[Scope, str, int], Response]
+
+
+class AuthMiddleware:
+    """Puts a :class:`Person` on every request, or answers it without one.
+
+    No session: the sign-in page for a browser (401), 401 JSON for scripts, and for
+    htmx a 401 that reloads the page (``HX-Refresh``), which then shows the sign-in
+    page; a live stream gets a plain 401, which the SSE extension backs off from.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, auth: Authenticator, signin_page: SigninPage, public: tuple[str, ...]
+    ) -> None:
+        self.app = app
+        self.auth = auth
+        self.signin_page = signin_page
+        self.public = public
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        if getattr(scope["app"].state, "localui", None) is None:
+            # Without the lifespan no session or person can be checked.
+            raise LifespanNotRun()
+        if not self.auth.policy.required:
+            scope[SCOPE_KEY] = OPEN
+            await self.app(scope, receive, send)
+            return
+        path = _path(scope)
+        if path.startswith(self.public):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        method = scope.get("method", "GET")
+        client = _client_key(scope)
+
+        person = await self.auth.person_from_proxy(scope)
+        if person is None:
+            authorization = headers.get("authorization", "")
+            if authorization[:7].lower() == "bearer ":
+                await self._bearer(scope, receive, send, authorization[7:].strip(), client)
+                return
+        if person is None and method in ("GET", "HEAD"):
+            token = _query_token(scope)
+            if token is not None:
+                await self._link(scope, receive, send, token, client)
+                return
+        if person is None:
+            cookie = _cookie(headers.get("cookie", ""), self.auth.cookie)
+            if cookie is not None:
+                person = await self.auth.person_for_session(cookie)
+        if person is None:
+            if path == "/signin":
+                await self.app(scope, receive, send)
+                return
+            response = self.unauthenticated(scope, headers, "Sign in to see this server.")
+            await response(scope, receive, send)
+            return
+        await self._pass(scope, receive, send, person, method)
+
+    async def _pass(
+        self, scope: Scope, receive: Receive, send: Send, person: Person, method: str
+    ) -> None:
+        changing_who = _path(scope) in ("/signin", "/signout")
+        if method not in SAFE_METHODS and not person.can_decide and not changing_who:
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            message = f"{person.name} is signed in as a viewer: viewers change nothing."
+            await self.refuse(scope, headers, 403, message)(scope, receive, send)
+            return
+        scope[SCOPE_KEY] = person
+        await self.app(scope, receive, send)
+
+    async def _bearer(
+        self, scope: Scope, receive: Receive, send: Send, token: str, client: str
+    ) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            found = await self.auth.check_token(token, client)
+        except Locked as exc:
+            await self.locked(scope, headers, exc)(scope, receive, send)
+            return
+        if found is None:
+            await self.refuse(scope, headers, 401, "That token is not valid.")(scope, receive, send)
+            return
+        await self._pass(scope, receive, send, found[0], scope.get("method", "GET"))
+
+    async def _link(
+        self, scope: Scope, receive: Receive, send: Send, token: str, client: str
+    ) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            found = await self.auth.check_token(token, client)
+        except Locked as exc:
+            await self.locked(scope, headers, exc)(scope, receive, send)
+            return
+        if found is None:
+            message = "That sign-in link is not valid (or no longer is): ask for a new one."
+            await self.unauthenticated(scope, headers, message)(scope, receive, send)
+            return
+        person, mark = found
+        response = RedirectResponse(without_token(scope), status_code=303)
+        self.auth.set_session(response, scope, person, mark)
+        await response(scope, receive, send)
+
+    def unauthenticated(self, scope: Scope, headers: dict[str, str], message: str) -> Response:
+        if headers.get("hx-request") == "true":
+            # The whole page reloads and shows the sign-in page in place of a fragment.
+            return Response(message, status_code=401, headers={"HX-Refresh": "true"})
+        if "text/event-stream" in headers.get("accept", "") or wants_json(scope, headers):
+            return self.refuse(scope, headers, 401, message)
+        return self.signin_page(scope, message, 401)
+
+    def refuse(self, scope: Scope, headers: dict[str, str], status: int, message: str) -> Response:
+        extra = {"WWW-Authenticate": 'Bearer realm="localui"'} if status == 401 else {}
+        if wants_json(scope, headers) or "authorization" in headers:
+            body = {"error": {"status": status, "title": "Sign-in", "message": message}}
+            return JSONResponse(body, status_code=status, headers=extra)
+        if headers.get("hx-request") == "true" or status != 401:
+            return HTMLResponse(
+                f"<p class='bad problem'>{html.escape(message)}</p>", status_code=status
+            )
+        return Response(message, status_code=status, headers=extra, media_type="text/plain")
+
+    def locked(self, scope: Scope, headers: dict[str, str], exc: Locked) -> Response:
+        retry = {"Retry-After": str(max(1, round(exc.seconds)))}
+        if wants_json(scope, headers) or "authorization" in headers:
+            body = {"error": {"status": 429, "title": "Sign-in", "message": str(exc)}}
+            return JSONResponse(body, status_code=429, headers=retry)
+        response = self.signin_page(scope, str(exc), 429)
+        response.headers.update(retry)
+        return response
+
+
+def _query_token(scope: Scope) -> str | None:
+    query: bytes = scope.get("query_string", b"")
+    if b"token=" not in query:
+        return None
+    for key, value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+        if key == TOKEN_PARAM:
+            return value
+    return None
+
+
+def _cookie(header: str, name: str) -> str | None:
+    for part in header.split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value.strip('"')
+    return None
+
+
+def owner_name() -> str:
+    """Who started the server, as their login name; decisions made with the start-up
+    token record it."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "owner"

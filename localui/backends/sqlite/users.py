@@ -1,0 +1,109 @@
+"""The users table in the SQLite store file (``localui.backends.users``)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from localui.backends.users import COLUMNS, TABLE, already_a_user, user_from_row
+from localui.errors import Unavailable
+from localui.records import User
+
+T = TypeVar("T")
+
+SCHEMA = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
+    name         TEXT PRIMARY KEY,
+    role         TEXT NOT NULL,
+    token_sha256 TEXT NOT NULL UNIQUE,
+    created_at   TEXT NOT NULL
+)"""
+
+
+class SQLiteUsers:
+    """:class:`localui.backends.base.UserDirectory` in ``localui_users`` of the store
+    file. A read-only directory (the server's) answers "nobody" while the table does
+    not exist yet, and finds it once ``localui users add`` makes it."""
+
+    def __init__(self, path: str | Path, *, writable: bool = False) -> None:
+        self.path = Path(path)
+        mode = "rw" if writable else "ro"
+        self._lock = threading.Lock()
+        try:
+            self._conn = sqlite3.connect(
+                f"file:{self.path.resolve()}?mode={mode}",
+                uri=True,
+                timeout=10.0,
+                check_same_thread=False,
+                isolation_level=None,
+            )
+            self._conn.row_factory = sqlite3.Row
+            if writable:
+                self._conn.execute(SCHEMA)
+        except sqlite3.Error as exc:
+            raise Unavailable(f"localui's users table in {path} cannot be opened: {exc}") from exc
+        #: Whether the table is known to exist (a writable directory makes it now).
+        self._has_table = writable
+
+    def _read(self, read: Callable[[sqlite3.Connection], T], nobody: T) -> T:
+        """``read`` on the connection, or ``nobody`` while there is no table yet."""
+        with self._lock:
+            try:
+                if not self._has_table:
+                    exists = self._conn.execute(
+                        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)
+                    ).fetchone()
+                    if exists is None:
+                        return nobody  # nobody added yet
+                    self._has_table = True
+                return read(self._conn)
+            except sqlite3.Error as exc:
+                raise Unavailable(f"localui's users table cannot be read: {exc}") from exc
+
+    def _one(self, sql: str, params: tuple[Any, ...]) -> User | None:
+        row = self._read(lambda conn: conn.execute(sql, params).fetchone(), None)
+        return user_from_row(row) if row is not None else None
+
+    def by_token_hash(self, digest: str) -> User | None:
+        return self._one(f"SELECT {COLUMNS} FROM {TABLE} WHERE token_sha256 = ?", (digest,))
+
+    def by_name(self, name: str) -> User | None:
+        return self._one(f"SELECT {COLUMNS} FROM {TABLE} WHERE name = ?", (name,))
+
+    def list_users(self) -> tuple[User, ...]:
+        sql = f"SELECT {COLUMNS} FROM {TABLE} ORDER BY name"
+        nobody: list[sqlite3.Row] = []
+        rows = self._read(lambda conn: conn.execute(sql).fetchall(), nobody)
+        return tuple(user_from_row(r) for r in rows)
+
+    def add(self, name: str, role: str, digest: str) -> User:
+        with self._lock:
+            try:
+                self._conn.execute(
+                    f"INSERT INTO {TABLE} ({COLUMNS}) VALUES (?, ?, ?, ?)",
+                    (name, role, digest, datetime.now(UTC).isoformat()),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise already_a_user(name) from exc
+        added = self.by_name(name)
+        assert added is not None
+        return added
+
+    def set_token(self, name: str, digest: str) -> User | None:
+        with self._lock:
+            self._conn.execute(
+                f"UPDATE {TABLE} SET token_sha256 = ? WHERE name = ?", (digest, name)
+            )
+        return self.by_name(name)
+
+    def remove(self, name: str) -> bool:
+        with self._lock:
+            cursor = self._conn.execute(f"DELETE FROM {TABLE} WHERE name = ?", (name,))
+        return cursor.rowcount > 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

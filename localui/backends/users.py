@@ -1,0 +1,82 @@
+"""The people who may use a server: ``localui_users``, a table localui owns.
+
+Each person has a name, a role (``viewer``, ``approver``, ``operator``) and a
+personal token, of which only the SHA-256 is stored. A plain, fast hash is
+enough because every token is 32 bytes from ``secrets``: 256 bits of chance
+leave nothing to guess or look up in a dictionary, which is what slow password
+hashes (bcrypt, argon2) defend against; and a fast hash lets each script
+request with a Bearer token be checked in microseconds.
+
+The table lives beside ``localui_decisions``: in the SQLite store's own file, and
+in the app schema on PostgreSQL (each backend's ``users``). So the people who may
+act on a store travel with it, every localui process serving one PostgreSQL
+database knows the same people, and there is no other file to keep or lose. The
+servers only read it; ``localui users`` writes it.
+
+This module holds what both backends' tables share: the name, the columns, the
+row mapper, and the rules for tokens, names and roles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import unicodedata
+from collections.abc import Callable
+from typing import Any
+
+from localui.backends.shared import NamedRow
+from localui.errors import BadRequest, Conflict
+from localui.records import User
+from localui.settings import ROLES
+
+TABLE = "localui_users"
+#: The longest name accepted: enough for any real name or e-mail address.
+MAX_NAME = 120
+
+#: The table's columns, in the order every SELECT and RETURNING lists them.
+COLUMN_NAMES = ("name", "role", "token_sha256", "created_at")
+COLUMNS = ", ".join(COLUMN_NAMES)
+
+
+def new_token() -> str:
+    """A fresh personal token: 32 random bytes, URL-safe."""
+    return secrets.token_urlsafe(32)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def check_name(name: str) -> str:
+    """A person's name as stored: trimmed, printable, not too long; else a 400."""
+    name = name.strip()
+    if not name:
+        raise BadRequest("a person needs a name")
+    if len(name) > MAX_NAME:
+        raise BadRequest(f"a name is at most {MAX_NAME} characters")
+    if any(unicodedata.category(c).startswith("C") for c in name):
+        raise BadRequest("a name cannot contain control or invisible format characters")
+    return name
+
+
+def check_role(role: str) -> str:
+    if role not in ROLES:
+        raise BadRequest(f"role {role!r} is not one of {', '.join(ROLES)}")
+    return role
+
+
+def already_a_user(name: str) -> Conflict:
+    """What adding a name that is taken raises, on either backend."""
+    return Conflict(f"{name!r} is already a user (reset or remove them)")
+
+
+def user_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> User:
+    """A row of ``COLUMNS`` (by name) as a :class:`User`; ``instant`` turns the
+    database's time value into ISO text."""
+    return User(
+        name=str(row["name"]),
+        role=str(row["role"]),
+        token_sha256=str(row["token_sha256"]),
+        created_at=instant(row["created_at"]),
+    )
