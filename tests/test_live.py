@@ -749,3 +749,28 @@ def test_a_server_with_open_streams_stops_at_once(store_copy: Path, tmp_path: Pa
     # Not cut off by uvicorn's graceful-shutdown timeout: the streams ended themselves.
     assert "timeout graceful shutdown exceeded" not in output, output
     assert ended == ["cleanly"] * 3
+
+
+def test_a_prune_by_another_process_refreshes_every_view_at_the_next_poll(
+    store_copy: Path,
+) -> None:
+    """The SDK's prune deletes old finished rows, not the newest: the source counts
+    the rows when a commit moved the store, and says everything changed."""
+    from datetime import timedelta
+
+    from fastaiagent.checkpointers import SQLiteCheckpointer
+
+    source = SQLiteChangeSource(store_copy)
+    try:
+        source.reset()
+        assert source.poll() is None
+        checkpointer = SQLiteCheckpointer(str(store_copy))
+        try:
+            assert checkpointer.prune(timedelta(0)) > 0
+        finally:
+            checkpointer.close()
+        changes = source.poll()
+        assert changes is not None and changes.everything
+        assert source.poll() is None
+    finally:
+        source.close()
