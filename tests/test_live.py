@@ -8,6 +8,7 @@ from the demo agent in a child process, or from an approval through the app.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
@@ -341,6 +342,45 @@ async def test_the_feed_sees_a_run_another_process_writes(store_copy: Path, tmp_
     assert seen.runs == {new_run}
     assert seen.pauses_added == {new_run}
     assert not seen.pauses_removed and not seen.decided and not seen.everything
+
+
+class SlowPollSource(SQLiteChangeSource):
+    """The real SQLite source, with a poll slow enough to be cancelled mid-read; it
+    notes when each poll ends and when the connection is closed."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.events: list[str] = []
+        self.polling = threading.Event()
+
+    def poll(self) -> Changes | None:
+        self.polling.set()
+        time.sleep(0.3)
+        changes = super().poll()
+        self.events.append("poll ended")
+        return changes
+
+    def close(self) -> None:
+        self.events.append("closed")
+        super().close()
+
+
+@pytest.mark.anyio
+async def test_stopping_never_closes_the_source_under_a_poll_in_flight(store_copy: Path) -> None:
+    # A poll cancelled mid-read (its stream or the app going away) still holds the
+    # source until the read returns: closing SQLite's connection under a read in
+    # another thread crashes the process.
+    source = SlowPollSource(store_copy)
+    feed = ChangeFeed(source, interval=INTERVAL)
+    subscription = await feed.subscribe()
+    polling = asyncio.ensure_future(feed.poll_once())
+    await anyio.to_thread.run_sync(source.polling.wait)
+    polling.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await polling
+    await feed.stop()
+    assert source.events == ["poll ended", "closed"]
+    assert await subscription.next() is None  # the stop reached its subscriber too
 
 
 @pytest.mark.anyio
@@ -749,3 +789,28 @@ def test_a_server_with_open_streams_stops_at_once(store_copy: Path, tmp_path: Pa
     # Not cut off by uvicorn's graceful-shutdown timeout: the streams ended themselves.
     assert "timeout graceful shutdown exceeded" not in output, output
     assert ended == ["cleanly"] * 3
+
+
+def test_a_prune_by_another_process_refreshes_every_view_at_the_next_poll(
+    store_copy: Path,
+) -> None:
+    """The SDK's prune deletes old finished rows, not the newest: the source counts
+    the rows when a commit moved the store, and says everything changed."""
+    from datetime import timedelta
+
+    from fastaiagent.checkpointers import SQLiteCheckpointer
+
+    source = SQLiteChangeSource(store_copy)
+    try:
+        source.reset()
+        assert source.poll() is None
+        checkpointer = SQLiteCheckpointer(str(store_copy))
+        try:
+            assert checkpointer.prune(timedelta(0)) > 0
+        finally:
+            checkpointer.close()
+        changes = source.poll()
+        assert changes is not None and changes.everything
+        assert source.poll() is None
+    finally:
+        source.close()
