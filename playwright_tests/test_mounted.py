@@ -194,8 +194,9 @@ def test_a_person_uses_every_part_of_localui_mounted_in_another_app(
         expect(page.locator("#timeline")).to_be_visible()
 
         # The queue: a pause made by another process appears without a reload.
-        with page.expect_response(lambda r: f"{PREFIX}/live/approvals" in r.url):
-            page.locator("header nav").get_by_role("link", name="Approvals").click()
+        page.locator("header nav").get_by_role("link", name="Approvals").click()
+        expect(page).to_have_url(re.compile(r"/approvals$"))
+        page.wait_for_function("document.documentElement.dataset.live === 'open'")
         cards = page.locator("article.approval")
         expect(cards).to_have_count(5)
         new_run = pause_in_another_process(mounted_server)
