@@ -181,8 +181,9 @@ def test_a_person_uses_every_part_of_localui_mounted_in_another_app(
         rows = page.locator("#timeline details.row")
         rows.first.locator("summary").click()
         expect(rows.first.locator(".row-detail")).to_be_visible()
-        rows.first.locator("input[name=a]").check()
-        rows.last.locator("input[name=b]").check()
+        # The pickers sit beside each row's summary, one pair per row.
+        page.locator("#timeline .row-tools input[name=a]").first.check()
+        page.locator("#timeline .row-tools input[name=b]").last.check()
         page.get_by_role("button", name="Diff A → B").click()
         expect(page.locator("#diff")).to_be_visible()
         run_path = re.escape(f"{PREFIX}/runs/")
