@@ -37,7 +37,7 @@ def tabs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer
 
 def open_live(page: Page, path: str) -> Page:
     page.goto(path)
-    page.wait_for_function("document.documentElement.dataset.live === 'open'")
+    expect(page.locator("html")).to_have_attribute("data-live", "open")
     return page
 
 

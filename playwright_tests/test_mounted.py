@@ -197,7 +197,7 @@ def test_a_person_uses_every_part_of_localui_mounted_in_another_app(
         # The queue: a pause made by another process appears without a reload.
         page.locator("header nav").get_by_role("link", name="Approvals").click()
         expect(page).to_have_url(re.compile(r"/approvals$"))
-        page.wait_for_function("document.documentElement.dataset.live === 'open'")
+        expect(page.locator("html")).to_have_attribute("data-live", "open")
         cards = page.locator("article.approval")
         expect(cards).to_have_count(5)
         new_run = pause_in_another_process(mounted_server)
