@@ -133,3 +133,15 @@ def test_every_budget_is_judged_and_the_exit_status_agrees(
         assert verdict["passed"] == (verdict["worst"] <= budget.limit)
         assert _row(table, budget.what)[-1] == ("pass" if verdict["passed"] else "**MISSED**")
     assert status == (0 if all(b["passed"] for b in judged.values()) else 1)
+
+
+def test_every_page_keeps_its_js_and_css_inside_the_budget(
+    bench_run: tuple[int, str, dict, str],
+) -> None:
+    """Sizes, unlike timings, do not depend on the machine: every page loads at most
+    80 KB of JS and CSS, 30 KB on the wire (the live and theme scripts included)."""
+    _status, _table, results, _stderr = bench_run
+    judged = {b["what"]: b for b in results["budgets"]}
+    for budget in BUDGETS:
+        if budget.key in ("js_css", "js_css_wire"):
+            assert judged[budget.what]["passed"], judged[budget.what]
