@@ -22,23 +22,29 @@ parent's router, where another route may bear the same name.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlencode
 
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import HTTPConnection
-from starlette.routing import Router
+from starlette.routing import BaseRoute, Router
 from starlette.types import Scope
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _TILDE_BYTE = re.compile(r"(?:~[0-9A-Fa-f]{2})+")
 #: In element ids, ``~`` would be a CSS combinator inside an htmx target selector.
 _DOM_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+#: Ids that encode to themselves (the SDK's uuids): a page links each row several times.
+_ALL_SAFE = re.compile(r"[A-Za-z0-9_-]*")
+_ALL_DOM_SAFE = re.compile(r"[A-Za-z0-9-]*")
 
 
 def tilde_encode(value: str) -> str:
     """``a/b`` -> ``a~2Fb``, ``王`` -> ``~E7~8E~8B``; ``[A-Za-z0-9_-]`` left as it is."""
+    if _ALL_SAFE.fullmatch(value):
+        return value
     return "".join(chr(b) if b in _SAFE else f"~{b:02X}" for b in value.encode("utf-8"))
 
 
@@ -54,6 +60,8 @@ def tilde_decode(value: str) -> str:
 def dom_id(value: str) -> str:
     """An id for an HTML ``id`` attribute and a ``#`` selector: ``[A-Za-z0-9-]`` plus
     ``_XX`` for every other byte, so two different ids never share an element id."""
+    if _ALL_DOM_SAFE.fullmatch(value):
+        return value
     return "".join(chr(b) if b in _DOM_SAFE else f"_{b:02X}" for b in value.encode("utf-8"))
 
 
@@ -77,6 +85,30 @@ ID = "localui_id"
 register_url_convertor(ID, IdConvertor())
 
 
+#: Each router's routes by name. ``Router.url_path_for`` tries every route in turn, and a
+#: run page of 50 rows builds a hundred links: looking the route up by name once keeps
+#: that off the page's time. Keyed by ``id`` (a Router is unhashable), checked by weakref.
+_NAMED: dict[int, tuple[weakref.ref[Router], dict[str, BaseRoute]]] = {}
+
+
+def _route_named(router: Router, name: str) -> BaseRoute | None:
+    cached = _NAMED.get(id(router))
+    if cached is None or cached[0]() is not router:
+        named: dict[str, BaseRoute] = {}
+        for route in router.routes:
+            route_name = getattr(route, "name", None)
+            if isinstance(route_name, str):
+                named.setdefault(route_name, route)
+        key = id(router)
+
+        def forget(_: weakref.ref[Router]) -> None:
+            _NAMED.pop(key, None)
+
+        cached = (weakref.ref(router, forget), named)
+        _NAMED[key] = cached
+    return cached[1].get(name)
+
+
 @dataclass(frozen=True, slots=True)
 class Urls:
     """Paths of this app's routes under one prefix; what views and templates link with."""
@@ -97,7 +129,10 @@ class Urls:
     ) -> str:
         """The path of route ``name`` with its ``params`` encoded, then ``?query`` (None
         values left out) and ``#fragment`` (an element id, see :func:`dom_id`)."""
-        url = self.prefix + str(self.router.url_path_for(name, **params))
+        route = _route_named(self.router, name)
+        # A name the table lacks (a route added later) is looked up the long way.
+        found = (route or self.router).url_path_for(name, **params)
+        url = self.prefix + str(found)
         if query:
             pairs = {k: v for k, v in query.items() if v is not None and v != ""}
             if pairs:
