@@ -108,7 +108,7 @@ def mounted_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mounted
             text=True,
         )
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + START_TIMEOUT_S
             while not answers(f"{origin}/"):  # the parent answers once the lifespans ran
                 if process.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(
