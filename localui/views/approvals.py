@@ -339,5 +339,33 @@ async def reject(request: Request) -> Response:
     return await _decide(request, False)
 
 
+@dataclass(frozen=True, slots=True)
+class GoneNote:
+    """What the queue says in place of a card decided elsewhere: who, how, when."""
+
+    execution_id: str
+    words: str
+    decided_at: str | None
+    run_url: str
+
+
+def gone_notes(actions: ActionService, gone: list[str], urls: Urls) -> tuple[GoneNote, ...]:
+    """One note per pause that left the queue: the latest approval decision on its run,
+    or a plain line when the pause ended some other way (resumed, pruned)."""
+    notes = []
+    for execution_id in gone:
+        decided = [d for d in actions.decisions.list_for_run(execution_id) if d.kind == APPROVAL]
+        if decided:
+            last = decided[-1]
+            words = f"{last.verb} by {last.actor}"
+            if last.reason:
+                words += f": {last.reason}"
+            when: str | None = last.decided_at
+        else:
+            words, when = "no longer waiting", None
+        notes.append(GoneNote(execution_id, words, when, urls.run(execution_id)))
+    return tuple(notes)
+
+
 def decisions_for_run(actions: ActionService, execution_id: str) -> tuple[DecisionView, ...]:
     return tuple(decision_view(d) for d in actions.decisions.list_for_run(execution_id))

@@ -37,7 +37,7 @@ from localui.auth import NOBODY, Person, person_of
 from localui.backends.base import Changes
 from localui.errors import BadRequest, LocalUIError, NotFound
 from localui.live import ChangeFeed, Resync, Subscription
-from localui.views.approvals import actions_of, approver_of, build_approvals_page
+from localui.views.approvals import actions_of, approver_of, build_approvals_page, gone_notes
 from localui.views.common import AppState, context, decode_cursor, nav_counts, off_loop
 from localui.views.run import build_run_page
 from localui.views.runs import RunFilters, build_runs_page, parse_filters
@@ -208,7 +208,7 @@ class QueueView:
             self.urls,
             page=page,
             live=True,
-            gone=gone,
+            gone=gone_notes(actions, gone, self.urls),
             person=self.person,
         )
         return Rendered(fragments=(Fragment("queue", html),), memo=(shown, tuple(gone)))

@@ -1,0 +1,186 @@
+"""Two approvers on one queue: nothing moves under the pointer.
+
+Approver B holds the pointer over card 1's Approve while approver A approves card 1
+in another browser context; B's click at the same spot lands on the note that took
+card 1's place, so card 2 is still waiting in the store. Newest first, a new pause
+waits behind a banner instead of pushing the cards down.
+
+It decides runs, so it starts a demo server of its own.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import STOP_TIMEOUT_S, DemoServer, start_demo
+from playwright.sync_api import Browser, BrowserContext, Page, expect
+from test_live import start_agent
+
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
+LIVE_TIMEOUT_MS = 15_000
+
+#: The id of the queue item under a point, and whether a button is there.
+UNDER = """([x, y]) => {
+  const hit = document.elementFromPoint(x, y);
+  const item = hit && hit.closest('.queue-item');
+  const button = hit && hit.closest('button');
+  return {item: item && item.id, button: button && button.textContent,
+          gone: !!(item && item.classList.contains('gone'))};
+}"""
+
+
+@pytest.fixture(scope="module")
+def desk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer]:
+    demo = start_demo(tmp_path_factory, "desk-demo")
+    try:
+        yield demo
+    finally:
+        demo.server.stop(timeout=STOP_TIMEOUT_S)
+
+
+def pending_in_store(store: Path) -> set[str]:
+    """The runs the SDK's own table says are waiting, read from the file itself."""
+    with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as conn:
+        return {row[0] for row in conn.execute("SELECT execution_id FROM pending_interrupts")}
+
+
+def approver(browser: Browser, server: DemoServer, name: str) -> BrowserContext:
+    """A browser of its own whose approver name is remembered, as after a first decision."""
+    context = browser.new_context(base_url=server.url, viewport={"width": 1200, "height": 900})
+    context.add_cookies(
+        [{"name": "localui_approver", "value": name.replace(" ", "%20"), "url": server.url}]
+    )
+    return context
+
+
+def open_queue(context: BrowserContext, path: str, errors: list[str]) -> Page:
+    page = context.new_page()
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    with page.expect_response(lambda r: "/live/" in r.url):
+        page.goto(path)
+    return page
+
+
+def center_of(page: Page, selector: str) -> tuple[float, float]:
+    box = page.locator(selector).bounding_box()
+    assert box is not None
+    return box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+
+
+def shoot(page: Page, step: str) -> None:
+    page.screenshot(path=str(SCREENSHOTS / f"test_desk-{step}.png"), full_page=True)
+
+
+def test_a_card_decided_elsewhere_becomes_a_note_under_the_pointer(
+    browser: Browser, desk_server: DemoServer
+) -> None:
+    errors: list[str] = []
+    context_a = approver(browser, desk_server, "Ada Manager")
+    context_b = approver(browser, desk_server, "Bob Builder")
+    try:
+        page_a = open_queue(context_a, "/approvals", errors)
+        page_b = open_queue(context_b, "/approvals", errors)
+        items = page_b.locator("#approvals-queue .queue-item")
+        expect(items).to_have_count(4)
+        item1, item2, item3 = (items.nth(i).get_attribute("id") for i in range(3))
+        assert item1 and item2 and item3
+        run1 = page_b.locator(f"#{item1}").get_attribute("data-run")
+        run2_card = page_b.locator(f"#{item2} article.approval").get_attribute("id")
+        assert run1 and run2_card
+        run2 = page_b.locator(f"#{item2} article.approval header p.muted code").first.inner_text()
+        # B is half-way through a reason on card 3, and holds the pointer over card 1's Approve.
+        page_b.locator(f"#{item3}").get_by_label("Reason").fill("checking the invoice")
+        x, y = center_of(page_b, f"#{item1} button.approve")
+        height_before = page_b.locator(f"#{item1}").bounding_box()
+        assert height_before is not None
+        page_b.mouse.move(x, y)
+        assert page_b.evaluate(UNDER, [x, y]) == {"item": item1, "button": "Approve", "gone": False}
+        shoot(page_b, "1-before")
+
+        card_a = page_a.locator(f"#{item1}")
+        card_a.get_by_label("Reason").fill("within policy")
+        card_a.get_by_role("button", name="Approve").click()
+        expect(card_a.locator(".outcome")).to_contain_text("completed", timeout=LIVE_TIMEOUT_MS)
+
+        # In B, card 1 turns into a note of the same height, saying who decided.
+        note = page_b.locator(f"#{item1}")
+        expect(note).to_have_class(re.compile(r"\bgone\b"), timeout=LIVE_TIMEOUT_MS)
+        said = re.compile(r"approved by Ada Manager: within policy \d+ s ago")
+        expect(note).to_contain_text(said)
+        expect(note.get_by_role("link", name="see the run")).to_be_visible()
+        height_after = note.bounding_box()
+        assert height_after is not None
+        assert abs(height_after["height"] - height_before["height"]) < 1
+        assert abs(height_after["y"] - height_before["y"]) < 1
+        shoot(page_b, "2-after")
+
+        # B clicks where card 1's Approve was: the note is there, nothing else is decided.
+        assert page_b.evaluate(UNDER, [x, y])["item"] == item1
+        page_b.mouse.click(x, y)
+        page_b.wait_for_timeout(1500)
+        assert run1 not in pending_in_store(desk_server.store)
+        assert run2 in pending_in_store(desk_server.store)
+        expect(page_b.locator(f"#{run2_card}-result")).to_be_empty()
+        # The half-typed reason on card 3 survived the live update.
+        expect(page_b.locator(f"#{item3}").get_by_label("Reason")).to_have_value(
+            "checking the invoice"
+        )
+        # The note stays until B dismisses it.
+        note.get_by_role("button", name="Dismiss").click()
+        expect(page_b.locator(f"#{item1}")).to_have_count(0)
+        assert errors == []
+    finally:
+        context_a.close()
+        context_b.close()
+
+
+def test_newest_first_a_new_pause_waits_behind_a_banner(
+    browser: Browser, desk_server: DemoServer
+) -> None:
+    errors: list[str] = []
+    context_b = approver(browser, desk_server, "Bob Builder")
+    try:
+        page_b = open_queue(context_b, "/approvals?order=newest", errors)
+        items = page_b.locator("#approvals-queue .queue-item")
+        expect(items).to_have_count(3)
+        item1 = items.first.get_attribute("id")
+        assert item1
+        run1 = page_b.locator(f"#{item1}").get_attribute("data-run")
+        x, y = center_of(page_b, f"#{item1} button.approve")
+        page_b.mouse.move(x, y)
+
+        new_run = start_agent(desk_server, "paused-1")
+        news = page_b.locator("#queue-news")
+        expect(news).to_have_text("1 new waiting — show them", timeout=LIVE_TIMEOUT_MS)
+        expect(items).to_have_count(3)
+        expect(page_b.locator("#approvals-queue .queue-count")).to_contain_text("4 waiting")
+        shoot(page_b, "3-new-waiting")
+
+        # Under the pointer is still card 1's Approve: B's click decides what B aimed at.
+        assert page_b.evaluate(UNDER, [x, y]) == {"item": item1, "button": "Approve", "gone": False}
+        page_b.mouse.click(x, y)
+        expect(page_b.locator(f"#{item1} .outcome")).to_contain_text(
+            "Bob Builder approved it", timeout=LIVE_TIMEOUT_MS
+        )
+        pending = pending_in_store(desk_server.store)
+        assert new_run in pending
+        assert run1 not in pending
+
+        # Asked for, the new card shows at the top; for the next 300 ms its buttons
+        # ignore clicks (a click that was aimed before the cards moved).
+        page_b.evaluate(
+            "() => { document.querySelector('#queue-news .show-new').click();"
+            " document.querySelector('#approvals-queue .queue-item button.approve').click(); }"
+        )
+        expect(news).to_have_text("")
+        expect(items.first.locator("code").first).to_be_visible()
+        page_b.wait_for_timeout(1500)
+        assert new_run in pending_in_store(desk_server.store)
+        expect(items.first.locator(".result")).to_be_empty()
+        assert errors == []
+    finally:
+        context_b.close()
