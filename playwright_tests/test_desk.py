@@ -75,6 +75,51 @@ def shoot(page: Page, step: str) -> None:
     page.screenshot(path=str(SCREENSHOTS / f"test_desk-{step}.png"), full_page=True)
 
 
+def test_a_card_says_what_a_decision_does(browser: Browser, desk_server: DemoServer) -> None:
+    errors: list[str] = []
+    context = approver(browser, desk_server, "Ada Manager")
+    try:
+        page = open_queue(context, "/approvals", errors)
+        one_tool = page.locator("article.approval").filter(has_text="A-1002")
+        expect(one_tool.locator("h3 code.call")).to_have_text(
+            'refund(order_id="A-1002", amount=250.0)'
+        )
+        effects = one_tool.locator("ul.effects")
+        expect(effects).to_contain_text(
+            "Approve → refund runs again with the answer approved=true, then the agent goes on;"
+            " 1 @idempotent result is reused."
+        )
+        expect(effects).to_contain_text(
+            "Reject → refund gets approved=false and your reason;"
+            " what it does then is the agent's code."
+        )
+        expect(effects.locator("li.skipped")).to_have_count(0)
+        # The frozen context: first-level values with their exact text, the policy folded.
+        amount = one_tool.locator("table.context tr").filter(
+            has=page.locator("th", has_text="amount")
+        )
+        expect(amount.locator("td")).to_have_text("250.0")
+        policy = one_tool.locator("table.context tr").filter(
+            has=page.locator("th", has_text="policy")
+        )
+        expect(policy.locator("details")).not_to_have_attribute("open", "")
+        expect(policy.locator("summary")).to_have_text("5 entries")
+        expect(policy.get_by_text("currency")).to_be_hidden()
+
+        two_tools = page.locator("article.approval").filter(has_text="A-1005")
+        expect(two_tools.locator("h3 code.call")).to_have_text(
+            'refund(order_id="A-1005", amount=700.0)'
+        )
+        expect(two_tools.locator("ul.effects li.skipped")).to_have_text(
+            "Will not run on resume: notify_customer, called in the same turn;"
+            " the SDK tells the agent it was not run."
+        )
+        shoot(page, "0-cards")
+        assert errors == []
+    finally:
+        context.close()
+
+
 def test_a_card_decided_elsewhere_becomes_a_note_under_the_pointer(
     browser: Browser, desk_server: DemoServer
 ) -> None:
@@ -91,7 +136,9 @@ def test_a_card_decided_elsewhere_becomes_a_note_under_the_pointer(
         run1 = page_b.locator(f"#{item1}").get_attribute("data-run")
         run2_card = page_b.locator(f"#{item2} article.approval").get_attribute("id")
         assert run1 and run2_card
-        run2 = page_b.locator(f"#{item2} article.approval header p.muted code").first.inner_text()
+        # Demo ids are UUIDs: their element ids are the ids themselves.
+        run2 = page_b.locator(f"#{item2}").get_attribute("data-run")
+        assert run2
         # B is half-way through a reason on card 3, and holds the pointer over card 1's Approve.
         page_b.locator(f"#{item3}").get_by_label("Reason").fill("checking the invoice")
         x, y = center_of(page_b, f"#{item1} button.approve")

@@ -7,6 +7,7 @@ and, before anyone clicks, whether this process can carry the decision out.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -84,6 +85,73 @@ def context_entries(value: Any) -> tuple[ContextEntry, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class Effects:
+    """What a decision on a card does, read from the paused row the SDK resumes."""
+
+    #: The paused call as it is written: ``refund(order_id="A-1002", amount=250.0)``.
+    call: str
+    tool: str
+    #: Other tool calls of the same turn with no result yet: the SDK answers them
+    #: "not run on resume" instead of running them.
+    skipped: tuple[str, ...]
+    #: Results of ``@idempotent`` functions this run already stored: reused on resume.
+    reused: int
+
+
+def _argument(value: Any) -> str:
+    # JSON keeps each value's exact text (250.0 stays 250.0, strings stay quoted).
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def call_text(tool: str, arguments: Any) -> str:
+    if isinstance(arguments, dict):
+        inside = ", ".join(f"{k}={_argument(v)}" for k, v in arguments.items())
+    elif arguments in (None, ""):
+        inside = ""
+    else:
+        inside = _argument(arguments)
+    return f"{tool}({inside})"
+
+
+def effects_of(actions: ActionService, pending: Pending) -> Effects | None:
+    """The paused call, its unanswered siblings and the reused results; None when the
+    paused row is missing or unreadable (the card then says only what it knows)."""
+    if pending.checkpoint_id is None:
+        return None
+    row = actions.store.get_row(pending.checkpoint_id)
+    if row is None or not isinstance(row.state_snapshot, dict):
+        return None
+    snapshot = row.state_snapshot
+    tool = str(snapshot.get("tool_name") or runs.parse_node(pending.node_id).tool or "")
+    paused_call_id = snapshot.get("tool_call_id")
+    arguments = row.node_input if isinstance(row.node_input, dict) else None
+    skipped: list[str] = []
+    messages = snapshot.get("messages")
+    if isinstance(messages, list):
+        answered = {m.get("tool_call_id") for m in messages if isinstance(m, dict)}
+        turn = next(
+            (
+                m
+                for m in reversed(messages)
+                if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls")
+            ),
+            None,
+        )
+        for call in (turn or {}).get("tool_calls") or []:
+            if not isinstance(call, dict):
+                continue
+            if call.get("id") == paused_call_id:
+                if arguments is None:
+                    arguments = call.get("arguments")
+            elif call.get("id") not in answered:
+                skipped.append(str(call.get("name")))
+    reused = len(actions.store.list_cache(pending.execution_id))
+    return Effects(
+        call=call_text(tool, arguments), tool=tool, skipped=tuple(skipped), reused=reused
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class DecisionView:
     kind: str
     checkpoint_id: str
@@ -135,6 +203,7 @@ class ApprovalItem:
     age: str = html_only("")
     flat: bool = html_only(True)
     entries: tuple[ContextEntry, ...] = html_only(())
+    effects: Effects | None = None
 
 
 def approval_item(
@@ -158,6 +227,7 @@ def approval_item(
         age=runs.age_words(pending.created_at, now),
         flat=all(not e.children for e in entries),
         entries=entries,
+        effects=effects_of(actions, pending),
     )
 
 
