@@ -88,6 +88,7 @@ def build_routes() -> list[Route | Mount]:
             name="fork_run",
         ),
         *page_routes("/approvals", approval_views.approvals_list, "approvals"),
+        Route("/approvals/bulk", approval_views.bulk_decide, methods=["POST"], name="bulk_decide"),
         *page_routes(
             "/approvals/{execution_id:localui_id}", approval_views.approval_detail, "approval"
         ),

@@ -234,8 +234,18 @@
     event.preventDefault();
   });
 
+  // "Select all shown": every card still waiting on the page, none of the notes.
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (!(box instanceof HTMLInputElement) || box.id !== "select-all") return;
+    document.querySelectorAll("#approvals-queue .queue-item:not(.gone) input[name=pick]").forEach(
+      function (pick) { pick.checked = box.checked; });
+  });
+
   document.addEventListener("DOMContentLoaded", function () {
     var q = queue();
     if (q) stampAges(q);
+    var selectAll = document.querySelector("label.select-all");
+    if (selectAll) selectAll.hidden = false;
   });
 })();
