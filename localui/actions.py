@@ -423,7 +423,10 @@ def parse_age(text: str) -> timedelta:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
     value = text.strip().lower()
     if len(value) < 2 or value[-1] not in units or not value[:-1].isdigit():
-        raise BadRequest(f"older_than={text!r}: give a number and a unit, like 7d, 12h or 30m")
+        raise BadRequest(
+            f"older_than={text!r}: give a whole number and one unit letter"
+            " (s, m, h, d or w), like 90s, 30m, 12h, 7d or 2w"
+        )
     amount = int(value[:-1])
     if amount > 100_000:
         raise BadRequest(f"older_than={text!r} is too large")
