@@ -50,7 +50,10 @@ def pending_in_store(store: Path) -> set[str]:
 
 def approver(browser: Browser, server: DemoServer, name: str) -> BrowserContext:
     """A browser of its own whose approver name is remembered, as after a first decision."""
-    context = browser.new_context(base_url=server.url, viewport={"width": 1200, "height": 900})
+    # Tall enough for the whole queue: nothing scrolls, so a point on the screen stays
+    # a point on the page (Playwright scrolls to fill a field, and a full-page
+    # screenshot resets the scroll).
+    context = browser.new_context(base_url=server.url, viewport={"width": 1200, "height": 2000})
     context.add_cookies(
         [{"name": "localui_approver", "value": name.replace(" ", "%20"), "url": server.url}]
     )
@@ -231,3 +234,66 @@ def test_newest_first_a_new_pause_waits_behind_a_banner(
         assert errors == []
     finally:
         context_b.close()
+
+
+def test_keys_a_name_typed_once_and_a_bulk_reject(
+    browser: Browser, desk_server: DemoServer
+) -> None:
+    errors: list[str] = []
+    context = browser.new_context(base_url=desk_server.url, viewport={"width": 1200, "height": 900})
+    try:
+        page = open_queue(context, "/approvals", errors)
+        cards = page.locator("#approvals-queue article.approval")
+        waiting = cards.count()
+        assert waiting >= 2
+        expect(page.locator("#desk-keys")).to_contain_text("j / k")
+
+        # j moves to the first card, j again to the second, k back; a focuses Approve and
+        # decides nothing; ? opens the keys.
+        page.locator("h1").click()
+        page.keyboard.press("j")
+        expect(cards.nth(0)).to_have_class(re.compile(r"\bcurrent\b"))
+        page.keyboard.press("j")
+        expect(cards.nth(1)).to_have_class(re.compile(r"\bcurrent\b"))
+        page.keyboard.press("k")
+        expect(cards.nth(0)).to_be_focused()
+        page.keyboard.press("a")
+        expect(cards.nth(0).get_by_role("button", name="Approve")).to_be_focused()
+        page.keyboard.press("r")
+        expect(cards.nth(0).get_by_role("button", name="Reject")).to_be_focused()
+        page.wait_for_timeout(500)
+        expect(cards.nth(0).locator(".result")).to_be_empty()
+        page.locator("h1").click()
+        page.keyboard.press("?")
+        expect(page.locator("#desk-keys")).to_have_attribute("open", "")
+
+        # The name typed once fills every card and the bulk form.
+        cards.nth(0).get_by_label("Approver").fill("Grace Hopper")
+        for i in range(waiting):
+            expect(cards.nth(i).get_by_label("Approver")).to_have_value("Grace Hopper")
+        bulk = page.locator("#bulk-form")
+        expect(bulk.get_by_label("Approver")).to_have_value("Grace Hopper")
+
+        # Reject with no reason is caught in the form: nothing is posted.
+        cards.nth(0).get_by_role("button", name="Reject").click()
+        reason = cards.nth(0).get_by_label("Reason")
+        assert reason.evaluate("(input) => input.validationMessage") == (
+            "Say why you reject: the agent gets your reason."
+        )
+        page.wait_for_timeout(500)
+        expect(cards.nth(0).locator(".result")).to_be_empty()
+
+        # Select all shown, one reason, Reject ticked: each card is reported, focus
+        # moves to the answer, and the store holds no pause any more.
+        bulk.get_by_label("select all shown").check()
+        bulk.get_by_label("Reason").fill("quarter closed")
+        bulk.get_by_role("button", name="Reject ticked").click()
+        outcome = page.locator("#bulk-outcome")
+        expect(outcome).to_contain_text(f"{waiting} won · 0 already decided", timeout=30_000)
+        expect(outcome.locator("li.bulk-won")).to_have_count(waiting)
+        expect(outcome).to_be_focused()
+        shoot(page, "4-bulk")
+        assert pending_in_store(desk_server.store) == set()
+        assert errors == []
+    finally:
+        context.close()
