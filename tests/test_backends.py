@@ -611,6 +611,39 @@ def test_approvals_json_oldest_first_with_checkpoint_ids(backend: Backend) -> No
     assert by_run[backend.seeded.id("paused-1")]["context"]["order_id"] == "A-1002"
 
 
+def test_paused_calls_of_a_page_in_one_read(backend: Backend) -> None:
+    page = backend.store.list_pending()
+    calls = backend.store.paused_calls(page.items)
+    assert set(calls) == {p.checkpoint_id for p in page.items}
+    two_tools = backend.store.get_pending(backend.seeded.id("two-tools-first-pauses"))
+    assert two_tools is not None and two_tools.checkpoint_id is not None
+    paused = calls[two_tools.checkpoint_id]
+    assert paused.node_input == {"order_id": "A-1005", "amount": 700.0}
+    assert paused.state_snapshot["tool_name"] == "refund"
+    names = [c["name"] for c in paused.state_snapshot["messages"][-1]["tool_calls"]]
+    assert names == ["refund", "notify_customer"]
+    # The charge the run made before it paused is the one cached result a resume reuses.
+    assert paused.cached_results == 1
+    assert backend.store.paused_calls(()) == {}
+    # The cards say it as a call, by the same read on either store.
+    effects = {
+        a["execution_id"]: a["effects"]
+        for a in backend.client().get("/approvals.json").json()["approvals"]
+    }
+    # PostgreSQL's jsonb keeps keys in its own order, not the call's: the arguments
+    # are the same, their order is the store's.
+    call = effects[two_tools.execution_id].pop("call")
+    assert call in (
+        'refund(order_id="A-1005", amount=700.0)',
+        'refund(amount=700.0, order_id="A-1005")',
+    )
+    assert effects[two_tools.execution_id] == {
+        "tool": "refund",
+        "skipped": ["notify_customer"],
+        "reused": 1,
+    }
+
+
 def test_unknown_run_is_404_and_a_bad_state_filter_400(backend: Backend) -> None:
     client = backend.client()
     missing = client.get("/runs/no-such-run.json")

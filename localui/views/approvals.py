@@ -20,7 +20,7 @@ from localui import runs
 from localui.actions import ActionService, AlreadyDecided, Outcome, StaleCard
 from localui.auth import APPROVER, require
 from localui.errors import BadRequest, LocalUIError, NotFound
-from localui.records import APPROVAL, Decision, Pending, Unreadable
+from localui.records import APPROVAL, Decision, PausedCall, Pending, Unreadable
 from localui.views.common import (
     context,
     decode_cursor,
@@ -113,18 +113,15 @@ def call_text(tool: str, arguments: Any) -> str:
     return f"{tool}({inside})"
 
 
-def effects_of(actions: ActionService, pending: Pending) -> Effects | None:
+def effects_of(pending: Pending, paused: PausedCall | None) -> Effects | None:
     """The paused call, its unanswered siblings and the reused results; None when the
     paused row is missing or unreadable (the card then says only what it knows)."""
-    if pending.checkpoint_id is None:
+    if paused is None or not isinstance(paused.state_snapshot, dict):
         return None
-    row = actions.store.get_row(pending.checkpoint_id)
-    if row is None or not isinstance(row.state_snapshot, dict):
-        return None
-    snapshot = row.state_snapshot
+    snapshot = paused.state_snapshot
     tool = str(snapshot.get("tool_name") or runs.parse_node(pending.node_id).tool or "")
     paused_call_id = snapshot.get("tool_call_id")
-    arguments = row.node_input if isinstance(row.node_input, dict) else None
+    arguments = paused.node_input if isinstance(paused.node_input, dict) else None
     skipped: list[str] = []
     messages = snapshot.get("messages")
     if isinstance(messages, list):
@@ -145,9 +142,11 @@ def effects_of(actions: ActionService, pending: Pending) -> Effects | None:
                     arguments = call.get("arguments")
             elif call.get("id") not in answered:
                 skipped.append(str(call.get("name")))
-    reused = len(actions.store.list_cache(pending.execution_id))
     return Effects(
-        call=call_text(tool, arguments), tool=tool, skipped=tuple(skipped), reused=reused
+        call=call_text(tool, arguments),
+        tool=tool,
+        skipped=tuple(skipped),
+        reused=paused.cached_results,
     )
 
 
@@ -207,8 +206,18 @@ class ApprovalItem:
 
 
 def approval_item(
-    actions: ActionService, pending: Pending, now: datetime, urls: Urls, *, exact: bool = True
+    actions: ActionService,
+    pending: Pending,
+    now: datetime,
+    urls: Urls,
+    *,
+    exact: bool = True,
+    paused: PausedCall | None = None,
 ) -> ApprovalItem:
+    """One card; ``paused`` is its paused call when the caller read a page of them at
+    once, else it is read here."""
+    if paused is None and pending.checkpoint_id:
+        paused = actions.store.paused_calls((pending,)).get(pending.checkpoint_id)
     context_value = pending.context
     if isinstance(context_value, Unreadable):
         context_value = {"unreadable": context_value.error}
@@ -227,7 +236,7 @@ def approval_item(
         age=runs.age_words(pending.created_at, now),
         flat=all(not e.children for e in entries),
         entries=entries,
-        effects=effects_of(actions, pending),
+        effects=effects_of(pending, paused),
     )
 
 
@@ -249,6 +258,8 @@ def build_approvals_page(
     urls: Urls,
 ) -> ApprovalsPage:
     page = actions.store.list_pending(after=after, limit=limit, newest_first=newest_first)
+    # The page's paused calls in one read, not one per card.
+    calls = actions.store.paused_calls(page.items)
     now = datetime.now(UTC)
     cursor = encode_cursor(page.next_key) if page.next_key else None
     order = "newest" if newest_first else "oldest"
@@ -258,7 +269,17 @@ def build_approvals_page(
             "approvals", {"after": cursor, "order": "newest" if newest_first else None}
         )
     return ApprovalsPage(
-        approvals=tuple(approval_item(actions, p, now, urls, exact=False) for p in page.items),
+        approvals=tuple(
+            approval_item(
+                actions,
+                p,
+                now,
+                urls,
+                exact=False,
+                paused=calls.get(p.checkpoint_id or ""),
+            )
+            for p in page.items
+        ),
         next=cursor,
         total=page.total,
         order=order,
