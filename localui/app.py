@@ -93,6 +93,11 @@ def build_routes() -> list[Route | Mount]:
             "/approvals/{execution_id:localui_id}", approval_views.approval_detail, "approval"
         ),
         Route(
+            "/approvals/{execution_id:localui_id}/context",
+            approval_views.approval_context,
+            name="approval_context",
+        ),
+        Route(
             "/approvals/{execution_id:localui_id}/approve",
             approval_views.approve,
             methods=["POST"],

@@ -108,6 +108,10 @@ def test_a_card_says_what_a_decision_does(browser: Browser, desk_server: DemoSer
         expect(policy.locator("details")).not_to_have_attribute("open", "")
         expect(policy.locator("summary")).to_have_text("5 entries")
         expect(policy.get_by_text("currency")).to_be_hidden()
+        # Opened, the folded values load: the queue's cards carry only the first level.
+        policy.locator("summary").click()
+        expect(policy.locator("ul.tree")).to_contain_text("currency: EUR")
+        expect(policy.locator("ul.tree")).to_contain_text("requiresrole: managerapprovals: 1")
 
         two_tools = page.locator("article.approval").filter(has_text="A-1005")
         expect(two_tools.locator("h3 code.call")).to_have_text(

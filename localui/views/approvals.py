@@ -577,3 +577,25 @@ async def bulk_decide(request: Request) -> Response:
     if not person.signed_in:
         remember_approver(response, approver)
     return response
+
+
+async def approval_context(request: Request) -> Response:
+    """One folded value of a waiting card's frozen context, opened from the queue: the
+    queue's cards stay light and carry only the first level."""
+    execution_id = request.path_params["execution_id"]
+    key = request.query_params.get("key", "")
+    pending = await off_loop(actions_of(request).store.get_pending, execution_id)
+    if pending is None:
+        raise NotFound(f"run {execution_id!r} is not waiting for a person")
+    value = pending.context
+    if isinstance(value, Unreadable):
+        value = {"unreadable": value.error}
+    entry = next((e for e in context_entries(value) if e.key == key), None)
+    if entry is None:
+        raise NotFound(f"the frozen context of run {execution_id!r} has no key {key!r}")
+    ctx = context(request)
+    return ctx.templates.TemplateResponse(
+        request,
+        "partials/_context_tree.html",
+        {"entries": entry.children, "settings": ctx.settings, "urls": urls_of(request)},
+    )
