@@ -416,18 +416,3 @@ def seconds_since(value: str) -> float | None:
     if then is None:
         return None
     return (datetime.now(UTC) - then).total_seconds()
-
-
-def parse_age(text: str) -> timedelta:
-    """``7d``, ``12h``, ``30m``, ``90s`` or ``2w`` as a timedelta; anything else is a 400."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    value = text.strip().lower()
-    if len(value) < 2 or value[-1] not in units or not value[:-1].isdigit():
-        raise BadRequest(
-            f"older_than={text!r}: give a whole number and one unit letter"
-            " (s, m, h, d or w), like 90s, 30m, 12h, 7d or 2w"
-        )
-    amount = int(value[:-1])
-    if amount > 100_000:
-        raise BadRequest(f"older_than={text!r} is too large")
-    return timedelta(seconds=amount * units[value[-1]])

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp
 
 from localui.actions import ActionService
 from localui.auth import Authenticator, AuthMiddleware, template_values
@@ -26,8 +27,9 @@ from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed
 from localui.paths import static_dir, templates_dir
 from localui.registry import Registry
-from localui.security import GuardMiddleware
+from localui.security import BodyLimitMiddleware, GuardMiddleware, SecurityHeadersMiddleware
 from localui.settings import Settings
+from localui.signing import Signer
 from localui.views import actions as action_views
 from localui.views import approvals as approval_views
 from localui.views import cache as cache_views
@@ -138,6 +140,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return await error_response(request, error)
 
 
+class LocalUIApp(Starlette):
+    """Starlette with the security headers outside everything, so the server-error
+    page Starlette's outermost middleware writes carries them too."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return SecurityHeadersMiddleware(super().build_middleware_stack())
+
+
 def lifespan_of(app: Starlette) -> AbstractAsyncContextManager[Any]:
     """The lifespan of an app made by :func:`create_app`, for a parent app that mounts it.
 
@@ -199,6 +209,7 @@ def create_app(
             actions=actions,
             feed=feed,
             auth=auth,
+            signer=Signer(),
         )
         await feed.start()
         try:
@@ -213,10 +224,11 @@ def create_app(
             if owned:
                 opened.close()
 
-    return Starlette(
+    return LocalUIApp(
         routes=build_routes(),
         middleware=[
             Middleware(GuardMiddleware, host_names=settings.host_names),
+            Middleware(BodyLimitMiddleware),
             Middleware(
                 AuthMiddleware,
                 auth=auth,

@@ -179,6 +179,7 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
 
     from localui.app import create_app
     from localui.backends import open_backend, target_of
+    from localui.limits import server_limits
     from localui.memory import ReleaseFreedMemory, keep_thresholds
 
     target = target_of(settings)
@@ -186,7 +187,11 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
         # The SDK resolves its own default store from this variable, and caches its
         # config on first use: set it before any agent module is imported.
         os.environ.setdefault("FASTAIAGENT_LOCAL_DB", str(target.sqlite_path))
-        if not target.sqlite_path.is_file():
+        try:
+            is_file = target.sqlite_path.is_file()
+        except OSError as exc:
+            return fail(f"the store {target.sqlite_path} cannot be read: {exc.strerror}")
+        if not is_file:
             return fail(
                 f"no store at {target.sqlite_path} (pass --store or set FASTAIAGENT_LOCAL_DB)"
             )
@@ -235,6 +240,7 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
         proxy_headers=False,
         # Open streams must not hold a stopping server for long.
         timeout_graceful_shutdown=2,
+        **server_limits(),
     )
     # uvicorn stops on Ctrl-C or SIGTERM, then raises the signal again for whoever
     # installed a handler; these make that a quiet exit 0 through the clean-up below,

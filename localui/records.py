@@ -29,14 +29,62 @@ class Unreadable:
     raw: str
 
 
+#: Deeper JSON than this reads as :class:`Unreadable`: everything that walks a value
+#: (JSON out, the diff, the pretty printer) recurses once or more per level, and
+#: Python stops at a thousand frames. The SDK's own values are a few levels deep.
+MAX_JSON_DEPTH = 300
+
+
 def parse_json(text: str | None, default: Any) -> Any:
     """Parse a JSON column, turning damage into :class:`Unreadable` instead of raising."""
     if text is None or text == "":
         return default
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except (ValueError, TypeError) as exc:
         return Unreadable(error=str(exc), raw=str(text)[:2000])
+    except RecursionError:
+        return _too_deep(text)
+    # Only a text with that many brackets can nest that deep: the common case skips
+    # the walk, and counting runs at C speed.
+    if isinstance(text, str) and text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+        if json_depth(value) > MAX_JSON_DEPTH:
+            return _too_deep(text)
+    return value
+
+
+def _too_deep(text: str) -> Unreadable:
+    return Unreadable(
+        error=f"JSON nested deeper than {MAX_JSON_DEPTH} levels", raw=str(text)[:2000]
+    )
+
+
+def json_depth(value: Any) -> int:
+    """How many lists and objects deep ``value`` nests, found without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def stored_int(value: Any) -> int | Unreadable:
+    """An integer column (``node_index``, ``iteration``) that SQLite let hold anything."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return Unreadable(error="not a whole number", raw=str(value)[:200])
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +151,7 @@ class RowHeader:
     parent_checkpoint_id: str | None
     agent: str
     node_id: str
-    node_index: int
+    node_index: int | Unreadable
     step_type: str | None
     status: str
     interrupt_reason: str | None
@@ -122,7 +170,7 @@ class RowDetail:
     node_input: Any
     node_output: Any
     interrupt_context: Any
-    iteration: int
+    iteration: int | Unreadable
     #: The column texts as stored, for the raw view.
     raw: Mapping[str, str | None] = field(default_factory=dict)
 
@@ -149,7 +197,7 @@ def row_detail(header: RowHeader, row: Mapping[str, Any]) -> RowDetail:
         node_input=parse_json(row["node_input"], {}),
         node_output=parse_json(row["node_output"], {}),
         interrupt_context=parse_json(row["interrupt_context"], {}),
-        iteration=int(row["iteration"] or 0),
+        iteration=stored_int(row["iteration"]),
         raw={name: row[name] for name in _PAYLOADS},
     )
 

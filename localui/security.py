@@ -21,7 +21,7 @@ import json
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localui.auth import is_loopback_client
 from localui.settings import LOOPBACK_NAMES
@@ -100,3 +100,108 @@ async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+# --- headers every response carries, and the body cap ----------------------------------
+
+#: No inline script or style anywhere: htmx is configured (``htmx-config`` in base.html)
+#: to need no ``eval`` and to inject no indicator style, so 'self' is enough for both.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; frame-ancestors 'none'; "
+    "form-action 'self'; base-uri 'none'"
+)
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+)
+#: Everything a POST may carry: an action's form is a few short fields.
+MAX_BODY_BYTES = 1_000_000
+
+
+class SecurityHeadersMiddleware:
+    """Adds the security headers to every response, and ``Cache-Control: no-store`` to
+    JSON and to the answers of actions.
+
+    Pure ASGI rather than the ``secure`` package: ``secure`` sets headers on a
+    framework's response object, and this must also reach event streams, static files,
+    the guard's refusals and the server-error page, which only the ASGI messages all see.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        is_action = scope.get("method", "GET") not in SAFE_METHODS
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (k, v)
+                    for k, v in message.get("headers", [])
+                    if k.lower() not in _REPLACED_HEADERS
+                ]
+                headers.extend(SECURITY_HEADERS)
+                content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
+                if is_action or content_type.startswith(b"application/json"):
+                    headers = [(k, v) for k, v in headers if k.lower() != b"cache-control"]
+                    headers.append((b"cache-control", b"no-store"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+_REPLACED_HEADERS = frozenset(name for name, _ in SECURITY_HEADERS) | {b"server"}
+
+
+class BodyTooLarge(Exception):
+    """The request body went past :data:`MAX_BODY_BYTES` while it was being read."""
+
+
+class BodyLimitMiddleware:
+    """Answers 413 to a body over ``max_bytes``: at once when ``Content-Length`` says so,
+    else as soon as the bytes read pass it, before anything more is read or parsed."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        message = f"The request body is larger than {self.max_bytes:,} bytes."
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if not value.isdigit() or len(value) > 18 or int(value) > self.max_bytes:
+                    await _refuse(scope, send, 413, message)
+                    return
+        received = 0
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            event = await receive()
+            if event["type"] == "http.request":
+                received += len(event.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge(message)
+            return event
+
+        async def tracking_send(event: Message) -> None:
+            nonlocal started
+            if event["type"] == "http.response.start":
+                started = True
+            await send(event)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except BodyTooLarge:
+            if started:
+                raise
+            await _refuse(scope, send, 413, message)

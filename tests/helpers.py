@@ -92,12 +92,14 @@ def start_localui(
     ready: str = "/runs.json",
     timeout: float = 30.0,
     port: int | None = None,
+    prefix: Sequence[str] = (),
 ) -> LocalServer:
-    """``localui ARGS --port N`` started in ``cwd``, returned once ``ready`` answers 200;
-    a test failure with the server's output when it does not within ``timeout``. ``port``
-    when the test must know it before the server starts (a link printed for it)."""
+    """``localui ARGS --port N`` started in ``cwd`` (run by ``prefix``, such as a command
+    that drops privileges, when given), returned once ``ready`` answers 200; a test
+    failure with the server's output when it does not within ``timeout``. ``port`` when
+    the test must know it before the server starts (a link printed for it)."""
     port = free_port() if port is None else port
-    command = [str(LOCALUI), *args, "--port", str(port)]
+    command = [*prefix, str(LOCALUI), *args, "--port", str(port)]
     log_file = log.open("wb")
     process = subprocess.Popen(
         command,

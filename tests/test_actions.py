@@ -783,7 +783,13 @@ def test_prune_deletes_what_it_previewed_and_keeps_pauses(desk: Desk, seeded: Se
     assert preview["pauses_kept"] == INTERRUPTED_ROWS
 
     pruned = desk.client.post(
-        "/prune", data={"older_than": "0s", "cutoff": preview["cutoff"]}, headers=JSON
+        "/prune",
+        data={
+            "older_than": "0s",
+            "cutoff": preview["cutoff"],
+            "prune_token": preview["prune_token"],
+        },
+        headers=JSON,
     )
 
     assert pruned.status_code == 200
@@ -809,15 +815,19 @@ def test_the_prune_form_posts_back_the_previewed_cutoff(
 ) -> None:
     html = desk.client.get("/prune?older_than=0s").text
     cutoff = re.search(r'<input type="hidden" name="cutoff" value="([^"]+)">', html)
+    token = re.search(r'<input type="hidden" name="prune_token" value="([^"]+)">', html)
     count = re.search(r"Prune these (\d+) rows", html)
-    assert cutoff is not None and count is not None
+    assert cutoff is not None and token is not None and count is not None
     would_delete = int(count.group(1))
     assert (
         would_delete
         == desk.client.get("/prune.json", params={"older_than": "0s"}).json()["would_delete"]
     )
 
-    done = desk.client.post("/prune", data={"older_than": "0s", "cutoff": cutoff.group(1)})
+    done = desk.client.post(
+        "/prune",
+        data={"older_than": "0s", "cutoff": cutoff.group(1), "prune_token": token.group(1)},
+    )
 
     assert done.status_code == 200
     assert (

@@ -307,7 +307,11 @@ def test_an_operator_also_prunes_and_resumes(backend: Backend, ledger: Ledger) -
     )
     assert resumed.status_code == 200, resumed.text
     assert resumed.json()["decision"]["approver"] == "Olu Operator"
-    pruned = desk.client.post("/prune", data={"older_than": "0s"}, headers=bearer(operator))
+    preview = desk.client.get(
+        "/prune.json", params={"older_than": "0s"}, headers=bearer(operator)
+    ).json()
+    form = {"older_than": "0s", "cutoff": preview["cutoff"], "prune_token": preview["prune_token"]}
+    pruned = desk.client.post("/prune", data=form, headers=bearer(operator))
     assert pruned.status_code == 200, pruned.text
     assert pruned.json()["deleted"] > 0
 

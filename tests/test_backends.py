@@ -879,7 +879,13 @@ def test_prune_deletes_what_it_previewed(backend: Backend) -> None:
     ) == (26, 7, 5, 33)
 
     done = desk.client.post(
-        "/prune", data={"older_than": "0s", "cutoff": preview["cutoff"]}, headers=JSON
+        "/prune",
+        data={
+            "older_than": "0s",
+            "cutoff": preview["cutoff"],
+            "prune_token": preview["prune_token"],
+        },
+        headers=JSON,
     )
 
     assert done.status_code == 200, done.text
@@ -888,6 +894,29 @@ def test_prune_deletes_what_it_previewed(backend: Backend) -> None:
     after = desk.client.get("/prune.json", params={"older_than": "0s"}).json()
     assert (after["would_delete"], after["pauses_kept"]) == (0, 5)
     assert desk.client.get("/runs.json").json()["counts"]["paused"] == 4
+
+
+@pytest.mark.parametrize("forged", ["now-1s", "other-token", "no-token", "year-one"])
+def test_prune_refuses_a_cutoff_no_preview_showed(backend: Backend, forged: str) -> None:
+    desk = backend.acting()
+    # The 7-day preview shows nothing to delete: the seeded rows are minutes old.
+    preview = desk.client.get("/prune.json", params={"older_than": "7d"}).json()
+    assert preview["would_delete"] == 0
+    before = desk.truth.fingerprint()
+    recent = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
+    form = {
+        "now-1s": {"cutoff": recent, "prune_token": preview["prune_token"]},
+        "other-token": {"cutoff": recent, "prune_token": "0" * 64},
+        "no-token": {"cutoff": recent},
+        "year-one": {"cutoff": "0001-01-01T00:00:00+14:00", "prune_token": "0" * 64},
+    }[forged]
+
+    refused = desk.client.post("/prune", data={"older_than": "7d", **form}, headers=JSON)
+
+    assert refused.status_code in (400, 403), refused.text
+    assert "preview" in refused.json()["error"]["message"]
+    assert desk.truth.fingerprint() == before
+    assert desk.client.get("/prune.json", params={"older_than": "0s"}).json()["would_delete"] > 0
 
 
 def test_read_only_refuses_every_post(backend: Backend, ledger: Ledger) -> None:

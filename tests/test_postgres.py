@@ -795,7 +795,13 @@ def test_a_member_of_the_fleets_role_acts_through_the_sdk(
         assert response.json()["status"] == "completed"
         preview = client.get("/prune.json", params={"older_than": "0s"}).json()
         done = client.post(
-            "/prune", data={"older_than": "0s", "cutoff": preview["cutoff"]}, headers=JSON
+            "/prune",
+            data={
+                "older_than": "0s",
+                "cutoff": preview["cutoff"],
+                "prune_token": preview["prune_token"],
+            },
+            headers=JSON,
         )
         assert done.json()["deleted"] == preview["would_delete"]
     finally:

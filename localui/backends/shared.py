@@ -15,6 +15,7 @@ from localui.records import (
     RowHeader,
     RunFacts,
     parse_json,
+    stored_int,
     unwrap_cached,
 )
 
@@ -128,7 +129,7 @@ def row_header_values(values: Sequence[Any], instant: Instant = text_or_empty) -
         parent_checkpoint_id=parent,
         agent=agent or "",
         node_id=node or "",
-        node_index=int(index or 0),
+        node_index=stored_int(index),
         step_type=step,
         status=status or "completed",
         interrupt_reason=reason,

@@ -8,17 +8,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
-from localui.actions import parse_age
 from localui.auth import OPERATOR, require
-from localui.errors import BadRequest
+from localui.errors import BadRequest, Forbidden
 from localui.records import PruneRun
+from localui.signing import Signer
 from localui.views.approvals import actions_of, approver_of, outcome_view
-from localui.views.common import html_only, is_htmx, off_loop, respond, to_jsonable, wants_json
+from localui.views.common import (
+    context,
+    html_only,
+    is_htmx,
+    off_loop,
+    respond,
+    to_jsonable,
+    wants_json,
+)
+from localui.views.params import parse_age, parse_instant
 from localui.views.urls import urls_of
 
 
@@ -81,13 +89,23 @@ class PrunePage:
     #: many of each: a resume after the prune runs those calls again.
     resumable_cache: Mapping[str, int] = field(default_factory=dict)
     deleted: int | None = None
+    #: The server's signature of ``cutoff``: POST it with the cutoff, or the prune is refused.
+    prune_token: str = ""
     read_only: bool = html_only(False)
     #: Why the age typed in could not be read; the form shows it again, filled in.
     error: str | None = html_only(None)
 
 
+#: What a prune token signs: the cutoff instant the preview counted.
+PRUNE_PURPOSE = "prune-cutoff"
+
+
 def _older_than(text: str | None) -> str:
     return (text or "7d").strip()
+
+
+def _signer(request: Request) -> Signer:
+    return context(request).signer
 
 
 async def prune_preview(request: Request) -> Response:
@@ -111,31 +129,37 @@ async def prune_preview(request: Request) -> Response:
         runs=preview.runs,
         pauses_kept=preview.pauses_kept,
         resumable_cache=preview.resumable_cache,
+        prune_token=_signer(request).sign(PRUNE_PURPOSE, preview.cutoff),
         read_only=actions.settings.read_only,
     )
     return await respond(request, "pages/prune.html", page)
 
 
 async def prune_now(request: Request) -> Response:
+    """Prune as of the cutoff a preview showed, and only that: the cutoff comes back with
+    the preview's signature, so no other instant (and nothing no one saw) is pruned."""
     require(request, OPERATOR)
     actions = actions_of(request)
     actions.ensure_writable()
     form = await request.form()
     older_than = _older_than(str(form.get("older_than") or "") or None)
     cutoff_text = str(form.get("cutoff") or "")
-    if cutoff_text:
-        try:
-            cutoff = datetime.fromisoformat(cutoff_text)
-        except ValueError as exc:
-            raise BadRequest(f"cutoff={cutoff_text!r} is not a timestamp") from exc
-        if cutoff.tzinfo is None:
-            raise BadRequest("cutoff must carry its time zone, as the preview gives it")
-    else:
-        cutoff = datetime.now(UTC) - parse_age(older_than)
+    token = str(form.get("prune_token") or "")
+    if not cutoff_text or not token:
+        raise BadRequest(
+            "prune needs the cutoff and prune_token of a preview: "
+            "GET /prune.json?older_than=7d, then POST both back"
+        )
+    cutoff = parse_instant("cutoff", cutoff_text)
+    if not _signer(request).verify(PRUNE_PURPOSE, cutoff_text, token):
+        raise Forbidden(
+            "this cutoff is not one a preview of this server showed: preview again, "
+            "then prune what it shows"
+        )
     deleted = await off_loop(actions.prune, cutoff)
     page = PrunePage(
         older_than=older_than,
-        cutoff=cutoff.isoformat(),
+        cutoff=cutoff_text,
         would_delete=0,
         checkpoint_rows=0,
         cache_rows=0,

@@ -69,15 +69,30 @@ def _leaf_text(value: Any) -> str:
     return runs.short_json(value, limit=500)
 
 
-def context_entries(value: Any) -> tuple[ContextEntry, ...]:
+#: Levels of a context the card draws as a tree; deeper parts show as compact JSON, so
+#: the template's recursion stays shallow whatever the context holds.
+MAX_CONTEXT_LEVELS = 12
+
+
+def context_entries(value: Any, level: int = 1) -> tuple[ContextEntry, ...]:
     if isinstance(value, dict):
         items: list[tuple[str, Any]] = [(str(k), v) for k, v in value.items()]
     elif isinstance(value, list):
         items = [(f"[{i}]", v) for i, v in enumerate(value)]
     else:
         return (ContextEntry(key="value", text=_leaf_text(value)),)
+    if level >= MAX_CONTEXT_LEVELS:
+        return tuple(
+            ContextEntry(
+                key=k,
+                text=f"(nested deeper than {MAX_CONTEXT_LEVELS} levels) {_leaf_text(v)}"
+                if isinstance(v, dict | list) and v
+                else _leaf_text(v),
+            )
+            for k, v in items
+        )
     return tuple(
-        ContextEntry(key=k, text=None, children=context_entries(v))
+        ContextEntry(key=k, text=None, children=context_entries(v, level + 1))
         if isinstance(v, dict | list) and v
         else ContextEntry(key=k, text=_leaf_text(v))
         for k, v in items

@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from starlette.requests import Request
 from starlette.responses import Response
 
-from localui.actions import parse_age
 from localui.backends.base import Store
 from localui.records import CacheEntry
 from localui.views.common import (
@@ -24,6 +23,7 @@ from localui.views.common import (
     pretty_json,
     respond,
 )
+from localui.views.params import parse_age
 from localui.views.urls import Urls, urls_of
 
 

@@ -31,6 +31,7 @@ from localui.live import ChangeFeed
 from localui.records import Unreadable
 from localui.registry import Registry
 from localui.settings import Settings
+from localui.signing import Signer
 from localui.views.urls import urls_of
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ class AppState:
     #: Who may use the server: tokens, sessions, the proxy header, and the users
     #: table it reads (the auth middleware holds the same one).
     auth: Authenticator
+    #: Signs the values a page hands out to be posted back unchanged (the prune cutoff).
+    signer: Signer
     #: The live pages' shared renders, made with the first stream (``views.live``).
     live_renders: LiveRenders | None = None
 

@@ -28,6 +28,7 @@ from localui.views.approvals import (
     decisions_for_run,
 )
 from localui.views.common import context, html_only, off_loop, pretty_json, respond
+from localui.views.params import parse_count
 from localui.views.row import jsonable
 from localui.views.urls import Urls, dom_id, urls_of
 
@@ -37,6 +38,8 @@ MAX_LINEAGE = 200
 TIMELINE_ROWS = 200
 #: ``?rows=all`` shows at most this many.
 MAX_ROWS = 100_000
+#: The largest row number ``?from=`` accepts; past a run's end it shows the last rows.
+MAX_ROW_NUMBER = 1_000_000_000
 
 
 def outbox_state(row: RowHeader) -> str:
@@ -455,11 +458,7 @@ def build_run_page(
 def _window_params(request: Request) -> tuple[int | None, int]:
     params = request.query_params
     start_text = params.get("from")
-    start = None
-    if start_text is not None:
-        if not start_text.isdigit():
-            raise BadRequest(f"from={start_text!r} is not a row number")
-        start = int(start_text)
+    start = None if start_text is None else parse_count("from", start_text, maximum=MAX_ROW_NUMBER)
     rows = params.get("rows")
     if rows is not None and rows != "all":
         raise BadRequest(f"rows={rows!r}: the only choice is rows=all")

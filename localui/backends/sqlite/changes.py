@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from urllib.parse import quote
 
 from localui.backends.base import Changes
 from localui.backends.changes import pause_changes
 from localui.backends.decisions import TABLE
+from localui.backends.sqlite.files import decode_text, read_uri
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +76,7 @@ class SQLiteChangeSource:
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+            uri = read_uri(self.path)
             # Used from one worker thread at a time (the feed serialises its calls).
             conn = sqlite3.connect(
                 uri,
@@ -85,6 +85,7 @@ class SQLiteChangeSource:
                 check_same_thread=False,
                 isolation_level=None,
             )
+            conn.text_factory = decode_text
             conn.execute("PRAGMA query_only = 1")
             conn.set_trace_callback(self._trace)
             self._conn = conn

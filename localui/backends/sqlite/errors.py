@@ -24,3 +24,19 @@ def is_busy(exc: sqlite3.Error) -> bool:
 def is_unreachable(exc: sqlite3.Error) -> bool:
     """``SQLITE_CANTOPEN`` or ``SQLITE_IOERR``: the file cannot be opened or read."""
     return primary_code(exc) in _UNREACHABLE
+
+
+def is_not_a_database(exc: sqlite3.Error) -> bool:
+    """``SQLITE_NOTADB``: the file is there but is not a SQLite database."""
+    return primary_code(exc) == sqlite3.SQLITE_NOTADB
+
+
+def cannot_open(exc: sqlite3.Error) -> bool:
+    """``SQLITE_CANTOPEN``: the file, its directory or its ``-wal``/``-shm`` cannot be opened."""
+    return primary_code(exc) == sqlite3.SQLITE_CANTOPEN
+
+
+def is_undecodable_text(exc: sqlite3.Error) -> bool:
+    """A stored text that is not UTF-8: Python's sqlite3 raises this itself while it
+    converts a value, so unlike SQLite's own errors it carries no result code."""
+    return isinstance(exc, sqlite3.OperationalError) and primary_code(exc) is None

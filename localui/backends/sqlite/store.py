@@ -19,11 +19,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from localui.backends import shared
 from localui.backends.shared import Page
-from localui.backends.sqlite.errors import is_busy, is_unreachable
+from localui.backends.sqlite.errors import (
+    cannot_open,
+    is_busy,
+    is_not_a_database,
+    is_unreachable,
+)
+from localui.backends.sqlite.files import decode_text, read_uri
 from localui.backends.sqlite.index import BACKGROUND_FROM_ROWS, RunIndex, StoreColumns
 from localui.errors import LocalUIError, StoreMissing, Unavailable
 from localui.records import (
@@ -88,8 +93,16 @@ class SQLiteStore:
     ) -> None:
         self.path = Path(path)
         self.location = str(self.path)
-        if not self.path.is_file():
+        try:
+            is_file = self.path.is_file()
+        except OSError as exc:
+            raise StoreMissing(f"the store {self.path} cannot be read: {exc.strerror}") from exc
+        if not is_file:
             raise StoreMissing(f"no store at {self.path} (check --store or FASTAIAGENT_LOCAL_DB)")
+        if not os.access(self.path, os.R_OK):
+            raise StoreMissing(
+                f"the store {self.path} cannot be read: permission denied for this user"
+            )
         self._busy_timeout = busy_timeout
         self._identity = self._file_identity()
         self._lock = threading.Lock()
@@ -117,9 +130,10 @@ class SQLiteStore:
     # --- connections --------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+        uri = read_uri(self.path)
         conn = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout, check_same_thread=False)
         conn.row_factory = sqlite3.Row
+        conn.text_factory = decode_text
         conn.execute("PRAGMA query_only = 1")
         conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
         with self._lock:
@@ -196,7 +210,14 @@ class SQLiteStore:
         except sqlite3.DatabaseError as exc:
             if is_busy(exc):
                 raise Unavailable(f"the store {self.path} is locked by another process") from exc
-            raise StoreMissing(f"{self.path} is not a SQLite store: {exc}") from exc
+            if is_not_a_database(exc):
+                raise StoreMissing(f"{self.path} is not a SQLite store: {exc}") from exc
+            if cannot_open(exc):
+                raise StoreMissing(
+                    f"the store {self.path} cannot be opened: {exc} (is its directory "
+                    "readable, and its -wal and -shm files too?)"
+                ) from exc
+            raise StoreMissing(f"the store {self.path} cannot be read: {exc}") from exc
 
     def _schema_for(self, conn: sqlite3.Connection) -> _Schema:
         version = int(conn.execute("PRAGMA schema_version").fetchone()[0])
@@ -252,9 +273,12 @@ class SQLiteStore:
             checkpoint_key="checkpoint_id" if "checkpoint_id" in s.checkpoint_columns else "id",
         )
 
-    def list_runs(self, query: RunQuery) -> RunFactsPage:
+    @contextmanager
+    def _index_errors(self) -> Iterator[None]:
+        """Any failure of the runs index to read the store is the store being unavailable
+        (a locked, replaced or damaged file); the next call attaches it again."""
         try:
-            return self._index.list_runs(query)
+            yield
         except sqlite3.OperationalError as exc:
             if is_busy(exc):
                 raise Unavailable(
@@ -264,8 +288,13 @@ class SQLiteStore:
         except sqlite3.DatabaseError as exc:
             raise Unavailable(f"the store {self.path} cannot be read: {exc}") from exc
 
+    def list_runs(self, query: RunQuery) -> RunFactsPage:
+        with self._index_errors():
+            return self._index.list_runs(query)
+
     def get_run(self, execution_id: str) -> RunFacts | None:
-        return self._index.get_run(execution_id)
+        with self._index_errors():
+            return self._index.get_run(execution_id)
 
     # --- rows ---------------------------------------------------------
 
@@ -466,6 +495,8 @@ class SQLiteStore:
                     return ()
                 return self._fork_links(conn, "src.execution_id = ?", (execution_id,))
         # The runs index knows each fork's parent row, so no scan of the SDK's table.
+        with self._index_errors():
+            forks = self._index.forks_of(execution_id)
         return tuple(
             ForkLink(
                 execution_id=fork_id,
@@ -474,7 +505,7 @@ class SQLiteStore:
                 source_node_id=node_id,
                 created_at=first_at,
             )
-            for fork_id, parent, node_id, first_at in self._index.forks_of(execution_id)
+            for fork_id, parent, node_id, first_at in forks
         )
 
     # --- actions' helpers ---------------------------------------------
@@ -522,13 +553,15 @@ class SQLiteStore:
                     ).fetchone()[0]
                 )
         runs = tuple(shared.prune_run(r) for r in rows)
+        with self._index_errors():
+            resumable_cache = self._index.resumable_cache_before(cutoff)
         return PrunePreview(
             cutoff=cutoff,
             checkpoint_rows=sum(r.rows_deleted for r in runs),
             cache_rows=cache,
             runs=runs,
             pauses_kept=pauses,
-            resumable_cache=self._index.resumable_cache_before(cutoff),
+            resumable_cache=resumable_cache,
         )
 
     # --- totals -------------------------------------------------------
@@ -541,7 +574,8 @@ class SQLiteStore:
 
     def totals(self) -> StoreTotals:
         # Kept by the runs index: counting the outbox marks in the SDK's table is a scan.
-        rows, waiting, quarantined = self._index.totals()
+        with self._index_errors():
+            rows, waiting, quarantined = self._index.totals()
         return StoreTotals(
             rows=rows,
             rows_waiting=waiting,

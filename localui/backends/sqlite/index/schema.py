@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
+from localui.backends.sqlite.files import read_uri
 from localui.errors import Unavailable
 
 #: Bump when the index's tables change: an index of another version is rebuilt.
@@ -172,7 +173,7 @@ def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
 
 def attach_store(conn: sqlite3.Connection, store_path: Path) -> None:
     """The store, read-only, as schema ``s``."""
-    conn.execute("ATTACH DATABASE ? AS s", (f"file:{quote(str(store_path))}?mode=ro",))
+    conn.execute("ATTACH DATABASE ? AS s", (read_uri(store_path),))
 
 
 def store_identity(store_path: Path) -> str:

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from localui import runs
+from localui.backends.sqlite.errors import is_undecodable_text
+from localui.backends.sqlite.files import decode_text
 from localui.backends.sqlite.index import schema
 from localui.errors import Unavailable
 from localui.records import FORK_ORIGIN_NODE, IndexProgress, RunFacts
@@ -245,8 +247,11 @@ class IndexSync:
 
     def _attach(self) -> None:
         """Attach the store as it is on disk now; a replaced file is attached anew."""
-        if self._attached:
+        # Asked of SQLite, not remembered: an ATTACH that failed (junk where the store
+        # was) leaves nothing to detach, and the next refresh must try again.
+        if any(row[1] == "s" for row in self.conn.execute("PRAGMA database_list")):
             self.conn.execute("DETACH DATABASE s")
+        self._attached = ""
         schema.attach_store(self.conn, self.store_path)
         self._attached = self._identity()
         self._seen_version = None
@@ -279,25 +284,36 @@ class IndexSync:
             version = int(self.conn.execute("PRAGMA s.data_version").fetchone()[0])
             if version == self._seen_version:
                 return True
-            columns = self.columns()
-            if columns is not None and schema.is_stale(self.conn, self._identity()):
-                complete = self._build(columns)
-            else:
-                try:
-                    with schema.write(self.conn) as conn:
-                        if columns is None:
-                            schema.clear(
-                                conn, has_text_index=self.has_text_index, identity=self._identity()
-                            )
-                        elif not self._catch_up(conn, columns):
-                            raise _Rebuild
-                    complete = True
-                except _Rebuild:
-                    assert columns is not None
-                    complete = self._build(columns)
+            try:
+                complete = self._bring_up_to_date()
+            except sqlite3.OperationalError as exc:
+                if not is_undecodable_text(exc) or self.conn.text_factory is decode_text:
+                    raise
+                # Text that is not UTF-8 somewhere in the store: read it all through the
+                # tolerant decoder (slower, so only once it is needed) and try again.
+                self.conn.text_factory = decode_text
+                complete = self._bring_up_to_date()
             if complete:
                 self._seen_version = version
             return complete
+
+    def _bring_up_to_date(self) -> bool:
+        """``refresh`` past its quick checks. Called with the lock held."""
+        columns = self.columns()
+        if columns is not None and schema.is_stale(self.conn, self._identity()):
+            return self._build(columns)
+        try:
+            with schema.write(self.conn) as conn:
+                if columns is None:
+                    schema.clear(
+                        conn, has_text_index=self.has_text_index, identity=self._identity()
+                    )
+                elif not self._catch_up(conn, columns):
+                    raise _Rebuild
+            return True
+        except _Rebuild:
+            assert columns is not None
+            return self._build(columns)
 
     def _build(self, columns: StoreColumns) -> bool:
         """Build the index anew: now on a small store (True), in the background on a
@@ -331,13 +347,13 @@ class IndexSync:
                     self._build_conn = conn
                 schema.attach_store(conn, self.store_path)
                 identity = self._identity()
-                with schema.write(conn):
-                    # Another process may have built it while this one waited its turn.
-                    try:
-                        if schema.is_stale(conn, identity) or not self._catch_up(conn, columns):
-                            raise _Rebuild
-                    except _Rebuild:
-                        self._rebuild(conn, columns, identity)
+                try:
+                    self._build_on(conn, columns, identity)
+                except sqlite3.OperationalError as exc:
+                    if not is_undecodable_text(exc):
+                        raise
+                    conn.text_factory = decode_text  # as in ``refresh``
+                    self._build_on(conn, columns, identity)
             finally:
                 conn.close()
         except Exception as exc:
@@ -347,6 +363,15 @@ class IndexSync:
             self._seen_version = None  # the reading connection catches up from here
             if failure is not None and not isinstance(failure, _Closing):
                 self._failed = (number, failure)
+
+    def _build_on(self, conn: sqlite3.Connection, columns: StoreColumns, identity: str) -> None:
+        with schema.write(conn):
+            # Another process may have built it while this one waited its turn.
+            try:
+                if schema.is_stale(conn, identity) or not self._catch_up(conn, columns):
+                    raise _Rebuild
+            except _Rebuild:
+                self._rebuild(conn, columns, identity)
 
     def progress(self) -> IndexProgress | None:
         """How far a background build has got, or None when none runs."""
