@@ -552,7 +552,7 @@ async def test_the_queue_stream_drops_a_card_once_it_is_decided(
             assert queue.count('<article class="approval"') == SEEDED_PAUSES
             assert queue.count('name="approver" value="Bo"') == SEEDED_PAUSES
             assert f'id="approval-{run}"' in queue
-            assert f'<div class="result" id="approval-{run}-result" hx-preserve>' not in queue
+            assert f'<template class="gone-note" data-for="{run}">' not in queue
 
             await approve(client, run)
             pushed = await s.each(
@@ -564,8 +564,9 @@ async def test_the_queue_stream_drops_a_card_once_it_is_decided(
             queue = pushed["queue"].data
             assert queue.count('<article class="approval"') == SEEDED_PAUSES - 1
             assert f"{SEEDED_PAUSES - 1} waiting" in page_text(queue, "approvals-queue")
-            # Its result area stays, so whoever decided it still reads the outcome.
-            assert f'<div class="result" id="approval-{run}-result" hx-preserve>' in queue
+            # A note says who decided it; the page puts it where the card was.
+            assert f'<template class="gone-note" data-for="{run}">' in queue
+            assert "approved by Ada: fine" in queue
             assert page_text(pushed["nav-badge"].data, "nav-pending") == str(SEEDED_PAUSES - 1)
 
 

@@ -599,6 +599,8 @@ async def approval_context(request: Request) -> Response:
     queue's cards stay light and carry only the first level."""
     execution_id = request.path_params["execution_id"]
     key = request.query_params.get("key", "")
+    if not key:
+        raise BadRequest("key= names the folded value of the frozen context to show")
     pending = await off_loop(actions_of(request).store.get_pending, execution_id)
     if pending is None:
         raise NotFound(f"run {execution_id!r} is not waiting for a person")
