@@ -40,6 +40,7 @@ from bench.sdk_ui import ensure_venv, installed, sdk_version
 from bench.servers import (
     REPO,
     Server,
+    agent_alone_rss_kb,
     clean_env,
     pythonpath,
     start_localui,
@@ -132,6 +133,7 @@ def measure_localui(store: BuiltStore, options: Options, log: Log) -> ServerRun:
             urls = localui_urls(store, cursor)
             result.timings = _time_all(server, urls, options, log, result.load)
             result.memory_kb = server.memory_kb()
+            result.agent_alone_kb = agent_alone_rss_kb(store.path, app_path=options.app_path)
             if options.weights:
                 result.pages = page_weights(
                     {

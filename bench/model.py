@@ -94,6 +94,8 @@ class ServerRun:
     #: Cold start to the runs list answering from the complete runs index.
     indexed_s: float | None = None
     memory_kb: dict[str, int] = field(default_factory=dict)
+    #: VmRSS of a bare Python that imports the same agent module: the agents' own cost.
+    agent_alone_kb: int | None = None
     #: localui again without ``--agents`` (a viewer): a later start, and its memory
     #: after the same warm-up.
     viewer_startup_s: float | None = None

@@ -43,7 +43,9 @@ def budget_figures(run: StoreRun) -> dict[str, float]:
     local = run.localui
     figures = {k: t.p50 for k, t in local.timings.items() if t.ok}
     if "VmRSS" in local.memory_kb:
-        figures["rss_mb"] = local.memory_kb["VmRSS"] * 1024 / 1e6
+        # localui's share: what a bare Python holding the same agent module does not.
+        alone = local.agent_alone_kb or 0
+        figures["rss_mb"] = (local.memory_kb["VmRSS"] - alone) * 1024 / 1e6
     if "VmRSS" in local.viewer_memory_kb:
         figures["rss_viewer_mb"] = local.viewer_memory_kb["VmRSS"] * 1024 / 1e6
     for key in ("startup_cold_s", "startup_warm_s", "viewer_startup_s"):
@@ -415,6 +417,7 @@ def _server_json(server: ServerRun | None) -> Mapping[str, Any] | None:
         "startup_warm_s": server.startup_warm_s,
         "indexed_s": server.indexed_s,
         "memory_kb": server.memory_kb,
+        "agent_alone_kb": server.agent_alone_kb,
         "viewer_startup_s": server.viewer_startup_s,
         "viewer_memory_kb": server.viewer_memory_kb,
         "startup_cpu_s": server.startup_cpu,

@@ -142,6 +142,41 @@ def pythonpath(app_path: Path | None) -> str:
     return os.pathsep.join(str(p) for p in (app_path, REPO) if p is not None)
 
 
+#: A bare Python that imports the agent module ``--agents`` names, as ``localui serve``
+#: would, builds its agent, and says how much it holds resident.
+_AGENT_ALONE = """
+import importlib.util, sys
+path, attr = sys.argv[1].rsplit(":", 1)
+spec = importlib.util.spec_from_file_location("bench_agents_alone", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+agent = getattr(module, attr)()
+with open("/proc/self/status") as status:
+    print(next(line.split()[1] for line in status if line.startswith("VmRSS:")))
+"""
+
+
+def agent_alone_rss_kb(store: Path, *, app_path: Path | None = None) -> int:
+    """VmRSS of a bare Python holding only the agent module localui is started with:
+    what the agents cost in any process, so localui's share is its RSS minus this."""
+    env = clean_env(
+        FASTAIAGENT_LOCAL_DB=str(store),
+        FASTAIAGENT_TRACE_ENABLED="false",
+        PYTHONPATH=pythonpath(app_path),
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="localui-bench-agent-"))
+    done = subprocess.run(
+        [sys.executable, "-c", _AGENT_ALONE, AGENTS_SPEC],
+        env=env,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return int(done.stdout.strip().splitlines()[-1])
+
+
 def start_localui(
     store: Path, *, cache_dir: Path, agents: bool = True, app_path: Path | None = None
 ) -> Server:

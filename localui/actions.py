@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,7 +25,7 @@ from localui.backends import is_busy
 from localui.backends.base import DecisionLog, Store
 from localui.errors import BadRequest, Conflict, NotFound, ReadOnly, Refused
 from localui.records import APPROVAL, RESUME, Decision, Pending, PrunePreview, RowHeader
-from localui.registry import Registry
+from localui.registry import Registry, registry_kind, run_tools
 from localui.settings import Settings
 
 #: A newest row younger than this may belong to a run that is still alive.
@@ -109,12 +109,16 @@ class ActionService:
         *,
         settings: Settings,
         store: Store,
+        store_kind: str,
         registry: Registry,
         decisions: DecisionLog,
         make_checkpointer: Callable[[], Any],
     ) -> None:
         self.settings = settings
         self.store = store
+        #: The backend's kind (``runs.SQLITE`` or ``runs.POSTGRES``): the SDK orders a
+        #: run's rows differently on each, and a resume follows that order.
+        self.store_kind = store_kind
         self.registry = registry
         self.decisions = decisions
         # An SDK checkpointer on the served store, for prune; made on first use, since
@@ -128,25 +132,104 @@ class ActionService:
         if self.settings.read_only:
             raise ReadOnly("this server is read-only: it shows runs and changes nothing")
 
-    def agent_problem(self, agent_name: str, tool: str | None) -> str | None:
-        """Why this process cannot run ``tool`` of ``agent_name``, or None when it can."""
-        agent = self.registry.get(agent_name)
-        if agent is None:
+    def plan(self, state: str, rows: Sequence[RowHeader]) -> runs.ResumePlan | runs.Refusal:
+        """What the run's owner would do on resume, on this store's backend."""
+        owner = runs.run_owner(rows)
+        return runs.resume_plan(
+            state, rows, backend=self.store_kind, chain_order=self.chain_order(owner)
+        )
+
+    def chain_order(self, owner: runs.Owner) -> tuple[str, ...] | None:
+        """The registered Chain's node order, as ``Chain.resume`` walks it."""
+        runner = self.registry.get(owner.name)
+        if owner.kind != runs.CHAIN or runner is None or registry_kind(runner) != runs.CHAIN:
+            return None
+        from fastaiagent.chain.executor import _topological_sort
+
+        return tuple(_topological_sort(runner.nodes, runner.edges))
+
+    def runner_problem(
+        self,
+        owner: runs.Owner,
+        *,
+        member: str | None = None,
+        tool: str | None = None,
+        node: str | None = None,
+    ) -> str | None:
+        """Why this process cannot resume ``owner``'s run, or None when it can.
+
+        ``member`` is the Supervisor's worker or the Swarm's agent that re-enters,
+        ``tool`` the tool it re-invokes, ``node`` the Chain node that runs again.
+        """
+        runner = self.registry.get(owner.name)
+        wanted = owner.describe()
+        if runner is None:
             known = ", ".join(self.registry.names()) or "none"
             return (
-                f"No agent named {agent_name!r} is registered in this localui process "
-                f"(registered: {known}). Restart it with --agents MODULE:ATTR (or FILE.py:ATTR)"
-                f" naming the code that builds {agent_name!r}, bound to this store."
+                f"No {owner.kind} named {owner.name!r} is registered in this localui process "
+                f"(registered: {known}). Restart it with --agents MODULE:ATTR (or FILE.py:ATTR) "
+                f"naming the code that builds the {wanted}, bound to this store."
             )
-        if tool is not None:
-            names = [t.name for t in agent._run_tools()]  # the tools a resume searches
-            if tool not in names:
+        kind = registry_kind(runner)
+        if kind != owner.kind:
+            return (
+                f"{owner.name!r} is registered here as a {kind}, but the run belongs to "
+                f"{wanted}: register the {owner.kind} that wrote it."
+            )
+        agent = runner
+        if owner.kind == runs.SUPERVISOR and member is not None:
+            workers = {w.role: w.agent for w in runner.workers}
+            if member not in workers:
                 return (
-                    f"Agent {agent_name!r} here has no tool {tool!r} (it has: "
-                    f"{', '.join(names) or 'none'}). Register the agent built with the same "
-                    "tool list the run used; resuming without it would lose the pause."
+                    f"{wanted} here has no worker {member!r} (it has: "
+                    f"{', '.join(workers) or 'none'}). Register the team the run used."
+                )
+            agent = workers[member]
+        elif owner.kind == runs.SWARM and member is not None:
+            if member not in runner.agents:
+                return (
+                    f"{wanted} here has no agent {member!r} (it has: "
+                    f"{', '.join(runner.agents) or 'none'}). Register the swarm the run used."
+                )
+            agent = runner.agents[member]
+        if owner.kind == runs.CHAIN:
+            nodes = [n.id for n in runner.nodes]
+            if node is not None and node not in nodes:
+                return (
+                    f"{wanted} here has no node {node!r} (it has: {', '.join(nodes)}). "
+                    "Register the chain built with the nodes the run used; resuming without "
+                    "it would lose the pause."
+                )
+            return None
+        if tool is not None:
+            names = [t.name for t in run_tools(agent)]  # the tools a resume searches
+            if tool not in names:
+                whose = f"Agent {agent.name!r}" + (f" of {wanted}" if agent is not runner else "")
+                return (
+                    f"{whose} here has no tool {tool!r} (it has: {', '.join(names) or 'none'}). "
+                    f"Register the {owner.kind} built with the same tool list the run used; "
+                    "resuming without it would lose the pause."
                 )
         return None
+
+    def fork_problem(self, owner: runs.Owner) -> str | None:
+        """Why this process cannot fork ``owner``'s runs, or None when it can."""
+        if owner.kind in (runs.SUPERVISOR, runs.SWARM):
+            return (
+                f"The SDK offers no fork for a {owner.kind} run ({owner.describe()}): "
+                "there is no afork to call."
+            )
+        return self.runner_problem(owner)
+
+    def plan_problem(self, plan: runs.ResumePlan) -> str | None:
+        """Why this process cannot carry out ``plan``, read exactly as the SDK will."""
+        tool = None
+        if plan.tool is not None and plan.owner.kind != runs.CHAIN:
+            tool = self.tool_of(plan.checkpoint_id, plan.node_id)
+        node = plan.start_node if plan.owner.kind == runs.CHAIN else None
+        if plan.owner.kind == runs.SWARM and plan.shape != "approval":
+            tool = None  # the active agent runs again from its input: no saved tool
+        return self.runner_problem(plan.owner, member=plan.member, tool=tool, node=node)
 
     def tool_of(self, checkpoint_id: str, node_id: str) -> str | None:
         """The tool a resume re-invokes: ``state_snapshot.tool_name``, as the SDK reads it."""
@@ -169,12 +252,16 @@ class ActionService:
                 "The store has the pending row but not the paused row it belongs to: "
                 "the SDK cannot resume this run."
             )
-        tool = (
-            self.tool_of(pending.checkpoint_id, pending.node_id)
-            if exact
-            else runs.parse_node(pending.node_id).tool
-        )
-        return self.agent_problem(pending.agent, tool)
+        if exact:
+            plan = self.plan(runs.PAUSED, self.store.list_rows(pending.execution_id))
+            if isinstance(plan, runs.Refusal):
+                return plan.reason
+            return self.plan_problem(plan)
+        owner = runs.pause_owner(pending.agent_path, pending.agent, pending.node_id)
+        member = runs.pause_member(owner, pending.agent_path, pending.agent)
+        tool = runs.parse_node(pending.node_id).tool if owner.kind != runs.CHAIN else None
+        node = pending.node_id if owner.kind == runs.CHAIN else None
+        return self.runner_problem(owner, member=member, tool=tool, node=node)
 
     # --- approve / reject --------------------------------------------
 
@@ -211,7 +298,11 @@ class ActionService:
             )
         problem = await asyncio.to_thread(self.approval_problem, pending)
         if problem is not None:
+            # Another approval may have claimed this pause since: its resume writes the
+            # rows the check reads, so say who decided rather than what they now show.
+            await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
             raise Refused(problem)
+        owner = runs.run_owner(await asyncio.to_thread(self.store.list_rows, execution_id))
 
         claim = await asyncio.to_thread(
             lambda: self.decisions.claim(
@@ -232,7 +323,7 @@ class ActionService:
 
         resume_value = Resume(approved=approved, metadata={"approver": approver, "reason": reason})
         return await self._run_resume(
-            execution_id, claim.decision, "approve" if approved else "reject", resume_value
+            execution_id, claim.decision, "approve" if approved else "reject", resume_value, owner
         )
 
     async def _raise_decided(self, execution_id: str, checkpoint_id: str, kind: str) -> None:
@@ -251,7 +342,7 @@ class ActionService:
             raise NotFound(f"no run with execution id {execution_id!r} in this store")
         rows = self.store.list_rows(execution_id)
         state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
-        plan = runs.resume_plan(state, rows)
+        plan = self.plan(state, rows)
         if isinstance(plan, runs.Refusal):
             raise Refused(plan.reason)
         if plan.shape == "approval":
@@ -277,15 +368,7 @@ class ActionService:
                 f"The newest row is only {int(age)} s old: the run may still be alive in another "
                 "process, and resuming it here would run it twice. Confirm to resume anyway."
             )
-        facts = await asyncio.to_thread(self.store.get_run, execution_id)
-        if facts is None:
-            raise NotFound(f"no run with execution id {execution_id!r} in this store")
-        tool = (
-            await asyncio.to_thread(self.tool_of, plan.checkpoint_id, plan.node_id)
-            if plan.shape == "tool"
-            else None
-        )
-        problem = self.agent_problem(facts.agent, tool)
+        problem = await asyncio.to_thread(self.plan_problem, plan)
         if problem is not None:
             raise Refused(problem)
         claim = await asyncio.to_thread(
@@ -301,17 +384,22 @@ class ActionService:
         )
         if not claim.won:
             raise AlreadyDecided(f"This run was {_decided_words(claim.decision)}.", claim.decision)
-        return await self._run_resume(execution_id, claim.decision, "resume", None)
+        return await self._run_resume(execution_id, claim.decision, "resume", None, plan.owner)
 
     # --- the SDK call, shared ----------------------------------------
 
     async def _run_resume(
-        self, execution_id: str, decision: Decision, action: str, resume_value: Any
+        self,
+        execution_id: str,
+        decision: Decision,
+        action: str,
+        resume_value: Any,
+        owner: runs.Owner,
     ) -> Outcome:
         from fastaiagent.chain.interrupt import AlreadyResumed
 
-        facts = await asyncio.to_thread(self.store.get_run, execution_id)
-        agent = self.registry.get(facts.agent if facts else "")
+        # The owner's resume, never its member's: a team resumes as a team.
+        agent = self.registry.get(owner.name)
         if agent is None:
             await asyncio.to_thread(self.decisions.release, decision.id)
             raise Refused(f"no agent is registered for run {execution_id!r}")
@@ -367,12 +455,13 @@ class ActionService:
             refusal = runs.fork_refusal(detail.header)
             if refusal is not None:
                 raise Refused(refusal.reason)
-        problem = self.agent_problem(facts.agent, None)
+        owner = runs.run_owner(await asyncio.to_thread(self.store.list_rows, execution_id))
+        problem = self.fork_problem(owner)
         if problem is not None:
             raise Refused(problem)
-        agent = self.registry.get(facts.agent)
+        agent = self.registry.get(owner.name)
         if agent is None:
-            raise Refused(f"no agent named {facts.agent!r} is registered here")
+            raise Refused(f"no runner named {owner.name!r} is registered here")
         project = await asyncio.to_thread(self.store.get_project_id, execution_id)
         try:
             with project_scope(project):

@@ -196,6 +196,7 @@ def create_app(
         actions = ActionService(
             settings=settings,
             store=opened.store,
+            store_kind=opened.kind,
             registry=registry,
             decisions=decisions,
             make_checkpointer=opened.checkpointer,

@@ -356,11 +356,15 @@ def run_demo(args: argparse.Namespace) -> int:
     os.environ["FASTAIAGENT_LOCAL_DB"] = str(store)
     os.environ["FASTAIAGENT_TRACE_ENABLED"] = "false"
 
-    from localui.demo.scenarios import SeedError, seed
+    from localui.demo.scenarios import ALL_SCENARIOS, SeedError, seed
 
     print(f"localui: seeding demo runs into {store}", flush=True)
     try:
-        report = seed(store, progress=lambda line: print(f"  {line}", flush=True))
+        report = seed(
+            store,
+            progress=lambda line: print(f"  {line}", flush=True),
+            scenarios=ALL_SCENARIOS,
+        )
     except SeedError as exc:
         return fail(f"seeding the demo failed: {exc}")
     print(f"localui: {len(report.runs)} runs seeded in {report.seconds:.1f} s", flush=True)
@@ -370,11 +374,19 @@ def run_demo(args: argparse.Namespace) -> int:
 
     from fastaiagent.checkpointers import SQLiteCheckpointer
 
+    from localui.demo import teams
     from localui.demo.agent import build_agent
 
-    agent = build_agent(SQLiteCheckpointer(str(store)))
+    checkpointer = SQLiteCheckpointer(str(store))
+    runners = [
+        build_agent(checkpointer),
+        teams.build_chain(checkpointer),
+        teams.build_supervisor(checkpointer),
+        teams.build_swarm(checkpointer),
+        teams.build_long_agent(checkpointer),
+    ]
     try:
-        return serve(_settings(args, str(store)), [agent])
+        return serve(_settings(args, str(store)), runners)
     finally:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)

@@ -1,12 +1,12 @@
-"""The agents this process may resume, each bound to the store being served.
+"""The runners this process may resume, each bound to the store being served.
 
 ``--agents`` names them as ``package.module:attr`` or ``path/to/file.py:attr``;
-the attribute is an ``Agent``, a list of them, or a function of no arguments
-returning either. A resume writes through the agent's own checkpointer, so an
-agent that writes elsewhere than the store on screen would resume a run nobody
-is looking at: such an agent is refused at start-up. An agent with no
-checkpointer is bound to the served store (without one it would not checkpoint
-its own continued run at all).
+the attribute is an ``Agent``, ``Chain``, ``Supervisor`` or ``Swarm``, a list of
+them, or a function of no arguments returning either. A resume writes through the
+runner's own checkpointer, so one that writes elsewhere than the store on screen
+would resume a run nobody is looking at: such a runner is refused at start-up. A
+runner with no checkpointer is bound to the served store (without one it would
+not checkpoint its own continued run at all).
 """
 
 from __future__ import annotations
@@ -27,25 +27,16 @@ class RegistryError(Exception):
 
 
 def import_sdk() -> None:
-    """Import the SDK for the agents to come, leaving out its pytest plugin.
+    """Import the SDK for the runners to come, as the runners' own code imports it.
 
-    ``import fastaiagent`` imports its pytest plugin, and pytest with it, wherever
-    pytest is installed, as it is in most projects' virtualenvs: some 5 MB that a
-    server which runs no tests would hold for its whole life. Without pytest the
-    SDK offers its ``case`` and ``pytest_dataset`` decorators as stubs that say
-    pytest is needed, as on a production install; pytest itself stays importable
-    for the agents' own code.
+    ``import fastaiagent`` also imports its pytest plugin, and pytest with it, where
+    pytest is installed; that is the SDK's choice, and the runners may rely on it, so
+    it is left as it is (the memory budget counts localui's share beside it).
     """
-    if "fastaiagent" in sys.modules or "pytest" in sys.modules:
-        return
-    # What the import system reads as "no such module" for this one import.
-    sys.modules["pytest"] = None  # type: ignore[assignment]
     try:
         importlib.import_module("fastaiagent")
     except Exception as exc:
         raise RegistryError(f"cannot import the FastAIAgent SDK: {exc}") from exc
-    finally:
-        del sys.modules["pytest"]
 
 
 def load_spec(spec: str) -> list[Any]:
@@ -83,15 +74,42 @@ def load_spec(spec: str) -> list[Any]:
     for agent in agents:
         if not _is_agent(agent):
             raise RegistryError(
-                f"--agents {spec!r}: {type(agent).__name__} is not a fastaiagent Agent"
+                f"--agents {spec!r}: {type(agent).__name__} is not a fastaiagent Agent, "
+                "Chain, Supervisor or Swarm"
             )
     return agents
 
 
-def _is_agent(value: Any) -> bool:
-    from fastaiagent import Agent
+def registry_kind(value: Any) -> str | None:
+    """``agent``, ``chain``, ``supervisor`` or ``swarm``: which runner ``value`` is."""
+    from fastaiagent import Agent, Chain, Supervisor, Swarm
 
-    return isinstance(value, Agent)
+    for kind, cls in (
+        ("agent", Agent),
+        ("chain", Chain),
+        ("supervisor", Supervisor),
+        ("swarm", Swarm),
+    ):
+        if isinstance(value, cls):
+            return kind
+    return None
+
+
+def _is_agent(value: Any) -> bool:
+    return registry_kind(value) is not None
+
+
+def run_tools(agent: Any) -> list[Any]:
+    """The tools ``Agent.aresume`` searches for the one it re-invokes."""
+    return list(agent._run_tools())
+
+
+def _members(runner: Any) -> list[Any]:
+    """What writes through a checkpointer of its own: the runner, and a Swarm's agents
+    (a Supervisor's workers run as clones on the Supervisor's checkpointer)."""
+    if registry_kind(runner) == "swarm":
+        return [runner, *runner.agents.values()]
+    return [runner]
 
 
 def bind(agent: Any, target: StoreTarget) -> None:
@@ -154,7 +172,8 @@ class Registry:
         for agent in agents:
             if agent.name in by_name and by_name[agent.name] is not agent:
                 raise RegistryError(f"two agents are registered as {agent.name!r}")
-            bind(agent, target)
+            for member in _members(agent):
+                bind(member, target)
             by_name[agent.name] = agent
         return cls(agents=by_name)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -67,13 +67,156 @@ def run_state(last_step_type: str | None, last_status: str, has_pending: bool) -
     return UNFINISHED
 
 
+#: The SDK's checkpointers, whose ``list`` orders a run's rows differently.
+SQLITE = "sqlite"
+POSTGRES = "postgres"
+#: How many rows ``latest_resumable`` and ``Agent.aresume`` read (``list(..., limit=500)``).
+SDK_LIST_LIMIT = 500
+
+#: The runners that own runs: the top of ``agent_path`` names one of them.
+AGENT = "agent"
+CHAIN = "chain"
+SUPERVISOR = "supervisor"
+SWARM = "swarm"
+
+_RUNNER_TITLES = {AGENT: "Agent", CHAIN: "Chain", SUPERVISOR: "Supervisor", SWARM: "Swarm"}
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The runner that owns a run: the one whose ``aresume``/``afork`` continue it."""
+
+    kind: str
+    name: str
+
+    def describe(self) -> str:
+        return f"{_RUNNER_TITLES.get(self.kind, self.kind)} {self.name!r}"
+
+
+def _path_segment(agent_path: str | None, kind: str) -> str | None:
+    """The name after ``kind:`` in an ``agent_path`` (``swarm:s/agent:a/tool:t``)."""
+    for segment in (agent_path or "").split("/"):
+        label, sep, name = segment.partition(":")
+        if sep and label == kind and name:
+            return name
+    return None
+
+
+def run_owner(rows: Sequence[RowHeader]) -> Owner:
+    """Who owns the run: the top of ``agent_path``, never the agent of the newest row.
+
+    A Supervisor's or Swarm's rows nest their members' under ``supervisor:S`` or
+    ``swarm:S``; a plain agent writes ``agent:A``. A Chain writes no path at all:
+    its rows are node ids under the chain's name.
+    """
+    for row in rows:
+        owner = _path_owner(row.agent_path)
+        if owner is not None:
+            return owner
+    steps = [r for r in rows if not is_run_end(r.step_type) and not is_fork_origin(r)]
+    if any(r.step_type == "node" or parse_node(r.node_id).turn is None for r in steps):
+        return Owner(CHAIN, rows[0].agent if rows else "")
+    return Owner(AGENT, rows[0].agent if rows else "")
+
+
+def _path_owner(agent_path: str | None) -> Owner | None:
+    top = (agent_path or "").split("/", 1)[0]
+    kind, sep, name = top.partition(":")
+    if sep and name and kind in (AGENT, SUPERVISOR, SWARM):
+        return Owner(kind, name)
+    return None
+
+
+def pause_owner(agent_path: str | None, agent: str, node_id: str) -> Owner:
+    """The owner as a pending approval's own row says (the queue reads no run rows)."""
+    owner = _path_owner(agent_path)
+    if owner is not None:
+        return owner
+    return Owner(AGENT if parse_node(node_id).turn is not None else CHAIN, agent)
+
+
+def pause_member(owner: Owner, agent_path: str | None, agent: str) -> str | None:
+    """The team member a pause belongs to: a Supervisor's worker, a Swarm's agent."""
+    if owner.kind == SUPERVISOR:
+        return _path_segment(agent_path, "worker")
+    if owner.kind == SWARM:
+        return _path_segment(agent_path, "agent") or agent
+    return None
+
+
+def pruned_remains(rows: Sequence[RowHeader]) -> bool:
+    """True when a run holds only paused rows, the first a tool's: what prune leaves.
+
+    An agent writes its ``turn:0`` model-call row before any tool, and prune deletes
+    every row but paused ones, so a run that starts at a paused tool row lost the
+    rows around it to prune, and may well have gone on after its approval.
+    """
+    return (
+        bool(rows) and all(r.status == "interrupted" for r in rows) and "/tool:" in rows[0].node_id
+    )
+
+
+def sdk_history(rows: Sequence[RowHeader], backend: str) -> tuple[RowHeader, ...]:
+    """The rows the SDK's ``list(execution_id, limit=500)`` returns, in its order.
+
+    SQLite orders by ``node_index`` then time: a fork's origin row carries its
+    source's index and a Swarm restarts the index at each hand-off, so this is not
+    the order written. PostgreSQL orders by time. ``rows`` are in the order written,
+    so a stable sort keeps the write order among equal keys.
+    """
+    if backend == SQLITE:
+        ordered = sorted(rows, key=lambda r: (r.node_index, r.created_at))
+    else:
+        ordered = sorted(rows, key=lambda r: (r.created_at, r.node_index))
+    return tuple(ordered[:SDK_LIST_LIMIT])
+
+
+def _latest_step(history: Sequence[RowHeader], *, prefix: str | None = None) -> RowHeader | None:
+    """``latest_resumable``'s step back over a failed run's marker, as the SDK walks it."""
+    for row in reversed(history):
+        if is_run_end(row.step_type):
+            continue
+        if prefix is not None and not (row.agent_path or "").startswith(prefix):
+            continue
+        return row
+    return None
+
+
+def _latest_pause(history: Sequence[RowHeader], *, prefix: str | None = None) -> RowHeader | None:
+    """The row ``Agent.aresume`` re-enters after it claimed a pending approval."""
+    for row in reversed(history):
+        if is_run_end(row.step_type) or row.status != "interrupted":
+            continue
+        if prefix is not None and not (row.agent_path or "").startswith(prefix):
+            continue
+        return row
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class FirstAct:
+    """What the SDK does first when the run is resumed.
+
+    ``kind`` is ``model`` (a model call of ``agent``), ``tool`` (tool ``name`` of
+    ``agent`` re-invoked, no model call before it) or ``node`` (chain node
+    ``name`` runs; ``None`` when the chain's node order is not known here).
+    """
+
+    kind: str
+    agent: str | None
+    name: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class ResumePlan:
     """Where a resume would re-enter, and how.
 
     ``shape`` is ``tool`` (re-invoke the saved tool with its saved arguments, no
-    model call), ``turn`` (re-issue the model call of that turn) or ``approval``
-    (needs a person's ``Resume``; re-invokes the paused tool with the answer).
+    model call), ``turn`` (re-issue the model call of that turn), ``approval``
+    (needs a person's ``Resume``), ``node`` (a Chain goes on at a node) or
+    ``team`` (a Supervisor runs its planner again). ``checkpoint_id`` is the row
+    the SDK re-enters at (or after, for a Chain); ``first`` is what it does first;
+    ``note`` says what a person would not expect, in plain words.
     """
 
     shape: str
@@ -82,6 +225,12 @@ class ResumePlan:
     tool: str | None
     turn: int | None
     reason: str | None = None
+    owner: Owner = Owner(AGENT, "")
+    first: FirstAct = FirstAct("model", None, None)
+    start_node: str | None = None
+    #: The team member that re-enters: a Supervisor's worker, a Swarm's active agent.
+    member: str | None = None
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +242,10 @@ class Refusal:
 
 
 def reentry_row(rows: Sequence[RowHeader]) -> RowHeader | None:
-    """The row a resume re-enters at: the newest row, stepping back over a run-end marker.
+    """The newest row that is a step, stepping back over a run-end marker.
 
-    ``rows`` are in the order written. This is ``latest_resumable`` without its
-    refusal; :func:`resume_plan` refuses where the SDK would.
+    ``rows`` are in the order written. What the SDK really re-enters at can
+    differ past 500 rows or on SQLite's order: :func:`resume_plan` decides that.
     """
     for row in reversed(rows):
         if not is_run_end(row.step_type):
@@ -104,49 +253,224 @@ def reentry_row(rows: Sequence[RowHeader]) -> RowHeader | None:
     return None
 
 
-def resume_plan(state: str, rows: Sequence[RowHeader]) -> ResumePlan | Refusal:
-    """What ``Agent.aresume`` would do with this run, or why it cannot."""
+_COMPLETED_REFUSAL = (
+    "The run completed: the SDK refuses to resume it (AlreadyResumed), because that "
+    "would repeat its side effects. Fork it from a row to run part of it again."
+)
+_ORPHANED_REFUSAL = (
+    "The run paused, and its pending approval was claimed, but the run never went on. "
+    "The SDK cannot resume it: a resume without an answer is refused for a paused "
+    "row, and an answer needs the pending row that is gone. Fork it from a row to "
+    "run it again."
+)
+_PRUNED_REFUSAL = (
+    "Only the run's paused rows are left: prune deleted the others (it keeps paused rows "
+    "whatever their age). The SDK cannot resume it, since no pending approval is left to "
+    "answer. Fork it from a row to run it again."
+)
+_CLAIMED_REFUSAL = (
+    "The run failed after its pause was claimed. The SDK refuses a resume without an "
+    "answer at a paused row, and the pending row an answer needs is gone. Fork it "
+    "to run it again."
+)
+
+
+def _lost_pause(paused: RowHeader, total: int, picked: RowHeader | None) -> Refusal:
+    where = (
+        f"would re-enter the earlier pause at `{picked.node_id}` instead, re-running the "
+        "wrong tool with your answer"
+        if picked is not None
+        else "would claim the pending approval and then fail with AlreadyResumed, "
+        "losing the pause for good"
+    )
+    return Refusal(
+        "approve",
+        f"Approving here would lose this pause: the SDK looks for the paused row among the "
+        f"first {SDK_LIST_LIMIT} rows it reads of the run, this run has {total} rows and "
+        f"the paused row `{paused.node_id}` is not the one it finds, so it {where}. Nothing "
+        "has been claimed. Fork the run from the row before the pause to run that step "
+        "again as a new run, and leave this pause waiting.",
+    )
+
+
+def resume_plan(
+    state: str,
+    rows: Sequence[RowHeader],
+    *,
+    backend: str,
+    chain_order: Sequence[str] | None = None,
+) -> ResumePlan | Refusal:
+    """What the owner's ``aresume`` would do with this run on ``backend``, or why not.
+
+    ``chain_order`` is the node order of the registered Chain that owns the run
+    (its topological order), when there is one: without it the node a Chain
+    resumes at is known only as "the one after" its last row.
+    """
     if state == COMPLETED:
-        return Refusal(
-            "resume",
-            "The run completed: the SDK refuses to resume it (AlreadyResumed), because that "
-            "would repeat its side effects. Fork it from a row to run part of it again.",
-        )
+        return Refusal("resume", _COMPLETED_REFUSAL)
     if state == ORPHANED:
-        return Refusal(
-            "resume",
-            "The run paused, and its pending approval was claimed, but the run never went on. "
-            "The SDK cannot resume it: a resume without an answer is refused for a paused "
-            "row, and an answer needs the pending row that is gone. Fork it from a row to "
-            "run it again.",
-        )
-    row = reentry_row(rows)
-    if row is None:
+        return Refusal("resume", _PRUNED_REFUSAL if pruned_remains(rows) else _ORPHANED_REFUSAL)
+    newest = reentry_row(rows)
+    if newest is None:
         return Refusal("resume", "The run holds no step to re-enter at.")
-    node = parse_node(row.node_id)
+    owner = run_owner(rows)
+    history = sdk_history(rows, backend)
     if state == PAUSED:
+        return _approval_plan(owner, newest, rows, history)
+    # A failed run re-enters where ``latest_resumable`` says, in the SDK's own order
+    # and within its first 500 rows; one that just stopped, at its newest row.
+    failed = state == FAILED
+    row = _latest_step(history) if failed else newest
+    if row is None:
+        return Refusal("resume", "The run holds no step the SDK would re-enter at.")
+    if row.status == "interrupted":
+        return Refusal("resume", _CLAIMED_REFUSAL)
+    note = _reentry_note(row, newest, rows, history) if failed else None
+    if owner.kind == CHAIN:
+        return _chain_plan(owner, row, chain_order, note)
+    if owner.kind == SUPERVISOR:
+        return _supervisor_plan(owner, row, note)
+    if owner.kind == SWARM:
+        agent = _path_segment(row.agent_path, "agent")
         return ResumePlan(
-            shape="approval",
+            shape="turn",
             node_id=row.node_id,
             checkpoint_id=row.checkpoint_id,
-            tool=node.tool,
-            turn=node.turn,
-            reason=row.interrupt_reason,
+            tool=None,
+            turn=0,
+            owner=owner,
+            first=FirstAct("model", agent, None),
+            member=agent,
+            note=note,
         )
-    if row.status == "interrupted":
-        # A failed run whose last step is a pause: the claim already happened.
-        return Refusal(
-            "resume",
-            "The run failed after its pause was claimed. The SDK refuses a resume without an "
-            "answer at a paused row, and the pending row an answer needs is gone. Fork it "
-            "to run it again.",
+    node = parse_node(row.node_id)
+    if is_fork_origin(row):
+        note = (
+            "The SDK re-enters at this fork's origin marker: it goes on with the source "
+            "run's conversation from the row this run was forked at, and this fork's own "
+            "input is not used again."
         )
+    tool = node.tool
     return ResumePlan(
-        shape="tool" if node.tool is not None else "turn",
+        shape="tool" if tool is not None else "turn",
         node_id=row.node_id,
         checkpoint_id=row.checkpoint_id,
+        tool=tool,
+        turn=node.turn,
+        owner=owner,
+        first=FirstAct("tool" if tool is not None else "model", owner.name, tool),
+        note=note,
+    )
+
+
+def _reentry_note(
+    row: RowHeader,
+    newest: RowHeader,
+    rows: Sequence[RowHeader],
+    history: Sequence[RowHeader],
+) -> str | None:
+    """Words for a failed run the SDK re-enters elsewhere than at its newest step."""
+    if row.checkpoint_id == newest.checkpoint_id or is_fork_origin(row):
+        return None
+    position = next(i for i, r in enumerate(rows) if r.checkpoint_id == row.checkpoint_id)
+    again = len(rows) - 1 - position
+    if len(rows) > len(history):
+        why = (
+            f"the SDK reads only the first {SDK_LIST_LIMIT} of this run's {len(rows)} rows, "
+            f"so it re-enters at `{row.node_id}` (row {position + 1})"
+        )
+    else:
+        why = f"the SDK's row order puts `{row.node_id}` (row {position + 1}) last"
+    return f"Not at the newest step: {why}, and what the {again} rows after it did runs again."
+
+
+def _approval_plan(
+    owner: Owner,
+    paused: RowHeader,
+    rows: Sequence[RowHeader],
+    history: Sequence[RowHeader],
+) -> ResumePlan | Refusal:
+    node = parse_node(paused.node_id)
+    common = ResumePlan(
+        shape="approval",
+        node_id=paused.node_id,
+        checkpoint_id=paused.checkpoint_id,
         tool=node.tool,
         turn=node.turn,
+        reason=paused.interrupt_reason,
+        owner=owner,
+    )
+    if owner.kind == CHAIN:
+        # ``Chain.resume`` re-runs the node the pending row names; it reads no list.
+        return replace(
+            common, first=FirstAct("node", None, paused.node_id), start_node=paused.node_id
+        )
+    if owner.kind == SUPERVISOR:
+        worker = _path_segment(paused.agent_path, "worker")
+        if worker is None:
+            return Refusal(
+                "approve",
+                "The run paused in the supervisor itself, not in one of its workers: a "
+                "resume re-runs the planner, and no worker would claim this pause.",
+            )
+        prefix = f"supervisor:{owner.name}/worker:{worker}"
+        picked = _latest_pause(history, prefix=prefix)
+        if picked is None or picked.checkpoint_id != paused.checkpoint_id:
+            return _lost_pause(paused, len(rows), picked)
+        return replace(common, first=FirstAct("model", owner.name, None), member=worker)
+    picked = _latest_pause(history)
+    if picked is None or picked.checkpoint_id != paused.checkpoint_id:
+        return _lost_pause(paused, len(rows), picked)
+    agent = _path_segment(paused.agent_path, "agent") if owner.kind == SWARM else owner.name
+    return replace(
+        common,
+        first=FirstAct("tool", agent or paused.agent, node.tool),
+        member=agent if owner.kind == SWARM else None,
+    )
+
+
+def _chain_plan(
+    owner: Owner, row: RowHeader, chain_order: Sequence[str] | None, note: str | None
+) -> ResumePlan:
+    """``Chain.resume`` starts at the node after ``row``; with no such node, at the top."""
+    start: str | None = None
+    if chain_order is not None:
+        order = list(chain_order)
+        after = order.index(row.node_id) + 1 if row.node_id in order else None
+        if after is not None and after < len(order):
+            start = order[after]
+        else:
+            start = order[0] if order else None
+            note = (
+                f"`{row.node_id}` is the chain's last node, or not one of its nodes: the SDK "
+                "finds no node after it and runs the whole chain again from its first node."
+            )
+    return ResumePlan(
+        shape="node",
+        node_id=row.node_id,
+        checkpoint_id=row.checkpoint_id,
+        tool=None,
+        turn=None,
+        owner=owner,
+        first=FirstAct("node", None, start),
+        start_node=start,
+        note=note,
+    )
+
+
+def _supervisor_plan(owner: Owner, row: RowHeader, note: str | None) -> ResumePlan:
+    worker = _path_segment(row.agent_path, "worker")
+    node = parse_node(row.node_id)
+    return ResumePlan(
+        shape="team",
+        node_id=row.node_id,
+        checkpoint_id=row.checkpoint_id,
+        tool=node.tool if worker is not None else None,
+        turn=node.turn,
+        owner=owner,
+        first=FirstAct("model", owner.name, None),
+        member=worker,
+        note=note,
     )
 
 
@@ -262,23 +586,9 @@ def verdict(
         else ""
     )
     fork = "Fork branches a new run from any executed row; this run stays as it is."
-    if isinstance(plan, Refusal):
-        resume = plan.reason
-    elif plan.shape == "approval":
-        resume = (
-            f"Approve or reject to resume: the paused tool `{plan.tool}` runs again with the "
-            "answer, then the agent goes on." + cache_words
-        )
-    elif plan.shape == "tool":
-        resume = (
-            f"Resume re-invokes `{plan.tool}` with the saved arguments {short_json(saved_args)}; "
-            "the model is not called again." + cache_words
-        )
-    else:
-        resume = (
-            f"Resume re-issues the model call of turn {plan.turn if plan.turn is not None else '?'}"
-            f" (`{plan.node_id}`)." + cache_words
-        )
+    resume = plan.reason if isinstance(plan, Refusal) else _resume_words(plan, saved_args)
+    if isinstance(plan, ResumePlan):
+        resume += (f" {plan.note}" if plan.note else "") + cache_words
 
     if state == COMPLETED:
         return Verdict("ok", f"Completed {when}: the run wrote its end marker.", resume, fork)
@@ -293,6 +603,14 @@ def verdict(
             resume,
             fork,
         )
+    if state == ORPHANED and isinstance(plan, Refusal) and plan.reason == _PRUNED_REFUSAL:
+        return Verdict(
+            "warn",
+            f"Paused row at `{last.node_id}` ({when}) kept by prune: the run's other rows "
+            "were pruned, so whether it went on after its approval is no longer in the store.",
+            resume,
+            fork,
+        )
     if state == ORPHANED:
         return Verdict(
             "bad",
@@ -301,14 +619,101 @@ def verdict(
             resume,
             fork,
         )
-    where = (
-        f"inside tool `{plan.tool}`"
-        if isinstance(plan, ResumePlan) and plan.shape == "tool"
-        else f"waiting on the model at `{last.node_id}`"
-    )
+    where = _stopped_words(last, plan)
     return Verdict(
         "warn",
         f"No end marker: still running, or its process died {where} (last row {when}).",
         resume,
         fork,
     )
+
+
+def _resume_words(plan: ResumePlan, saved_args: Any) -> str:
+    """What the owner's resume does first, and then, in a sentence."""
+    owner = plan.owner.describe()
+    member = repr(plan.member) if plan.member else "the active agent"
+    if plan.shape == "approval":
+        if plan.owner.kind == CHAIN:
+            return (
+                f"Approve or reject to resume: {owner} runs node `{plan.node_id}` again from "
+                "its start with the answer, then the nodes after it; no model is called unless "
+                "a node calls one."
+            )
+        if plan.owner.kind == SUPERVISOR:
+            return (
+                f"Approve or reject to resume: {owner} runs its planner again from the original "
+                f"request (a new model call); when it delegates to worker {member}, the worker "
+                f"re-invokes its paused tool `{plan.tool}` with the answer, then the team goes on."
+            )
+        if plan.owner.kind == SWARM:
+            return (
+                f"Approve or reject to resume: the active agent {member} of {owner} re-invokes "
+                f"its paused tool `{plan.tool}` with the answer, then the swarm goes on."
+            )
+        return (
+            f"Approve or reject to resume: the paused tool `{plan.tool}` runs again with the "
+            "answer, then the agent goes on."
+        )
+    if plan.shape == "node":
+        start = (
+            f"node `{plan.start_node}`"
+            if plan.start_node is not None
+            else "the next node in the chain's order (register the chain here to name it)"
+        )
+        return (
+            f"Resume goes on after `{plan.node_id}`, at {start}; no model is called unless "
+            "that node calls one."
+        )
+    if plan.shape == "team":
+        again = (
+            f"re-invoking `{plan.tool}` with its saved arguments"
+            if plan.tool is not None
+            else "re-issuing its model call"
+        )
+        worker = (
+            f"; when it delegates to worker {member}, the worker re-enters at its newest row "
+            f"`{plan.node_id}`, {again}"
+            if plan.member
+            else ""
+        )
+        return (
+            f"Resume runs the planner of {owner} again from the original request (a new model "
+            f"call){worker}."
+        )
+    if plan.owner.kind == SWARM:
+        return (
+            f"Resume runs the active agent {member} of {owner} again from its current input: "
+            "its model is called again and its tools run again, then the swarm goes on."
+        )
+    if plan.node_id == FORK_ORIGIN_NODE:
+        return "Resume issues a model call from the fork marker `__fork_origin__`."
+    if plan.shape == "tool":
+        return (
+            f"Resume re-invokes `{plan.tool}` with the saved arguments {short_json(saved_args)}; "
+            "the model is not called again."
+        )
+    return (
+        f"Resume re-issues the model call of turn {plan.turn if plan.turn is not None else '?'}"
+        f" (`{plan.node_id}`)."
+    )
+
+
+def _stopped_words(last: RowHeader, plan: ResumePlan | Refusal) -> str:
+    """Where a run with no end marker stopped, as its newest row says."""
+    owner = plan.owner if isinstance(plan, ResumePlan) else None
+    if owner is not None and owner.kind == CHAIN:
+        return f"after node `{last.node_id}`"
+    tool = parse_node(last.node_id).tool
+    if tool is not None:
+        whose = f" of {last.agent!r}" if owner is not None and owner.kind != AGENT else ""
+        return f"inside tool `{tool}`{whose}"
+    return f"waiting on the model at `{last.node_id}`"
+
+
+def stopped_at(last_node_id: str, last_step_type: str | None) -> str:
+    """``tool``, ``turn`` or ``node``: what a run with no end marker stopped at."""
+    if last_step_type == "node" or (
+        parse_node(last_node_id).turn is None and "/tool:" not in last_node_id
+    ):
+        return "node"
+    return "tool" if parse_node(last_node_id).tool is not None else "turn"

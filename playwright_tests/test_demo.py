@@ -10,7 +10,10 @@ from pathlib import Path
 
 from playwright.sync_api import Page, expect
 
-DEMO_RUNS = 10
+from localui.demo.scenarios import ALL_SCENARIOS
+
+#: The demo's runs: the refund-bot's and the other runner shapes'.
+DEMO_RUNS = len(ALL_SCENARIOS)
 
 
 def test_find_the_run_that_died_in_its_tool_and_read_why(

@@ -19,11 +19,13 @@ import pytest
 from conftest import STOP_TIMEOUT_S, DemoServer, start_demo
 from playwright.sync_api import Browser, Page, expect
 
+from localui.demo.scenarios import ALL_SCENARIOS
+
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
 #: A change shows up within about a second; this only bounds a broken page's wait.
 LIVE_TIMEOUT_MS = 10_000
-SEEDED_RUNS = 10
-SEEDED_PAUSES = 4
+SEEDED_RUNS = len(ALL_SCENARIOS)
+SEEDED_PAUSES = sum(s.ends == "paused" for s in ALL_SCENARIOS)
 
 #: Counts the EventSources a page opens: a live push must not reconnect its stream.
 COUNT_EVENT_SOURCES = """

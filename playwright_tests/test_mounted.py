@@ -24,6 +24,7 @@ import pytest
 from helpers import free_port
 from playwright.sync_api import Browser, Page, Response, expect
 
+from localui.demo.scenarios import ALL_SCENARIOS
 from localui.views.urls import dom_id
 
 HERE = Path(__file__).resolve().parent
@@ -35,6 +36,11 @@ ODD_ID = "../../prune?older_than=0s&x=/王#1"
 #: The sign-in token the mounted app's owner opens it with.
 TOKEN = "token-of-the-mounted-app-owner"
 SCREENSHOTS = HERE.parent / "artifacts" / "screenshots"
+#: What ``localui demo --seed-only`` writes: every runner shape's runs, and those of them
+#: that wait for a person or completed.
+DEMO_RUNS = len(ALL_SCENARIOS)
+DEMO_PAUSES = sum(s.ends == "paused" for s in ALL_SCENARIOS)
+DEMO_COMPLETED = sum(s.ends == "completed" for s in ALL_SCENARIOS)
 
 
 def stop(process: subprocess.Popen[str]) -> None:
@@ -163,7 +169,8 @@ def test_a_person_uses_every_part_of_localui_mounted_in_another_app(
         page.goto(f"{PREFIX}/?token={TOKEN}")
         expect(page).to_have_url(f"{mounted_server.origin}{PREFIX}/")
         # The runs list, and every page the nav and the pages link to.
-        expect(page.locator("table.runs tbody tr")).to_have_count(11)
+        # The demo's runs and the odd-id run.
+        expect(page.locator("table.runs tbody tr")).to_have_count(DEMO_RUNS + 1)
         page.get_by_role("link", name="Paused").first.click()
         expect(page).to_have_url(f"{mounted_server.origin}{PREFIX}/?state=paused")
         page.locator("header nav").get_by_role("link", name="Prune").click()
@@ -197,11 +204,13 @@ def test_a_person_uses_every_part_of_localui_mounted_in_another_app(
         with page.expect_response(lambda r: f"{PREFIX}/live/approvals" in r.url):
             page.locator("header nav").get_by_role("link", name="Approvals").click()
         cards = page.locator("article.approval")
-        expect(cards).to_have_count(5)
+        expect(cards).to_have_count(DEMO_PAUSES + 1)
         new_run = pause_in_another_process(mounted_server)
         card = page.locator(f"#approval-{dom_id(new_run)}")
         expect(card).to_be_visible(timeout=LIVE_TIMEOUT_MS)
-        expect(page.locator("#nav-pending")).to_have_text("6", timeout=LIVE_TIMEOUT_MS)
+        expect(page.locator("#nav-pending")).to_have_text(
+            str(DEMO_PAUSES + 2), timeout=LIVE_TIMEOUT_MS
+        )
         shoot(page, "2-queue")
 
         # Approve it: the decision goes to the mounted app, the outcome links under it.
@@ -209,7 +218,9 @@ def test_a_person_uses_every_part_of_localui_mounted_in_another_app(
         card.get_by_role("button", name="Approve").click()
         outcome = page.locator(f"#approval-{dom_id(new_run)}-result")
         expect(outcome).to_contain_text("the run completed", timeout=LIVE_TIMEOUT_MS)
-        expect(page.locator("#nav-pending")).to_have_text("5", timeout=LIVE_TIMEOUT_MS)
+        expect(page.locator("#nav-pending")).to_have_text(
+            str(DEMO_PAUSES + 1), timeout=LIVE_TIMEOUT_MS
+        )
         outcome.get_by_role("link", name="Open the run").click()
         expect(page.locator("#run-state .meta .state")).to_have_text("completed")
         expect(page.locator("#decisions")).to_contain_text("Mounted Owner approved it")
@@ -229,8 +240,10 @@ def test_a_person_uses_every_part_of_localui_mounted_in_another_app(
         expect(page.locator("h1 code")).to_have_text(ODD_ID)
         expect(page.locator("#decisions")).to_contain_text("Mounted Owner approved it")
         page.locator("header nav").get_by_role("link", name="Runs").click()
-        expect(page.locator("table.runs tbody tr")).to_have_count(12)
-        expect(page.locator("#runs-table .tab.state-completed .count")).to_have_text("5")
+        expect(page.locator("table.runs tbody tr")).to_have_count(DEMO_RUNS + 2)
+        expect(page.locator("#runs-table .tab.state-completed .count")).to_have_text(
+            str(DEMO_COMPLETED + 2)
+        )
 
         # The browser's own log: every request stayed under the prefix, none went unanswered.
         ours = [url for url in requested if url.startswith(mounted_server.origin)]

@@ -36,6 +36,38 @@ ensure_venv() {
     echo "$stamp" >"$stamp_file"
 }
 
+# The lowest fastaiagent pyproject.toml declares (the N of "fastaiagent>=N,<2").
+sdk_floor() {
+    sed -n 's/.*"fastaiagent>=\([0-9.]*\),.*/\1/p' pyproject.toml
+}
+
+# .venv-floor: the project, its test and postgres extras, and fastaiagent pinned to the
+# declared floor in the same install, so nothing pulls it up. Redone only when its
+# inputs change, like .venv.
+ensure_floor_venv() {
+    local python=${PYTHON:-python3} floor
+    floor=$(sdk_floor)
+    if ! .venv-floor/bin/python -c '' 2>/dev/null; then
+        echo "setup: creating .venv-floor with $($python --version 2>&1)" >&2
+        rm -rf .venv-floor
+        "$python" -m venv .venv-floor
+    fi
+    local stamp_file=.venv-floor/.localui-install-stamp
+    local stamp
+    stamp=$({
+        sha256sum pyproject.toml
+        .venv-floor/bin/python -c 'import sys; print(sys.version)'
+        pwd -P
+    } | sha256sum | cut -d' ' -f1)
+    if [[ -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]; then
+        return 0
+    fi
+    echo "setup: pip install fastaiagent==$floor and -e '.[test,postgres]' into .venv-floor" >&2
+    .venv-floor/bin/python -m pip install --quiet --disable-pip-version-check \
+        "fastaiagent==$floor" -e '.[test,postgres]'
+    echo "$stamp" >"$stamp_file"
+}
+
 # apt-get install the named Debian packages, as root or through sudo.
 apt_install() {
     local sudo=()

@@ -170,6 +170,26 @@ run_pytest() {
     return "$status"
 }
 
+# The subset marked `floor` (reads, an approval, a resume, the demo seeding, the
+# predictions) on the lowest SDK the project declares, after checking it is that one.
+run_floor_tests() {
+    local floor installed
+    floor=$(sdk_floor)
+    installed=$(.venv-floor/bin/python -c 'from importlib.metadata import version
+print(version("fastaiagent"))')
+    if [[ $installed != "$floor" ]]; then
+        echo ".venv-floor has fastaiagent $installed, not the declared floor $floor" >&2
+        return 1
+    fi
+    local status=0
+    .venv-floor/bin/pytest -m floor tests "$@" || status=$?
+    if ((status == 5 && ${#EXTRA_ARGS[@]})); then
+        echo "(nothing selected here by: ${EXTRA_ARGS[*]})"
+        return 0
+    fi
+    return "$status"
+}
+
 no_test_selected() {
     echo "no test matched: ${EXTRA_ARGS[*]}" >&2
     return 5
@@ -189,6 +209,8 @@ if ((${#EXTRA_ARGS[@]})) && names_a_test_path "${EXTRA_ARGS[@]}"; then
 else
     step "pytest tests" run_pytest tests "${EXTRA_ARGS[@]}"
     step "pytest playwright_tests" run_pytest playwright_tests "${EXTRA_ARGS[@]}"
+    step "set up .venv-floor (fastaiagent $(sdk_floor))" ensure_floor_venv
+    step "pytest -m floor on fastaiagent $(sdk_floor)" run_floor_tests "${EXTRA_ARGS[@]}"
 fi
 if [[ -z $PYTEST_RAN_ANY ]]; then
     step "pytest selected a test" no_test_selected

@@ -39,6 +39,15 @@ from localui.backends.sqlite.store import SQLiteStore
 from localui.demo.scenarios import SeedReport, seed
 from localui.settings import Settings
 
+
+def sdk_version() -> tuple[int, int]:
+    """The installed fastaiagent's (major, minor): the floor run tests an older one."""
+    from importlib.metadata import version
+
+    major, minor = version("fastaiagent").split(".")[:2]
+    return int(major), int(minor)
+
+
 #: What every address in the app tests looks like: a loopback Host it answers to.
 BASE_URL = "http://127.0.0.1:8765"
 

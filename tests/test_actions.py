@@ -138,6 +138,7 @@ def approver_value(html: str, execution_id: str) -> str | None:
 # --- approve and reject ---------------------------------------------------------
 
 
+@pytest.mark.floor
 def test_approve_completes_the_run_and_records_who_why_and_outcome(
     desk: Desk, seeded: Seeded, page_text: Callable[..., str]
 ) -> None:
@@ -373,7 +374,7 @@ def test_without_the_agent_an_approval_is_refused_and_the_pause_kept(
     expected = (
         "No agent named 'refund-bot' is registered in this localui process (registered: none)."
         " Restart it with --agents MODULE:ATTR (or FILE.py:ATTR) naming the code that builds"
-        " 'refund-bot', bound to this store."
+        " the Agent 'refund-bot', bound to this store."
     )
     assert shown["problem"] == expected
 
@@ -534,6 +535,7 @@ def resume_point(client: TestClient, run: str) -> dict[str, Any]:
     return dict(plan)
 
 
+@pytest.mark.floor
 def test_resume_of_a_run_that_died_in_its_tool_charges_once(
     desk: Desk, seeded: Seeded, page_text: Callable[..., str]
 ) -> None:

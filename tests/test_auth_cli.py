@@ -22,6 +22,8 @@ import pytest
 from helpers import LocalServer, free_port, start_localui
 from test_cli import LOCALUI, assert_one_line_error, child_env, run_cli
 
+from localui.demo.scenarios import ALL_SCENARIOS
+
 if TYPE_CHECKING:
     from conftest import PgStore, Seeded
 
@@ -96,9 +98,11 @@ class Running:
 
 
 @contextmanager
-def server(args: Sequence[str], cwd: Path, port: int, command: str = "serve") -> Iterator[Running]:
-    """A real ``localui serve`` (or ``demo``) on ``port``, up once it answers; it prints
-    its sign-in lines before it listens."""
+def server(
+    args: Sequence[str], cwd: Path, port: int, command: str = "serve", *, within: float = 30
+) -> Iterator[Running]:
+    """A real ``localui serve`` (or ``demo``) on ``port``, up once it answers within
+    ``within`` seconds; it prints its sign-in lines before it listens."""
     started = start_localui(
         [command, *args],
         cwd=cwd,
@@ -107,6 +111,7 @@ def server(args: Sequence[str], cwd: Path, port: int, command: str = "serve") ->
         # Answered with sign-in on or off, from any address.
         ready="/static/localui.css",
         port=port,
+        timeout=within,
     )
     try:
         yield Running(started)
@@ -239,10 +244,11 @@ def test_beyond_loopback_every_request_signs_in(
 
 def test_the_demo_prints_its_sign_in_link(tmp_path: Path) -> None:
     port = free_port()
-    with server([], tmp_path, port, command="demo") as running:
+    # The demo seeds every runner shape first, a run of 550 rows among them.
+    with server([], tmp_path, port, command="demo", within=120) as running:
         link = running.line(r"sign in at (http://127\.0\.0\.1:\d+/\?token=\S+)").group(1)
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/runs.json", trust_env=False).status_code == 401
         with httpx.Client(trust_env=False, follow_redirects=True) as browser:
             assert browser.get(link).status_code == 200
-            assert len(browser.get(f"{base}/runs.json").json()["runs"]) == 10
+            assert len(browser.get(f"{base}/runs.json").json()["runs"]) == len(ALL_SCENARIOS)

@@ -16,7 +16,7 @@ import pytest
 from helpers import LocalServer, start_localui
 
 from localui.backends.sqlite.store import SQLiteStore
-from localui.demo.scenarios import SCENARIO_NAMES
+from localui.demo.scenarios import ALL_SCENARIOS
 from localui.records import RunQuery
 
 if TYPE_CHECKING:
@@ -104,11 +104,17 @@ def test_serve_refuses_an_agent_bound_to_another_store(
 
 @contextmanager
 def serving(
-    args: Sequence[str], cwd: Path, log: Path, *, ready: str = "/runs.json"
+    args: Sequence[str],
+    cwd: Path,
+    log: Path,
+    *,
+    ready: str = "/runs.json",
+    within: float = 30,
 ) -> Iterator[LocalServer]:
-    """A real ``localui`` process, answering 200 on ``ready``; always stopped on the way
-    out. With sign-in on, ``/signin`` is the page that answers without a session."""
-    server = start_localui(args, cwd=cwd, log=log, env=child_env(), ready=ready)
+    """A real ``localui`` process, answering 200 on ``ready`` within ``within`` seconds;
+    always stopped on the way out. With sign-in on, ``/signin`` is the page that answers
+    without a session."""
+    server = start_localui(args, cwd=cwd, log=log, env=child_env(), ready=ready, timeout=within)
     try:
         yield server
     finally:
@@ -126,7 +132,7 @@ def test_serve_answers_loopback_and_refuses_a_foreign_host(
         assert page.status_code == 200
         assert seeded.id("crashed-in-tool") in page.text
         listed = httpx.get(f"{base}/runs.json", timeout=10).json()
-        assert len(listed["runs"]) == len(SCENARIO_NAMES)
+        assert len(listed["runs"]) == len(seeded.report.runs)
         by_name = httpx.get(f"http://localhost:{port}/runs.json", timeout=10)
         assert by_name.status_code == 200
         foreign = httpx.get(f"{base}/", headers={"Host": "evil.example"}, timeout=10)
@@ -142,15 +148,16 @@ def test_demo_seed_only_leaves_the_cwd_clean(cwd: Path, tmp_path: Path) -> None:
     done = run_cli([LOCALUI, "demo", "--store", str(target), "--seed-only"], cwd)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == str(target)
-    assert f"{len(SCENARIO_NAMES)} runs seeded" in done.stdout
+    assert f"{len(ALL_SCENARIOS)} runs seeded" in done.stdout
     assert os.listdir(cwd) == []
     seeded = SQLiteStore(target)
     try:
         page = seeded.list_runs(RunQuery(limit=100))
     finally:
         seeded.close()
-    assert len(page.runs) == len(SCENARIO_NAMES)
-    assert dict(page.counts) == {"completed": 3, "paused": 4, "failed": 1, "unfinished": 2}
+    assert len(page.runs) == len(ALL_SCENARIOS)
+    # The refund-bot's ten runs, then the chain, team, long-run and failed-fork shapes.
+    assert dict(page.counts) == {"completed": 3, "paused": 8, "failed": 3, "unfinished": 5}
 
 
 def test_demo_refuses_an_existing_store(cwd: Path, store_copy: Path) -> None:
@@ -176,9 +183,10 @@ def test_serve_stops_quietly_on_ctrl_c_and_sigterm(
 
 
 def test_demo_removes_its_temporary_store_when_stopped(cwd: Path, tmp_path: Path) -> None:
-    with serving(["demo", "--no-auth"], cwd, tmp_path / "demo.log") as server:
+    # The demo seeds every shape first, a run of 550 rows among them.
+    with serving(["demo", "--no-auth"], cwd, tmp_path / "demo.log", within=120) as server:
         runs = httpx.get(f"{server.url}/runs.json", timeout=10).json()["runs"]
-        assert len(runs) == len(SCENARIO_NAMES)
+        assert len(runs) == len(ALL_SCENARIOS)
         server.process.send_signal(signal.SIGTERM)
         code = server.process.wait(timeout=15)
         out = server.output()

@@ -509,7 +509,7 @@ async def test_a_run_page_turns_completed_when_its_pause_is_approved(
         ):
             opening = await s.first(*RUN_FRAGMENTS)
             state = page_text(opening["run-state"].data, "run-state")
-            assert state.startswith("paused · agent refund-bot")
+            assert state.startswith("paused · Agent 'refund-bot'")
             assert 'id="pending"' in opening["run-state"].data
             # The card is prefilled with this browser's approver, as the page has it.
             assert 'name="approver" value="Ada"' in opening["run-state"].data

@@ -1,5 +1,5 @@
 """What a server holds: memory its requests free goes back to the OS, and agents
-load without the SDK pulling in pytest."""
+load through the SDK's own import, untouched."""
 
 from __future__ import annotations
 
@@ -106,22 +106,14 @@ def test_pages_are_the_same_through_the_middleware_which_releases_after_requests
     assert app.resident_after_release is not None
 
 
-def test_agents_load_without_the_sdk_pulling_in_pytest(tmp_path: Path) -> None:
+def test_agents_load_with_the_sdk_as_it_imports_itself(tmp_path: Path) -> None:
     # A process of its own: this one has pytest and the SDK imported already.
     script = """
 import json, os, sys
 from localui.registry import load_spec
 agents = load_spec(os.environ["SPEC"])
 from_sdk = "pytest" in sys.modules
-import fastaiagent.eval
-try:
-    fastaiagent.eval.case()
-    stub = ""
-except ImportError as exc:
-    stub = str(exc)
-import pytest
-print(json.dumps({"agents": [a.name for a in agents], "from_sdk": from_sdk, "stub": stub,
-                  "pytest": pytest.__name__}))
+print(json.dumps({"agents": [a.name for a in agents], "from_sdk": from_sdk}))
 """
     env = {
         **os.environ,
@@ -140,7 +132,5 @@ print(json.dumps({"agents": [a.name for a in agents], "from_sdk": from_sdk, "stu
     )
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["agents"] == ["refund-bot"]
-    assert not seen["from_sdk"]
-    # The SDK's own words for a process without pytest; pytest still imports.
-    assert "require" in seen["stub"] and "pytest" in seen["stub"]
-    assert seen["pytest"] == "pytest"
+    # The SDK imports its pytest plugin where pytest is installed, and localui lets it.
+    assert seen["from_sdk"]

@@ -40,7 +40,8 @@ def plan_for(store: SQLiteStore, execution_id: str) -> tuple[str, runs.ResumePla
     facts = store.get_run(execution_id)
     assert facts is not None
     state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
-    return state, runs.resume_plan(state, store.list_rows(execution_id))
+    # The session's store is a SQLite file: the SDK lists its rows in SQLite's order.
+    return state, runs.resume_plan(state, store.list_rows(execution_id), backend=runs.SQLITE)
 
 
 # --- agreement with the SDK, scenario by scenario ---------------------------

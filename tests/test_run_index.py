@@ -111,6 +111,24 @@ def test_prune_and_outbox_marks_are_seen(store_copy: Path, tmp_path: Path, seede
     store.close()
 
 
+def test_an_approved_run_whose_rows_were_pruned_is_not_called_never_continued(
+    make_client: Any, store_copy: Path, seeded: Any
+) -> None:
+    sdk = SQLiteCheckpointer(str(store_copy))
+    assert sdk.prune(timedelta(seconds=0)) > 0
+    sdk.close()
+    run = seeded.id("idempotent-resumed")  # approved, then completed; only its pause is left
+
+    page = make_client(store_copy).get(f"/runs/{run}.json").json()
+
+    assert page["state"] == "orphaned"
+    assert [r["status"] for r in page["rows"]] == ["interrupted"]
+    verdict = page["verdict"]
+    assert "never continued" not in verdict["headline"]
+    assert "kept by prune" in verdict["headline"]
+    assert "prune deleted the others" in verdict["resume"]
+
+
 def test_an_index_of_another_version_is_rebuilt(
     copy_store: Callable[[], Path], tmp_path: Path
 ) -> None:
@@ -179,6 +197,39 @@ def test_a_store_replaced_at_its_path_is_read_anew(
     assert seeded.id("completed") not in after
     assert after == direct_states(store)
     store.close()
+
+
+def test_a_store_replaced_in_place_by_content_is_read_anew_after_a_restart(
+    copy_store: Callable[[], Path], tmp_path: Path, seeded: Any
+) -> None:
+    """A file copied over the served one: same inode, same row count, other runs."""
+    path = copy_store()
+    index_dir = tmp_path / "index"
+    store = SQLiteStore(path, index_dir=index_dir)
+    assert seeded.id("completed") in states(store)
+    store.close()
+    replacement = tmp_path / "replacement.db"
+    source, target = sqlite3.connect(path), sqlite3.connect(replacement)
+    source.backup(target)
+    source.close()
+    target.execute("PRAGMA journal_mode = DELETE")
+    # Other runs, row for row: every rowid and the row count stay as they were.
+    target.execute("UPDATE checkpoints SET execution_id = 'restored-' || execution_id")
+    target.execute("UPDATE pending_interrupts SET execution_id = 'restored-' || execution_id")
+    target.commit()
+    target.close()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    inode = os.stat(path).st_ino
+    path.write_bytes(replacement.read_bytes())  # in place, as `cp` over it does
+    assert os.stat(path).st_ino == inode
+
+    reopened = SQLiteStore(path, index_dir=index_dir)
+    after = states(reopened)
+    assert seeded.id("completed") not in after
+    assert f"restored-{seeded.id('completed')}" in after
+    assert after == direct_states(reopened)
+    reopened.close()
 
 
 def test_a_deleted_store_is_unavailable_not_an_error(

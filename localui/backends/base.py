@@ -245,6 +245,13 @@ class Backend(Protocol):
     """One opened store and everything the app needs beside it."""
 
     @property
+    def kind(self) -> str:
+        """``sqlite`` or ``postgres`` (``localui.runs.SQLITE``/``POSTGRES``): the SDK's
+        checkpointer lists a run's rows in a different order on each, and what a resume
+        re-enters follows that order (``localui.runs.sdk_history``)."""
+        ...
+
+    @property
     def label(self) -> str:
         """The store as pages show it: a path, or a URL without its password."""
         ...

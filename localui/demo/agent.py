@@ -20,6 +20,8 @@ from fastaiagent.checkpointers import Checkpointer
 from fastaiagent.llm.message import Message, MessageRole
 from fastaiagent.testing import FunctionModel
 
+from localui.demo.teams import record
+
 AGENT_NAME = "refund-bot"
 
 #: Refunds above this need a manager's approval (an ``interrupt``).
@@ -71,6 +73,7 @@ def build_agent(
     model_fails_once: bool = False,
     die_in_tool: bool = False,
     die_waiting_on_model: bool = False,
+    events: list[str] | None = None,
 ) -> Agent:
     """The refund-bot, checkpointing into ``checkpointer``.
 
@@ -94,6 +97,7 @@ def build_agent(
     @tool(name="refund", register=False)
     def refund(order_id: str, amount: float) -> str:
         """Refund an order. Refunds over 100.00 wait for a manager's approval."""
+        record(events, f"tool:{AGENT_NAME}:refund")
         if die_in_tool:
             os._exit(EXIT_DIED_IN_TOOL)
         charge_back(order_id, amount)
@@ -115,10 +119,13 @@ def build_agent(
     @tool(name="notify_customer", register=False)
     def notify_customer(order_id: str, message: str) -> str:
         """Send the customer of an order a message."""
+        record(events, f"tool:{AGENT_NAME}:notify_customer")
         _record_effect(ledger, "notify_customer", order_id=order_id, message=message)
         return "sent"
 
-    responder = _Responder(fails_once=model_fails_once, die_waiting_on_model=die_waiting_on_model)
+    responder = _Responder(
+        fails_once=model_fails_once, die_waiting_on_model=die_waiting_on_model, events=events
+    )
     return Agent(
         name=AGENT_NAME,
         system_prompt=SYSTEM_PROMPT,
@@ -131,13 +138,17 @@ def build_agent(
 class _Responder:
     """The model: reads the conversation and answers, keeping no memory of it."""
 
-    __slots__ = ("_fail_next", "_die_waiting_on_model")
+    __slots__ = ("_fail_next", "_die_waiting_on_model", "_events")
 
-    def __init__(self, *, fails_once: bool, die_waiting_on_model: bool) -> None:
+    def __init__(
+        self, *, fails_once: bool, die_waiting_on_model: bool, events: list[str] | None
+    ) -> None:
         self._fail_next = fails_once
         self._die_waiting_on_model = die_waiting_on_model
+        self._events = events
 
     def __call__(self, messages: list[Message]) -> str | tuple[str, list[dict[str, Any]]]:
+        record(self._events, f"model:{AGENT_NAME}")
         if self._fail_next:
             self._fail_next = False
             raise RuntimeError("model provider returned 503")

@@ -22,9 +22,13 @@ from typing import Literal
 
 from localui.backends.urls import is_postgres_url
 from localui.demo.agent import EXIT_DIED_IN_TOOL, EXIT_DIED_WAITING_ON_MODEL
+from localui.demo.teams import EXIT_DIED_IN_TEAM_TOOL
 
 #: How a scenario's run is left: the run's own outcome, or the process died.
 Ending = Literal["completed", "paused", "failed", "died"]
+
+#: Which runner a scenario runs: the refund-bot agent, or one of ``localui.demo.teams``.
+Runner = Literal["refund-bot", "chain", "supervisor", "swarm", "long"]
 
 #: A child that takes longer than this is stuck, not slow (each takes about a second).
 _CHILD_TIMEOUT_S = 120.0
@@ -47,10 +51,15 @@ class Scenario:
     approve_after_pause: bool = False
     fork: bool = False
     after: str | None = None
+    runner: Runner = "refund-bot"
+    #: For a fork: the node id of the source row it branches from (default: the last step).
+    fork_from: str | None = None
 
     @property
     def exit_code(self) -> int:
         """The exit code its worker must end with."""
+        if self.die_in_tool and self.runner != "refund-bot":
+            return EXIT_DIED_IN_TEAM_TOOL
         if self.die_in_tool:
             return EXIT_DIED_IN_TOOL
         if self.die_waiting_on_model:
@@ -87,11 +96,38 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("fork-of-completed", None, "completed", fork=True, after="completed"),
 )
 
+#: The other runners' shapes: chains, teams, a run past the 500 rows the SDK reads,
+#: and a fork that failed. ``localui demo`` seeds these beside the refund-bot's.
+SHAPE_SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("chain-paused", None, "paused", runner="chain"),
+    Scenario("chain-crashed", None, "died", die_in_tool=True, runner="chain"),
+    Scenario("supervisor-paused", "Refund order B-7", "paused", runner="supervisor"),
+    Scenario(
+        "supervisor-crashed", "Refund order B-7", "died", die_in_tool=True, runner="supervisor"
+    ),
+    Scenario("swarm-paused", "Refund order B-7", "paused", runner="swarm"),
+    Scenario("swarm-crashed", "Refund order B-7", "died", die_in_tool=True, runner="swarm"),
+    Scenario("long-paused", "Book the ledger", "paused", runner="long"),
+    Scenario("long-failed", "Book the ledger", "failed", model_fails_once=True, runner="long"),
+    # A new input from the source's first turn: the branch's model call fails.
+    Scenario(
+        "fork-failed",
+        "Refund order A-1010 for 10.00",
+        "failed",
+        model_fails_once=True,
+        fork=True,
+        after="completed",
+        fork_from="turn:1",
+    ),
+)
+
+ALL_SCENARIOS: tuple[Scenario, ...] = SCENARIOS + SHAPE_SCENARIOS
+
 SCENARIO_NAMES: tuple[str, ...] = tuple(s.name for s in SCENARIOS)
 
 
 def get_scenario(name: str) -> Scenario:
-    for scenario in SCENARIOS:
+    for scenario in ALL_SCENARIOS:
         if scenario.name == name:
             return scenario
     raise KeyError(f"no demo scenario {name!r}; known: {', '.join(SCENARIO_NAMES)}")
@@ -125,6 +161,7 @@ def seed(
     pg_schema: str = "fastaiagent",
     ledger: Path | None = None,
     progress: Callable[[str], None] = lambda _m: None,
+    scenarios: tuple[Scenario, ...] = SCENARIOS,
 ) -> SeedReport:
     """Run every scenario into ``store``, each in a child process, and report the ids.
 
@@ -162,20 +199,20 @@ def seed(
 
         pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2))
         try:
-            pending = {start(pool, s): s for s in SCENARIOS if s.after is None}
+            pending = {start(pool, s): s for s in scenarios if s.after is None}
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
                     scenario = pending.pop(future)
                     runs[scenario.name] = future.result()
                     progress(f"{scenario.name:<26} {scenario.ends:<9} {runs[scenario.name]}")
-                    for waiting in SCENARIOS:
+                    for waiting in scenarios:
                         if waiting.after == scenario.name:
                             pending[start(pool, waiting)] = waiting
         finally:
             # On a failure, children not yet started never start; running ones finish.
             pool.shutdown(wait=True, cancel_futures=True)
-    ordered = {s.name: runs[s.name] for s in SCENARIOS}
+    ordered = {s.name: runs[s.name] for s in scenarios}
     return SeedReport(
         store=target, runs=MappingProxyType(ordered), seconds=time.monotonic() - started
     )

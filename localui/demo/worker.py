@@ -121,6 +121,11 @@ async def _run(
     """Run the scenario; return how its run ended (``completed``, ``paused``, ``failed``)."""
     from localui.demo.agent import build_agent
 
+    if scenario.runner != "refund-bot" and not scenario.fork:
+        try:
+            return await _run_other(scenario, checkpointer)
+        finally:
+            checkpointer.close()
     agent = build_agent(
         checkpointer,
         ledger=ledger,
@@ -133,7 +138,19 @@ async def _run(
             assert source is not None  # checked by main
             # The fork's id is made inside afork, so it is known only afterwards;
             # no fork scenario crashes, so that is soon enough.
-            result = await agent.afork(source, input=scenario.prompt)
+            try:
+                result = await agent.afork(
+                    source,
+                    checkpoint_id=_row_of(checkpointer, source, scenario.fork_from),
+                    input=scenario.prompt,
+                )
+            except RuntimeError:
+                if scenario.ends != "failed":
+                    raise
+                # afork makes the branch's id inside and raised before returning it:
+                # the branch is the source's one fork that is not yet announced.
+                _announce(_failed_fork_of(checkpointer, source))
+                return "failed"
             _announce(result.execution_id)
             return result.status
         assert scenario.prompt is not None
@@ -153,6 +170,77 @@ async def _run(
         return result.status
     finally:
         checkpointer.close()
+
+
+def _failed_fork_of(checkpointer: SQLiteCheckpointer | PostgresCheckpointer, source: str) -> str:
+    """The execution id of the source's fork whose run ended ``failed``."""
+    from fastaiagent import SQLiteCheckpointer
+
+    store: Any
+    if isinstance(checkpointer, SQLiteCheckpointer):
+        from localui.backends.sqlite.store import SQLiteStore
+
+        store = SQLiteStore(str(checkpointer.db_path))
+    else:
+        from localui.backends.postgres.store import PostgresStore
+
+        store = PostgresStore(
+            checkpointer.connection_string, schema=str(checkpointer.schema).strip('"')
+        )
+    try:
+        for fork in store.list_forks(source):
+            last = checkpointer.get_last(fork.execution_id)
+            if last is not None and last.step_type == "run_end" and last.status == "failed":
+                return str(fork.execution_id)
+    finally:
+        store.close()
+    raise LookupError(f"run {source} has no failed fork")
+
+
+def _row_of(
+    checkpointer: SQLiteCheckpointer | PostgresCheckpointer, source: str, node_id: str | None
+) -> str | None:
+    """The checkpoint id of the source's first row at ``node_id`` (None: the SDK's default)."""
+    if node_id is None:
+        return None
+    for row in checkpointer.list(source, limit=500):
+        if row.node_id == node_id:
+            return row.checkpoint_id
+    raise LookupError(f"run {source} has no row at {node_id}")
+
+
+async def _run_other(
+    scenario: Scenario, checkpointer: SQLiteCheckpointer | PostgresCheckpointer
+) -> str:
+    """Run a Chain, Supervisor, Swarm or long-agent scenario; return how it ended."""
+    from localui.demo import teams
+
+    execution_id = str(uuid.uuid4())
+    _announce(execution_id)
+    die = scenario.die_in_tool
+    try:
+        if scenario.runner == "chain":
+            chain = teams.build_chain(checkpointer, die_in_refund=die)
+            chained = await chain.aexecute({"order_id": "B-7"}, execution_id=execution_id)
+            return str(chained.status)
+        assert scenario.prompt is not None
+        if scenario.runner == "supervisor":
+            runner: Any = teams.build_supervisor(checkpointer, die_in_refund=die)
+        elif scenario.runner == "swarm":
+            runner = teams.build_swarm(checkpointer, die_in_refund=die)
+        else:
+            runner = teams.build_long_agent(
+                checkpointer,
+                fail_at_end=scenario.model_fails_once,
+                pause_at_end=scenario.ends == "paused",
+            )
+        result = await runner.arun(scenario.prompt, execution_id=execution_id)
+        return str(result.status)
+    except RuntimeError:
+        # The SDK has written the ``failed`` run-end row by now.
+        if scenario.ends == "failed":
+            return "failed"
+        raise
 
 
 async def _approve(

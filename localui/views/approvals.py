@@ -204,6 +204,8 @@ def decision_view(d: Decision) -> DecisionView:
 class ApprovalItem:
     execution_id: str
     agent: str
+    #: The runner whose resume answers this pause, e.g. ``Supervisor 'refund-desk'``.
+    runner: str
     node_id: str
     #: The paused row; the decision form posts it back.
     checkpoint_id: str | None
@@ -240,6 +242,7 @@ def approval_item(
     return ApprovalItem(
         execution_id=pending.execution_id,
         agent=pending.agent,
+        runner=runs.pause_owner(pending.agent_path, pending.agent, pending.node_id).describe(),
         node_id=pending.node_id,
         checkpoint_id=pending.checkpoint_id,
         reason=pending.reason,

@@ -90,6 +90,9 @@ class ResumeView:
     turn: int | None
     reason: str | None
     saved_args: Any
+    #: A Chain's node that runs next; the team member that re-enters.
+    start_node: str | None = None
+    member: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +140,10 @@ class OutboxSummary:
 class RunPage:
     execution_id: str
     state: str
+    #: The name of the runner that owns the run (the top of its ``agent_path``).
     agent: str
+    #: That runner as a person reads it, e.g. ``Chain 'refund-chain'``.
+    runner: str
     #: What a resume would do (``shape`` tool, turn or approval), or null.
     resume: ResumeView | None
     #: Why there is no resume, in words, when ``resume`` is null.
@@ -343,6 +349,8 @@ def resume_view(plan: runs.ResumePlan | runs.Refusal, saved_args: Any) -> Resume
         turn=plan.turn,
         reason=plan.reason,
         saved_args=jsonable(saved_args),
+        start_node=plan.start_node,
+        member=plan.member,
     )
 
 
@@ -360,7 +368,7 @@ def pending_view(pending: Pending | None) -> PendingView | None:
 
 @dataclass(frozen=True, slots=True)
 class ActionsSection:
-    """What this process can do with the run (its agent and tool registered or not), the
+    """What this process can do with the run (its runner and tool registered or not), the
     pause's card, and what localui already did with the run."""
 
     decisions: tuple[DecisionView, ...] = ()
@@ -370,24 +378,21 @@ class ActionsSection:
 
 
 def actions_section(
-    actions: ActionService | None,
+    actions: ActionService,
     execution_id: str,
-    agent: str,
+    owner: runs.Owner,
     plan: runs.ResumePlan | runs.Refusal,
     pending: Pending | None,
     now: datetime,
     urls: Urls,
 ) -> ActionsSection:
-    if actions is None:
-        return ActionsSection()
     resume_problem = None
     if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
-        tool = actions.tool_of(plan.checkpoint_id, plan.node_id) if plan.tool else None
-        resume_problem = actions.agent_problem(agent, tool)
+        resume_problem = actions.plan_problem(plan)
     return ActionsSection(
         decisions=decisions_for_run(actions, execution_id),
         resume_problem=resume_problem,
-        fork_problem=actions.agent_problem(agent, None),
+        fork_problem=actions.fork_problem(owner),
         approval=approval_item(actions, pending, now, urls) if pending is not None else None,
     )
 
@@ -396,7 +401,7 @@ def build_run_page(
     store: Store,
     execution_id: str,
     urls: Urls,
-    actions: ActionService | None = None,
+    actions: ActionService,
     *,
     start: int | None = None,
     window: int = TIMELINE_ROWS,
@@ -407,8 +412,10 @@ def build_run_page(
     headers = store.list_rows(execution_id)
     now = datetime.now(UTC)
     state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
-    plan = runs.resume_plan(state, headers)
+    # The owner's plan on this backend, with the registered Chain's node order.
+    plan = actions.plan(state, headers)
     last = headers[-1]
+    owner = runs.run_owner(headers)
     cache = store.list_cache(execution_id)
     pending = store.get_pending(execution_id) if facts.has_pending else None
     saved_args: Any = None
@@ -428,12 +435,13 @@ def build_run_page(
     )
     timeline = timeline_section(execution_id, headers, start, window, now, urls)
     origin = store.get_fork_origin(execution_id)
-    acting = actions_section(actions, execution_id, facts.agent, plan, pending, now, urls)
+    acting = actions_section(actions, execution_id, owner, plan, pending, now, urls)
     age = seconds_since(last.created_at)
     return RunPage(
         execution_id=execution_id,
         state=state,
-        agent=facts.agent,
+        agent=owner.name,
+        runner=owner.describe(),
         resume=resume_view(plan, saved_args),
         resume_refusal=plan.reason if isinstance(plan, runs.Refusal) else None,
         verdict=verdict,

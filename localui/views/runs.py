@@ -98,7 +98,7 @@ def run_row(facts: RunFacts, now: datetime, urls: Urls) -> RunRow:
     state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
     stopped_at = None
     if state == runs.UNFINISHED:
-        stopped_at = "tool" if runs.parse_node(facts.last_node_id).tool is not None else "turn"
+        stopped_at = runs.stopped_at(facts.last_node_id, facts.last_step_type)
     return RunRow(
         execution_id=facts.execution_id,
         state=state,

@@ -3,6 +3,7 @@ pool, with the decision record and the users table in a schema of the app's own.
 
 from __future__ import annotations
 
+from localui import runs
 from localui.backends.base import ChangeSource, DecisionLog, Prunes, StoreTarget, UserDirectory
 from localui.backends.postgres.changes import PostgresChangeSource
 from localui.backends.postgres.decisions import PostgresDecisionLog
@@ -14,6 +15,8 @@ from localui.backends.urls import redact
 
 class PostgresBackend:
     """:class:`localui.backends.base.Backend` over one schema of a PostgreSQL database."""
+
+    kind = runs.POSTGRES
 
     def __init__(self, dsn: str, *, schema: str = "fastaiagent", app_schema: str = "localui"):
         self.dsn = dsn

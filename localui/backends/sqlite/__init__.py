@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
+from localui import runs
 from localui.backends.base import ChangeSource, DecisionLog, Prunes, StoreTarget, UserDirectory
 from localui.backends.sqlite.changes import SQLiteChangeSource
 from localui.backends.sqlite.decisions import SQLiteDecisionLog
@@ -15,6 +16,8 @@ from localui.backends.sqlite.users import SQLiteUsers
 
 class SQLiteBackend:
     """:class:`localui.backends.base.Backend` over one SQLite file."""
+
+    kind = runs.SQLITE
 
     def __init__(self, path: str | Path, *, store: SQLiteStore | None = None) -> None:
         self.path = Path(path)

@@ -256,8 +256,23 @@ def read_meta(conn: sqlite3.Connection) -> dict[str, str]:
 def set_meta(conn: sqlite3.Connection, *, high_water: int, identity: str) -> None:
     conn.executemany(
         "INSERT OR REPLACE INTO meta VALUES (?, ?)",
-        [("version", VERSION), ("identity", identity), ("high_water", str(high_water))],
+        [
+            ("version", VERSION),
+            ("identity", identity),
+            ("high_water", str(high_water)),
+            ("tip", store_tip(conn, high_water)),
+        ],
     )
+
+
+def store_tip(conn: sqlite3.Connection, rowid: int) -> str:
+    """What identifies the store's row at ``rowid`` by content: its run, node and time."""
+    if rowid <= 0:
+        return ""
+    row = conn.execute(
+        "SELECT execution_id, node_id, created_at FROM s.checkpoints WHERE rowid = ?", (rowid,)
+    ).fetchone()
+    return "" if row is None else "|".join(str(v) for v in row)
 
 
 def is_stale(conn: sqlite3.Connection, identity: str) -> bool:

@@ -432,7 +432,12 @@ class IndexSync:
     def _catch_up(self, conn: sqlite3.Connection, columns: StoreColumns) -> bool:
         """Fold in what changed since the last look; False when rows were deleted,
         which only a rebuild gets right."""
-        high_water = int(schema.read_meta(conn).get("high_water", "0"))
+        meta = schema.read_meta(conn)
+        high_water = int(meta.get("high_water", "0"))
+        if meta.get("tip", "") != schema.store_tip(conn, high_water):
+            # The row the index last folded in is not what it was: the file was replaced
+            # in place (same inode, maybe the same row count) or rows were deleted.
+            return False
         # Separate statements, so each can use the SDK's own indexes.
         top = int(conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM s.checkpoints").fetchone()[0])
         total = int(conn.execute("SELECT COUNT(*) FROM s.checkpoints").fetchone()[0])

@@ -1,0 +1,342 @@
+"""Every run the demo writes, resumed for real: the page's prediction against what the SDK did.
+
+For each run on each backend, a fresh copy of the store is taken, the rules say
+what a resume or an approval would do (``localui.runs.resume_plan``), then the
+runner that owns the run is called through the SDK directly, as the page's
+button would, with every model call and tool call noted in order. The first
+thing the SDK did and how the run ended must be what was predicted. A refusal
+must be one the SDK deserves, and the app must refuse it before any row is
+claimed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import (
+    BASE_URL,
+    LOOPBACK_CLIENT,
+    NO_SIGN_IN,
+    PgRaw,
+    backup,
+    copy_pg_store,
+    pg_name,
+)
+from starlette.testclient import TestClient
+
+from localui import runs
+from localui.app import create_app
+from localui.backends.base import Backend, Store
+from localui.demo import teams
+from localui.demo.agent import build_agent
+from localui.demo.scenarios import ALL_SCENARIOS, SeedReport, seed
+from localui.settings import Settings
+
+#: Also run on the lowest SDK the project declares (scripts/test.sh).
+pytestmark = pytest.mark.floor
+
+NAMES = tuple(s.name for s in ALL_SCENARIOS)
+
+#: Which tool each node of the demo chain runs: a node's first act shows as its tool.
+CHAIN_NODE_TOOLS = {
+    "step_1_lookup": "lookup_order",
+    "step_2_plan": "plan_refund",
+    "step_3_refund": "refund",
+    "step_4_notify": "notify_customer",
+}
+
+#: A crash inside the refund re-runs the refund, which asks a manager again.
+ENDS_PAUSED = frozenset({"chain-crashed", "supervisor-crashed", "swarm-crashed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Seeds:
+    sqlite: SeedReport
+    pg_dsn: str
+    pg_schema: str
+    pg: SeedReport
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory: pytest.TempPathFactory, pg_dsn: str) -> Iterator[Seeds]:
+    """Every demo scenario, refund-bot and the other shapes, on both backends."""
+    schema = pg_name("fastaiagent_shapes")
+    try:
+        yield Seeds(
+            sqlite=seed(tmp_path_factory.mktemp("shapes") / "local.db", scenarios=ALL_SCENARIOS),
+            pg_dsn=pg_dsn,
+            pg_schema=schema,
+            pg=seed(pg_dsn, pg_schema=schema, scenarios=ALL_SCENARIOS),
+        )
+    finally:
+        PgRaw(pg_dsn, schema).drop()
+
+
+@dataclass
+class Copy:
+    """A test's own copy of the seeded store, its backend and the SDK's checkpointer."""
+
+    settings: Settings
+    backend: Backend
+    checkpointer: Any
+    report: SeedReport
+
+    @property
+    def store(self) -> Store:
+        return self.backend.store
+
+
+@pytest.fixture(params=("sqlite", "postgres"))
+def copy(request: pytest.FixtureRequest, seeds: Seeds, tmp_path: Path) -> Iterator[Copy]:
+    with ExitStack() as stack:
+        if request.param == "sqlite":
+            from fastaiagent.checkpointers import SQLiteCheckpointer
+
+            from localui.backends.sqlite import SQLiteBackend
+
+            path = backup(Path(seeds.sqlite.store), tmp_path / "copy.db")
+            settings = Settings(store=str(path), sign_in=NO_SIGN_IN)
+            backend: Backend = SQLiteBackend(path)
+            checkpointer: Any = SQLiteCheckpointer(str(path))
+            report = seeds.sqlite
+        else:
+            from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
+            from localui.backends.postgres import PostgresBackend
+
+            schema, app_schema = pg_name("fastaiagent"), pg_name("localui")
+            copy_pg_store(seeds.pg_dsn, seeds.pg_schema, seeds.pg_dsn, schema)
+            stack.callback(PgRaw(seeds.pg_dsn, schema).drop)
+            stack.callback(PgRaw(seeds.pg_dsn, app_schema).drop)
+            settings = Settings(
+                store=seeds.pg_dsn,
+                pg_schema=schema,
+                pg_app_schema=app_schema,
+                sign_in=NO_SIGN_IN,
+            )
+            backend = PostgresBackend(seeds.pg_dsn, schema=schema, app_schema=app_schema)
+            checkpointer = PostgresCheckpointer(seeds.pg_dsn, schema=schema)
+            report = seeds.pg
+        stack.callback(backend.close)
+        stack.callback(checkpointer.close)
+        yield Copy(settings, backend, checkpointer, report)
+
+
+def runners(checkpointer: Any, events: list[str]) -> dict[str, Any]:
+    """Every demo runner, switches off, noting what it does into ``events``."""
+    made: list[Any] = [
+        build_agent(checkpointer, events=events),
+        teams.build_chain(checkpointer, events=events),
+        teams.build_supervisor(checkpointer, events=events),
+        teams.build_swarm(checkpointer, events=events),
+        teams.build_long_agent(checkpointer, events=events),
+    ]
+    return {r.name: r for r in made}
+
+
+def chain_order(owner: runs.Owner, registered: dict[str, Any]) -> tuple[str, ...] | None:
+    if owner.kind != runs.CHAIN:
+        return None
+    from fastaiagent.chain.executor import _topological_sort
+
+    chain = registered[owner.name]
+    return tuple(_topological_sort(chain.nodes, chain.edges))
+
+
+def expected_first_event(first: runs.FirstAct) -> str:
+    if first.kind == "node":
+        assert first.name is not None, "the chain is registered, so its node is known"
+        return f"tool:{teams.CHAIN_NAME}:{CHAIN_NODE_TOOLS[first.name]}"
+    if first.kind == "tool":
+        return f"tool:{first.agent}:{first.name}"
+    assert first.agent is not None
+    return f"model:{first.agent}"
+
+
+def state_of(store: Store, execution_id: str) -> str:
+    facts = store.get_run(execution_id)
+    assert facts is not None
+    return runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("name", NAMES)
+def test_the_sdk_does_first_what_the_page_predicts(copy: Copy, name: str) -> None:
+    from fastaiagent import Resume
+    from fastaiagent.chain.interrupt import AlreadyResumed
+
+    execution_id = copy.report.run_id(name)
+    rows = copy.store.list_rows(execution_id)
+    state = state_of(copy.store, execution_id)
+    events: list[str] = []
+    registered = runners(copy.checkpointer, events)
+    owner = runs.run_owner(rows)
+    plan = runs.resume_plan(
+        state, rows, backend=copy.backend.kind, chain_order=chain_order(owner, registered)
+    )
+    runner = registered[owner.name]
+    answer = Resume(approved=True, metadata={"approver": "tests", "reason": "checking"})
+
+    if isinstance(plan, runs.Refusal):
+        if state == runs.PAUSED:
+            # The refusal is earned: the SDK itself claims the pending row and fails.
+            with pytest.raises(AlreadyResumed):
+                asyncio.run(runner.aresume(execution_id, resume_value=answer))
+            assert copy.store.get_pending(execution_id) is None, "the SDK lost the pause"
+        else:
+            with pytest.raises(Exception) as refused:
+                asyncio.run(runner.aresume(execution_id))
+            assert "already finished" in str(refused.value) or state == runs.ORPHANED
+        assert events == [], f"{name}: the SDK ran {events} on a run it refused"
+        return
+
+    value = answer if state == runs.PAUSED else None
+    result = asyncio.run(runner.aresume(execution_id, resume_value=value))
+
+    assert events, f"{name}: the resume did nothing"
+    assert events[0] == expected_first_event(plan.first), (name, plan, events[:5])
+    ended = runs.PAUSED if name in ENDS_PAUSED else runs.COMPLETED
+    assert (result.status, state_of(copy.store, execution_id)) == (ended, ended), name
+    if owner.kind == runs.SUPERVISOR:
+        if ended == runs.COMPLETED:
+            assert result.output == teams.SUPERVISOR_DONE
+        # The worker re-entered where predicted: its paused or saved tool ran again.
+        assert f"tool:{plan.member}:refund" in events
+    if plan.note is not None and "fork's origin" in plan.note:
+        # The fork finishes its source's conversation, not its own new request.
+        assert "A-1001" in str(result.output) and "A-1010" not in str(result.output)
+
+
+@pytest.mark.postgres
+def test_long_runs_are_predicted_past_the_sdk_s_500_rows(copy: Copy) -> None:
+    failed = copy.store.list_rows(copy.report.run_id("long-failed"))
+    plan = runs.resume_plan(runs.FAILED, failed, backend=copy.backend.kind)
+    assert isinstance(plan, runs.ResumePlan) and len(failed) > runs.SDK_LIST_LIMIT
+    # Not the model call of the last turn: row 500 is a tool call of turn 45.
+    assert (plan.node_id, plan.shape) == ("turn:45/tool:step", "tool")
+    assert plan.note is not None and "first 500" in plan.note
+
+    paused = copy.store.list_rows(copy.report.run_id("long-paused"))
+    refusal = runs.resume_plan(runs.PAUSED, paused, backend=copy.backend.kind)
+    assert isinstance(refusal, runs.Refusal)
+    assert "lose this pause" in refusal.reason and "Nothing has been claimed" in refusal.reason
+
+
+@pytest.mark.postgres
+def test_the_failed_fork_re_enters_where_each_backend_sorts_it(copy: Copy) -> None:
+    rows = copy.store.list_rows(copy.report.run_id("fork-failed"))
+    plan = runs.resume_plan(runs.FAILED, rows, backend=copy.backend.kind)
+    assert isinstance(plan, runs.ResumePlan)
+    if copy.backend.kind == runs.SQLITE:
+        # SQLite's list sorts by node_index, and the origin row carries its source's.
+        assert plan.node_id == "__fork_origin__"
+        assert plan.note is not None and "source run's conversation" in plan.note
+    else:
+        assert plan.node_id == "turn:0" and plan.note is None
+
+
+def approve_through_the_app(copy: Copy, execution_id: str, agents: list[Any]) -> Any:
+    app = create_app(copy.settings, agents=agents)
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        card = client.get(f"/approvals/{execution_id}.json").json()
+        response = client.post(
+            f"/approvals/{execution_id}/approve",
+            data={
+                "approver": "Ann Approver",
+                "reason": "checking",
+                "checkpoint_id": card["pending"]["checkpoint_id"],
+            },
+            headers={"Accept": "application/json"},
+        )
+        return card, response
+
+
+@pytest.mark.postgres
+def test_a_pause_the_sdk_would_lose_is_refused_before_anything_is_claimed(copy: Copy) -> None:
+    execution_id = copy.report.run_id("long-paused")
+    agents = list(runners(copy.checkpointer, []).values())
+    card, response = approve_through_the_app(copy, execution_id, agents)
+
+    assert "lose this pause" in (card["pending"]["problem"] or "")
+    assert response.status_code in (403, 409, 422), response.text
+    assert copy.store.get_pending(execution_id) is not None, "the pause was claimed"
+    assert state_of(copy.store, execution_id) == runs.PAUSED
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("name", ["supervisor-paused", "swarm-paused", "chain-paused"])
+def test_the_desk_names_the_runner_to_register(copy: Copy, name: str) -> None:
+    execution_id = copy.report.run_id(name)
+    card, response = approve_through_the_app(copy, execution_id, [])
+    owner = runs.run_owner(copy.store.list_rows(execution_id))
+
+    assert owner.kind == name.split("-")[0]
+    problem = card["pending"]["problem"] or ""
+    assert owner.describe() in problem and "--agents" in problem
+    assert response.status_code in (403, 409, 422)
+    assert copy.store.get_pending(execution_id) is not None
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("name", "output"),
+    [
+        ("supervisor-paused", teams.SUPERVISOR_DONE),
+        ("swarm-paused", "Refund handled: refunded 250.00 on B-7"),
+        ("chain-paused", None),
+    ],
+)
+def test_a_team_or_chain_pause_is_approved_through_its_owner(
+    copy: Copy, name: str, output: str | None
+) -> None:
+    execution_id = copy.report.run_id(name)
+    events: list[str] = []
+    card, response = approve_through_the_app(
+        copy, execution_id, list(runners(copy.checkpointer, events).values())
+    )
+
+    assert card["pending"]["problem"] is None
+    assert response.status_code == 200, response.text
+    outcome = response.json()
+    assert (outcome["action"], outcome["status"]) == ("approve", "completed")
+    if output is not None:
+        assert outcome["output"] == output
+    assert state_of(copy.store, execution_id) == runs.COMPLETED
+    assert copy.store.get_pending(execution_id) is None
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("name", ["chain-crashed", "supervisor-crashed", "swarm-crashed"])
+def test_a_crashed_team_or_chain_is_resumed_through_its_owner(copy: Copy, name: str) -> None:
+    execution_id = copy.report.run_id(name)
+    events: list[str] = []
+    app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        page = client.get(f"/runs/{execution_id}.json").json()
+        plan = page["resume"]
+        response = client.post(
+            f"/runs/{execution_id}/resume",
+            data={"checkpoint_id": plan["checkpoint_id"], "actor": "Ops", "confirm": "yes"},
+            headers={"Accept": "application/json"},
+        )
+
+    assert response.status_code == 200, response.text
+    # The re-run refund asks a manager again: the run waits, through its owner.
+    assert response.json()["status"] == "paused"
+    assert state_of(copy.store, execution_id) == runs.PAUSED
+    first = {
+        "chain-crashed": f"tool:{teams.CHAIN_NAME}:refund",
+        "supervisor-crashed": f"model:{teams.SUPERVISOR_NAME}",
+        "swarm-crashed": "model:refunder",
+    }
+    assert events[0] == first[name]
+    assert (
+        page["resume"]["shape"]
+        == {"chain": "node", "supervisor": "team", "swarm": "turn"}[name.split("-")[0]]
+    )
