@@ -298,11 +298,15 @@ def test_keys_a_name_typed_once_and_a_bulk_reject(
         bulk.get_by_label("Reason").fill("quarter closed")
         bulk.get_by_role("button", name="Reject ticked").click()
         outcome = page.locator("#bulk-outcome")
-        expect(outcome).to_contain_text(f"{ticked} won · 0 already decided", timeout=30_000)
-        expect(outcome.locator("li.bulk-won")).to_have_count(ticked)
+        expect(outcome).to_contain_text(f"rejected {ticked} cards", timeout=30_000)
+        expect(outcome).to_contain_text("0 already decided · 0 stale")
+        # Each card is reported: won, or refused with why (a pause the SDK would lose).
+        expect(outcome.locator("li")).to_have_count(ticked)
+        won = outcome.locator("li.bulk-won").count()
+        assert won + outcome.locator("li.bulk-refused").count() == ticked
         expect(outcome).to_be_focused()
         shoot(page, "4-bulk")
-        assert len(before - pending_in_store(desk_server.store)) == ticked
+        assert len(before - pending_in_store(desk_server.store)) == won
         assert errors == []
     finally:
         context.close()
