@@ -3,6 +3,8 @@
     .venv/bin/python -m bench                                   # 1k, 10k, 100k runs
     .venv/bin/python -m bench --sizes 1000 --requests 5         # a quick look
     .venv/bin/python -m bench --no-sdk-ui                       # localui alone
+    .venv/bin/python -m bench --backend postgres --sizes 100k   # on PostgreSQL
+    .venv/bin/python -m bench --sizes 1m --no-sdk-ui            # a million runs
 
 Exit status: 0 when every budget is met, 1 when one is missed, 2 when the
 benchmark could not measure something (a page that did not answer 200, a server
@@ -31,14 +33,16 @@ from typing import Any
 
 import httpx
 
-from bench import report
+from bench import pg, report
 from bench.browser import page_weights
 from bench.budgets import all_passed, judge
 from bench.latency import Timing, failed, follow_next, time_get, warm_up
 from bench.model import DEEP_PAGES, ServerRun, StoreRun, localui_urls, sdk_urls
+from bench.pg import drop_schema
 from bench.sdk_ui import ensure_venv, installed, sdk_version
 from bench.servers import (
     REPO,
+    PgTarget,
     Server,
     agent_alone_rss_kb,
     clean_env,
@@ -62,6 +66,8 @@ class Options:
     weights: bool
     #: The localui the servers run: a copy of this checkout, or ``--localui-path``.
     app_path: Path | None
+    #: The store on PostgreSQL (``--backend postgres``), or None for the SQLite file.
+    pg: PgTarget | None = None
 
 
 def _time_all(
@@ -119,7 +125,12 @@ def measure_localui(store: BuiltStore, options: Options, log: Log) -> ServerRun:
     result = ServerRun()
     cache = Path(tempfile.mkdtemp(prefix="localui-bench-cache-"))
     try:
-        server = start_localui(store.path, cache_dir=cache, app_path=options.app_path)
+        if options.pg is not None:
+            # A cold start on PostgreSQL: no runs index in the app's schema yet.
+            drop_schema(options.pg.dsn, options.pg.app_schema)
+        server = start_localui(
+            store.path, cache_dir=cache, app_path=options.app_path, pg=options.pg
+        )
         result.startup_cold_s = server.startup_s
         result.startup_cpu["cold"] = server.startup_cpu_s
         log(f"  localui started (cold) in {server.startup_s:.2f} s")
@@ -147,13 +158,17 @@ def measure_localui(store: BuiltStore, options: Options, log: Log) -> ServerRun:
         finally:
             server.stop()
         # Again, with what the first start left in its cache dir.
-        server = start_localui(store.path, cache_dir=cache, app_path=options.app_path)
+        server = start_localui(
+            store.path, cache_dir=cache, app_path=options.app_path, pg=options.pg
+        )
         result.startup_warm_s = server.startup_s
         result.startup_cpu["warm"] = server.startup_cpu_s
         server.stop()
         log(f"  localui started (warm) in {result.startup_warm_s:.2f} s")
         # And as a viewer, with no agent to resume with: what the app itself costs.
-        server = start_localui(store.path, cache_dir=cache, agents=False, app_path=options.app_path)
+        server = start_localui(
+            store.path, cache_dir=cache, agents=False, app_path=options.app_path, pg=options.pg
+        )
         try:
             result.viewer_startup_s = server.startup_s
             result.startup_cpu["viewer"] = server.startup_cpu_s
@@ -237,7 +252,13 @@ def _span_sizes(text: str) -> list[int]:
 
 
 def _sizes(text: str) -> list[int]:
-    sizes = sorted({int(x.replace("_", "").replace("k", "000")) for x in text.split(",") if x})
+    sizes = sorted(
+        {
+            int(x.replace("_", "").replace("k", "000").replace("m", "000000"))
+            for x in text.split(",")
+            if x
+        }
+    )
     if not sizes or min(sizes) < 100:
         raise argparse.ArgumentTypeError("sizes are run counts of at least 100")
     return sizes
@@ -277,6 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="sizes the SDK UI is measured on (default: the largest)",
     )
     parser.add_argument(
+        "--backend",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="where the stores live: SQLite files, or schemas on PostgreSQL (the server in"
+        " LOCALUI_TEST_PG_DSN, else one started for the run); the SDK UI reads SQLite only",
+    )
+    parser.add_argument(
         "--keep-stores", action="store_true", help="leave the built stores in --workdir"
     )
     parser.add_argument(
@@ -295,6 +323,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def log(line: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    if args.backend == "postgres":
+        with pg.server(log) as dsn:
+            return _main(args, argv, started, log, dsn)
+    return _main(args, argv, started, log, None)
+
+
+def _main(
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    started: float,
+    log: Log,
+    dsn: str | None,
+) -> int:
+    if dsn is not None:
+        # Trace spans live in the SDK's SQLite trace file, and the SDK UI reads SQLite.
+        args.span_sizes = []
+        args.no_sdk_ui = True
+    pg_targets: dict[str, PgTarget] = {}
 
     largest = max(args.sizes)
     span_sizes = set([largest] if args.span_sizes is None else args.span_sizes)
@@ -316,6 +363,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 templates, stores_dir / f"runs-{size}.db", runs=size, pending=pending
             )
             log(f"store {store.label}: {store.rows:,} rows, {store.seconds:.1f} s")
+            if dsn is not None:
+                target = PgTarget(dsn, f"bench_{size}", f"bench_{size}_localui")
+                seconds = pg.copy_store(store.path, dsn, target.schema)
+                log(f"store {store.label} copied to PostgreSQL {target.schema}: {seconds:.1f} s")
+                pg_targets[store.label] = target
             stores.append(store)
             if size in span_sizes:
                 spanned = add_spans(templates, store, stores_dir / f"runs-{size}-spans.db")
@@ -342,10 +394,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             requests=args.requests,
             warmup=args.warmup,
             # The app's queries never read spans: once, on the largest store without them.
-            inproc=at_largest and not store.spans,
+            # In-process timing opens the SQLite file.
+            inproc=at_largest and not store.spans and dsn is None,
             # Page weight does not depend on the store's size: once, on the largest.
             weights=at_largest and not store.spans,
             app_path=app_path,
+            pg=pg_targets.get(store.label),
         )
         log(f"measuring {store.label} (load average {os.getloadavg()[0]:.1f})")
         local = measure_localui(store, options, log)
@@ -383,6 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not args.keep_stores:
         shutil.rmtree(stores_dir, ignore_errors=True)
+        for target in pg_targets.values():
+            drop_schema(target.dsn, target.schema)
+            drop_schema(target.dsn, target.app_schema)
     if args.localui_path is None:
         shutil.rmtree(app_path, ignore_errors=True)
     log(f"wrote {out} in {time.monotonic() - started:.0f} s")

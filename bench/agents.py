@@ -16,5 +16,12 @@ from localui.demo.agent import build_agent
 
 
 def refund_bot() -> Agent:
+    dsn = os.environ.get("LOCALUI_BENCH_PG_DSN")
+    if dsn:
+        # The bench serves a PostgreSQL store: the agent writes where it reads.
+        from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
+        schema = os.environ.get("LOCALUI_BENCH_PG_SCHEMA", "fastaiagent")
+        return build_agent(PostgresCheckpointer(dsn, schema=schema, max_pool_size=2))
     # ``localui serve`` sets this to the served store before it imports agents.
     return build_agent(SQLiteCheckpointer(os.environ["FASTAIAGENT_LOCAL_DB"]))

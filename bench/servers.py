@@ -177,19 +177,40 @@ def agent_alone_rss_kb(store: Path, *, app_path: Path | None = None) -> int:
     return int(done.stdout.strip().splitlines()[-1])
 
 
+@dataclass(frozen=True, slots=True)
+class PgTarget:
+    """A store on PostgreSQL: the SDK's schema, and the app's (its runs index)."""
+
+    dsn: str
+    schema: str
+    app_schema: str
+
+
 def start_localui(
-    store: Path, *, cache_dir: Path, agents: bool = True, app_path: Path | None = None
+    store: Path,
+    *,
+    cache_dir: Path,
+    agents: bool = True,
+    app_path: Path | None = None,
+    pg: PgTarget | None = None,
 ) -> Server:
-    """``python -m localui serve`` on ``store``; its own files (the runs index) go to
-    ``cache_dir`` through ``XDG_CACHE_HOME``, so a fresh dir means a cold start."""
+    """``python -m localui serve`` on ``store`` (or on ``pg``'s schema); its own files
+    (the SQLite runs index) go to ``cache_dir`` through ``XDG_CACHE_HOME``, so a fresh
+    dir means a cold start (on PostgreSQL, a fresh app schema does)."""
     port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix="localui-bench-serve-"))
-    command = [sys.executable, "-m", "localui", "serve", "--store", str(store), "--port", str(port)]
+    where = [str(store)]
+    extra: dict[str, str] = {}
+    if pg is not None:
+        where = [pg.dsn, "--pg-schema", pg.schema, "--pg-app-schema", pg.app_schema]
+        # The bench's agent binds to this store (bench/agents.py).
+        extra = {"LOCALUI_BENCH_PG_DSN": pg.dsn, "LOCALUI_BENCH_PG_SCHEMA": pg.schema}
+    command = [sys.executable, "-m", "localui", "serve", "--store", *where, "--port", str(port)]
     # Pages are timed as a page's work; what sign-in adds is measured in process.
     command.append("--no-auth")
     if agents:
         command += ["--agents", AGENTS_SPEC]
-    env = clean_env(XDG_CACHE_HOME=str(cache_dir), PYTHONPATH=pythonpath(app_path))
+    env = clean_env(XDG_CACHE_HOME=str(cache_dir), PYTHONPATH=pythonpath(app_path), **extra)
     return _start("localui", command, port=port, env=env, workdir=workdir)
 
 

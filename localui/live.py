@@ -24,12 +24,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import TracebackType
+from typing import TypeVar
 
 from localui.backends.base import Changes, ChangeSource
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Changes a subscriber may have queued before it must resync instead.
 DEFAULT_QUEUE_SIZE = 32
@@ -173,7 +177,7 @@ class ChangeFeed:
                 await self._task
             self._task = None
         async with self._source_lock:
-            await asyncio.to_thread(self.source.close)
+            await self._in_thread(self.source.close)
 
     async def subscribe(self) -> Subscription:
         """A new subscription. The first one after an idle spell takes a fresh
@@ -182,7 +186,7 @@ class ChangeFeed:
             if self._stopped:
                 raise RuntimeError("the change feed has stopped")
             if not self._baseline:
-                await asyncio.to_thread(self.source.reset)
+                await self._in_thread(self.source.reset)
                 self._baseline = True
                 # Whatever was rendered before the idle spell may be stale now.
                 self._seq += 1
@@ -209,13 +213,25 @@ class ChangeFeed:
             subscription.deliver(stamped)
         return stamped
 
+    async def _in_thread(self, call: Callable[[], T]) -> T:
+        """``call()`` in a worker thread, holding on until it returns even when the
+        awaiting task is cancelled: the caller's lock on the source must not be let go
+        while a thread still reads it, or ``stop`` would close the connection under
+        that read (SQLite answers that with a segmentation fault, not an exception)."""
+        running = asyncio.ensure_future(asyncio.to_thread(call))
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            await asyncio.wait({running})
+            raise
+
     async def poll_once(self) -> Changes | None:
         """One poll of the source, published when something changed."""
         async with self._source_lock:
             if not self._baseline:
                 return None
             self.polls += 1
-            changes = await asyncio.to_thread(self.source.poll)
+            changes = await self._in_thread(self.source.poll)
         if changes is None:
             return None
         return self.publish(changes)

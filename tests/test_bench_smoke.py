@@ -24,16 +24,32 @@ REPO = Path(__file__).resolve().parent.parent
 RUNS = 200
 
 
+#: The store labels each backend's run measures (spans are a SQLite trace file).
+LABELS = {
+    "sqlite": [f"{RUNS} runs", f"{RUNS} runs + spans"],
+    "postgres": [f"{RUNS} runs"],
+}
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, dict, str]:
+def bench_run(tmp_path_factory: pytest.TempPathFactory, backend: str) -> tuple[int, str, dict, str]:
     out_dir = tmp_path_factory.mktemp("bench")
     out = out_dir / "latest.md"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTAIAGENT_")}
+    if backend == "postgres" and not env.get("LOCALUI_TEST_PG_DSN"):
+        pytest.fail("LOCALUI_TEST_PG_DSN: run the tests with scripts/test.sh", pytrace=False)
     done = subprocess.run(
         [
             sys.executable,
             "-m",
             "bench",
+            "--backend",
+            backend,
             "--sizes",
             str(RUNS),
             "--span-sizes",
@@ -69,28 +85,35 @@ def _row(table: str, label: str) -> list[str]:
     raise AssertionError(f"no row {label!r} in the table")
 
 
-def test_it_measures_everything_without_error(bench_run: tuple[int, str, dict, str]) -> None:
+def test_it_measures_everything_without_error(
+    bench_run: tuple[int, str, dict, str], backend: str
+) -> None:
     status, _table, results, stderr = bench_run
     # 2 means something could not be measured: a page that did not answer 200.
     assert status in (0, 1), f"exit {status}, errors {results['errors']}:\n{stderr[-4000:]}"
     assert results["errors"] == []
     labels = [s["label"] for s in results["stores"]]
-    assert labels == [f"{RUNS} runs", f"{RUNS} runs + spans"]
-    spanned = results["stores"][1]
-    assert spanned["spans"] > RUNS and spanned["rows"] > RUNS * 3
+    assert labels == LABELS[backend]
+    if backend == "sqlite":
+        spanned = results["stores"][1]
+        assert spanned["spans"] > RUNS and spanned["rows"] > RUNS * 3
+    else:
+        assert "copied to PostgreSQL bench_200" in stderr
+        assert "runs index complete" in stderr
 
 
-def test_every_measurement_has_its_row(bench_run: tuple[int, str, dict, str]) -> None:
+def test_every_measurement_has_its_row(bench_run: tuple[int, str, dict, str], backend: str) -> None:
     _status, table, _results, _stderr = bench_run
     lines = table.splitlines()
     for label in LOCALUI_METRICS.values():
         cells = _row(table, label)
-        # p50 / p95 for each store, with and without spans.
-        assert len(cells) == 2 and all("/" in c and "error" not in c for c in cells), cells
+        # p50 / p95 for each store (on SQLite with and without spans).
+        assert len(cells) == len(LABELS[backend]), cells
+        assert all("/" in c and "error" not in c for c in cells), cells
     for label in LOCALUI_PAGES.values():
         weight = [line for line in lines if line.startswith(f"| localui | {label} | ")]
         assert len(weight) == 1 and "error" not in weight[0], weight
-    for store in (f"{RUNS} runs", f"{RUNS} runs + spans"):
+    for store in LABELS[backend]:
         memory = [line for line in lines if line.startswith(f"| localui | {store} | ")]
         assert len(memory) == 1 and " MB |" in memory[0], memory
     for label in SDK_METRICS.values():
@@ -110,3 +133,15 @@ def test_every_budget_is_judged_and_the_exit_status_agrees(
         assert verdict["passed"] == (verdict["worst"] <= budget.limit)
         assert _row(table, budget.what)[-1] == ("pass" if verdict["passed"] else "**MISSED**")
     assert status == (0 if all(b["passed"] for b in judged.values()) else 1)
+
+
+def test_every_page_keeps_its_js_and_css_inside_the_budget(
+    bench_run: tuple[int, str, dict, str],
+) -> None:
+    """Sizes, unlike timings, do not depend on the machine: every page loads at most
+    80 KB of JS and CSS, 30 KB on the wire (the live and theme scripts included)."""
+    _status, _table, results, _stderr = bench_run
+    judged = {b["what"]: b for b in results["budgets"]}
+    for budget in BUDGETS:
+        if budget.key in ("js_css", "js_css_wire"):
+            assert judged[budget.what]["passed"], judged[budget.what]

@@ -8,6 +8,7 @@ from the demo agent in a child process, or from an approval through the app.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
@@ -20,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import anyio
 import httpx
@@ -174,7 +175,12 @@ def parse_event(block: str) -> Event | None:
 
 @contextlib.asynccontextmanager
 async def open_stream(
-    app: Starlette, path: str, *, buffer: float = math.inf, cookie: str = ""
+    app: Starlette,
+    path: str,
+    *,
+    buffer: float = math.inf,
+    cookie: str = "",
+    headers: tuple[tuple[bytes, bytes], ...] = (),
 ) -> AsyncIterator[Stream]:
     """GET ``path`` as a browser's EventSource would; leaving the block is the browser
     going away. ``buffer=0`` is a client that reads only when the test does."""
@@ -182,9 +188,9 @@ async def open_stream(
     left = anyio.Event()
     started = anyio.Event()
     url = urlsplit(path)
-    headers = [(b"host", b"127.0.0.1:8765"), (b"accept", b"text/event-stream")]
+    sent_headers = [(b"host", b"127.0.0.1:8765"), (b"accept", b"text/event-stream"), *headers]
     if cookie:
-        headers.append((b"cookie", cookie.encode()))
+        sent_headers.append((b"cookie", cookie.encode()))
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -195,7 +201,7 @@ async def open_stream(
         "raw_path": url.path.encode(),
         "query_string": url.query.encode(),
         "root_path": "",
-        "headers": headers,
+        "headers": sent_headers,
         "client": ("127.0.0.1", 50000),
         "server": ("127.0.0.1", 8765),
     }
@@ -341,6 +347,45 @@ async def test_the_feed_sees_a_run_another_process_writes(store_copy: Path, tmp_
     assert seen.runs == {new_run}
     assert seen.pauses_added == {new_run}
     assert not seen.pauses_removed and not seen.decided and not seen.everything
+
+
+class SlowPollSource(SQLiteChangeSource):
+    """The real SQLite source, with a poll slow enough to be cancelled mid-read; it
+    notes when each poll ends and when the connection is closed."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.events: list[str] = []
+        self.polling = threading.Event()
+
+    def poll(self) -> Changes | None:
+        self.polling.set()
+        time.sleep(0.3)
+        changes = super().poll()
+        self.events.append("poll ended")
+        return changes
+
+    def close(self) -> None:
+        self.events.append("closed")
+        super().close()
+
+
+@pytest.mark.anyio
+async def test_stopping_never_closes_the_source_under_a_poll_in_flight(store_copy: Path) -> None:
+    # A poll cancelled mid-read (its stream or the app going away) still holds the
+    # source until the read returns: closing SQLite's connection under a read in
+    # another thread crashes the process.
+    source = SlowPollSource(store_copy)
+    feed = ChangeFeed(source, interval=INTERVAL)
+    subscription = await feed.subscribe()
+    polling = asyncio.ensure_future(feed.poll_once())
+    await anyio.to_thread.run_sync(source.polling.wait)
+    polling.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await polling
+    await feed.stop()
+    assert source.events == ["poll ended", "closed"]
+    assert await subscription.next() is None  # the stop reached its subscriber too
 
 
 @pytest.mark.anyio
@@ -750,3 +795,108 @@ def test_a_server_with_open_streams_stops_at_once(store_copy: Path, tmp_path: Pa
     # Not cut off by uvicorn's graceful-shutdown timeout: the streams ended themselves.
     assert "timeout graceful shutdown exceeded" not in output, output
     assert ended == ["cleanly"] * 3
+
+
+def test_a_prune_by_another_process_refreshes_every_view_at_the_next_poll(
+    store_copy: Path,
+) -> None:
+    """The SDK's prune deletes old finished rows, not the newest: the source counts
+    the rows when a commit moved the store, and says everything changed."""
+    from datetime import timedelta
+
+    from fastaiagent.checkpointers import SQLiteCheckpointer
+
+    source = SQLiteChangeSource(store_copy)
+    try:
+        source.reset()
+        assert source.poll() is None
+        checkpointer = SQLiteCheckpointer(str(store_copy))
+        try:
+            assert checkpointer.prune(timedelta(0)) > 0
+        finally:
+            checkpointer.close()
+        changes = source.poll()
+        assert changes is not None and changes.everything
+        assert source.poll() is None
+    finally:
+        source.close()
+
+
+# --- one stream per browser -------------------------------------------------------
+
+
+def shared(event: Event) -> tuple[str, str, str]:
+    """A shared stream's event: the watched URLs it is for, its fragment name, the HTML."""
+    assert event.event == "m"
+    head, _, html = event.data.partition("\n")
+    to, _, name = head.partition(" ")
+    return to, name, html
+
+
+@pytest.mark.anyio
+async def test_one_shared_stream_carries_every_watched_page(
+    store_copy: Path, seeded: Seeded, tmp_path: Path, page_text: Callable[..., str]
+) -> None:
+    failed = seeded.id("failed")
+    watched = ["/live/runs", f"/live/runs/{failed}", "/live/runs/no-such-run", "/live/approvals"]
+    query = "&".join(f"s={quote(url, safe='')}" for url in watched)
+    with acting_app(store_copy) as app:
+        async with running(app), open_stream(app, f"/live/mux?{query}") as stream:
+            assert stream.status == 200
+            opening: dict[str, tuple[str, str]] = {}
+            with anyio.fail_after(WAIT_S):
+                while {"store-status", "runs-table", "queue", *RUN_FRAGMENTS} - opening.keys():
+                    event = await stream.next()
+                    assert event is not None
+                    to, name, html = shared(event)
+                    opening[name] = (to, html)
+            # The badge once, for every page that shows it; the gone run is left out.
+            assert opening["store-status"][0] == "*"
+            assert opening["nav-badge"][0] == "0,1,3"
+            assert opening["runs-table"][0] == "0"
+            assert {opening[name][0] for name in RUN_FRAGMENTS[1:]} == {"1"}
+            assert opening["queue"][0] == "3"
+            assert f'id="run-{failed}"' in opening["runs-table"][1]
+
+            new_run = await run_worker(store_copy, "paused-1", tmp_path)
+            pushed: dict[str, str] = {}
+            with anyio.fail_after(WAIT_S):
+                while {"runs-table", "nav-badge", "queue"} - pushed.keys():
+                    event = await stream.next()
+                    assert event is not None
+                    to, name, html = shared(event)
+                    pushed[name] = html
+            assert f'id="run-{new_run}"' in pushed["runs-table"]
+            assert page_text(pushed["nav-badge"], "nav-pending") == str(SEEDED_PAUSES + 1)
+            assert f'id="approval-{new_run}"' in pushed["queue"]
+        async with http(app) as client:
+            for bad in ("s=/elsewhere", "s=/live/mux", "", "&".join(["s=/live/nav"] * 65)):
+                assert (await client.get(f"/live/mux?{bad}")).status_code == 400
+
+
+BROWSER = ((b"sec-fetch-mode", b"cors"), (b"user-agent", b"Mozilla/5.0 (test)"))
+
+
+@pytest.mark.anyio
+async def test_a_browser_holds_at_most_four_streams(store_copy: Path) -> None:
+    app = create_app(Settings(store=str(store_copy), poll_interval=INTERVAL, sign_in=NO_SIGN_IN))
+    async with running(app), contextlib.AsyncExitStack() as streams:
+        held = [
+            await streams.enter_async_context(open_stream(app, "/live/nav", headers=BROWSER))
+            for _ in range(4)
+        ]
+        for stream in held:
+            assert stream.status == 200
+            await stream.first("nav-badge")
+        async with open_stream(app, "/live/nav", headers=BROWSER) as refused:
+            assert refused.status == 429
+            assert (b"retry-after", b"5") in refused.start["headers"]
+        # Another browser, and a script (no Sec-Fetch-Mode), are not this browser.
+        other = ((b"sec-fetch-mode", b"cors"), (b"user-agent", b"Mozilla/5.0 (other)"))
+        async with open_stream(app, "/live/nav", headers=other) as stream:
+            assert stream.status == 200
+        async with open_stream(app, "/live/nav") as stream:
+            assert stream.status == 200
+    # Closed streams are given back.
+    async with running(app), open_stream(app, "/live/nav", headers=BROWSER) as stream:
+        assert stream.status == 200

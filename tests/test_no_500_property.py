@@ -63,6 +63,7 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "live_runs": (RUNS_FILTERS, ()),
     "live_run": ((), ()),
     "live_approvals": (QUEUE, ()),
+    "live_mux": (("s",), ()),
     "prune": (("older_than",), ()),
     "prune_json": (("older_than",), ()),
     "prune_now": ((), ("older_than", "cutoff", "prune_token")),

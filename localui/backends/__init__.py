@@ -45,7 +45,10 @@ def open_backend(settings: Settings) -> Backend:
         from localui.backends.postgres import PostgresBackend
 
         return PostgresBackend(
-            target.pg_dsn, schema=target.pg_schema, app_schema=settings.pg_app_schema
+            target.pg_dsn,
+            schema=target.pg_schema,
+            app_schema=settings.pg_app_schema,
+            runs_index=not settings.read_only,
         )
     from localui.backends.sqlite import SQLiteBackend
 

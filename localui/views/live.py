@@ -13,6 +13,13 @@ extension, ``sse-swap``) swaps it over the element with the same id.
 - Renders are shared (:class:`LiveRenders`): every stream showing the same
   view gets the same text, so a hundred tabs cost one render per change.
 - A stream that fell behind gets a ``resync`` event, then every fragment anew.
+- A browser's tabs share one stream (``/live/mux``, opened by ``static/live-shared.js``
+  in a SharedWorker): it carries the union of what the tabs watch, each fragment
+  labelled with the watched URLs it belongs to. Browsers allow about six connections
+  to one server, so a stream per tab would freeze a browser with six tabs open.
+- The server still caps the streams one browser holds open (:data:`STREAMS_PER_BROWSER`):
+  beyond it a stream is refused with 429, and the page says its live updates are
+  paused, leaving the browser's other connections free for pages and actions.
 - Streams end when the feed stops (the app's lifespan) and when uvicorn starts
   to shut down (sse-starlette watches for that), so open tabs never hold a
   stopping server.
@@ -23,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Hashable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -31,7 +38,8 @@ from typing import Any, Protocol
 import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Match
 
 from localui.auth import NOBODY, Person, person_of
 from localui.backends.base import Changes
@@ -50,6 +58,13 @@ RECONNECT_MS = 1000
 
 #: How long a stream may take to end itself once the server stops, before it is cancelled.
 SHUTDOWN_GRACE_S = 1.0
+
+#: Live streams one browser may hold open at once. Browsers open at most six HTTP/1.1
+#: connections to one server; four leaves two for pages and actions.
+STREAMS_PER_BROWSER = 4
+
+#: URLs one shared stream may carry (one per distinct live page open in a browser).
+MUX_MAX_WATCHED = 64
 
 #: Claimed pauses the queue keeps a spot for (see ``_queue.html``): a person who
 #: just decided one sees the outcome where its card was.
@@ -287,11 +302,26 @@ async def _next_or_stop(subscription: Subscription, stop: anyio.Event) -> Change
     return item
 
 
+#: Labels one event of a stream: the view it came from (None: every view, as the store
+#: status and resync are), its event name and data.
+Label = Callable[[LiveView | None, str, str], ServerSentEvent]
+
+
+def plain_event(view: LiveView | None, event: str, data: str) -> ServerSentEvent:
+    return ServerSentEvent(data=data, event=event)
+
+
 async def live_events(
-    ctx: AppState, views: Sequence[LiveView], stop: anyio.Event
+    ctx: AppState,
+    views: Sequence[LiveView],
+    stop: anyio.Event,
+    label: Label = plain_event,
+    end_when_gone: bool = True,
 ) -> AsyncIterator[ServerSentEvent]:
     """The events of one stream: the current fragments, then each change to them, until
-    the feed stops or ``stop`` is set (the server is shutting down)."""
+    the feed stops or ``stop`` is set (the server is shutting down). ``label`` names
+    each event; a shared stream leaves a pruned run out instead of ending
+    (``end_when_gone=False``), as its other pages still watch."""
     feed = ctx.feed
     renders = live_renders(ctx)
     subscription = await feed.subscribe()
@@ -299,8 +329,8 @@ async def live_events(
         with renders.holding(views):
             # Sets the browser's reconnect delay and opens the stream at once.
             yield ServerSentEvent(comment="localui live", retry=RECONNECT_MS)
-            yield store_status(ctx, feed.problem)
-            sent: dict[str, str] = {}
+            yield label(None, "store-status", store_status_html(ctx, feed.problem))
+            sent: dict[tuple[Hashable, str], str] = {}
             due: Sequence[LiveView] = views
             at_least = subscription.seq
             while True:
@@ -308,7 +338,9 @@ async def live_events(
                     try:
                         rendered = await renders.current(view, at_least)
                     except NotFound:
-                        return  # the run was pruned: the browser's reconnect gets the 404
+                        if end_when_gone:
+                            return  # the run was pruned: the browser's reconnect gets the 404
+                        continue
                     except LocalUIError as exc:
                         logger.warning("live view %s not rendered: %s", view.key, exc)
                         continue
@@ -317,34 +349,87 @@ async def live_events(
                         logger.exception("live view %s failed to render", view.key)
                         continue
                     for fragment in rendered.fragments:
-                        if sent.get(fragment.event) != fragment.html:
-                            sent[fragment.event] = fragment.html
-                            yield ServerSentEvent(data=fragment.html, event=fragment.event)
+                        if sent.get((view.key, fragment.event)) != fragment.html:
+                            sent[(view.key, fragment.event)] = fragment.html
+                            yield label(view, fragment.event, fragment.html)
                 item = await _next_or_stop(subscription, stop)
                 if item is None:
                     return
                 if isinstance(item, Resync):
-                    yield ServerSentEvent(data="missed changes: sending everything", event="resync")
-                    yield store_status(ctx, feed.problem)
+                    yield label(None, "resync", "missed changes: sending everything")
+                    yield label(None, "store-status", store_status_html(ctx, feed.problem))
                     sent.clear()
                     due, at_least = views, feed.seq
                 else:
                     due, at_least = [v for v in views if v.affected_by(item)], item.seq
 
 
-def store_status(ctx: AppState, problem: str | None) -> ServerSentEvent:
+def store_status_html(ctx: AppState, problem: str | None) -> str:
     """The banner every live page carries: empty while the store reads, else why not."""
-    html = ctx.templates.get_template("partials/_store_status.html").render(problem=problem)
-    return ServerSentEvent(data=html, event="store-status")
+    return ctx.templates.get_template("partials/_store_status.html").render(problem=problem)
 
 
-def stream(request: Request, views: Sequence[LiveView]) -> Response:
+@dataclass
+class BrowserStreams:
+    """Live streams open per browser, to refuse those beyond :data:`STREAMS_PER_BROWSER`.
+
+    A browser is its address, User-Agent and cookies. Only requests a browser's fetch
+    machinery marks (``Sec-Fetch-Mode``) count: the cap keeps a browser from spending
+    its own few connections on streams; scripts and benchmarks hold what they ask for.
+    """
+
+    open: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+
+    @staticmethod
+    def browser_of(request: Request) -> tuple[str, str, str] | None:
+        if "sec-fetch-mode" not in request.headers:
+            return None
+        host = request.client.host if request.client else ""
+        return (host, request.headers.get("user-agent", ""), request.headers.get("cookie", ""))
+
+    @contextmanager
+    def holding(self, browser: tuple[str, str, str] | None) -> Iterator[None]:
+        if browser is not None:
+            self.open[browser] += 1
+        try:
+            yield
+        finally:
+            if browser is not None:
+                self.open[browser] -= 1
+                if self.open[browser] <= 0:
+                    del self.open[browser]
+
+
+BROWSER_STREAMS = BrowserStreams()
+
+
+def stream(
+    request: Request,
+    views: Sequence[LiveView],
+    label: Label = plain_event,
+    end_when_gone: bool = True,
+) -> Response:
     """The SSE response for ``views``. sse-starlette sets ``stop`` when uvicorn begins
     to shut down; ending the stream then, rather than being cancelled, completes the
     response cleanly and at once."""
+    browser = BrowserStreams.browser_of(request)
+    if browser is not None and BROWSER_STREAMS.open[browser] >= STREAMS_PER_BROWSER:
+        # An EventSource answered with an error stays closed; the page says its live
+        # updates are paused and tries again later.
+        return PlainTextResponse(
+            f"this browser already holds {STREAMS_PER_BROWSER} live streams",
+            status_code=429,
+            headers={"Retry-After": "5"},
+        )
     stop = anyio.Event()
+
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        with BROWSER_STREAMS.holding(browser):
+            async for event in live_events(context(request), views, stop, label, end_when_gone):
+                yield event
+
     return EventSourceResponse(
-        live_events(context(request), views, stop),
+        events(),
         shutdown_event=stop,
         shutdown_grace_period=SHUTDOWN_GRACE_S,
     )
@@ -353,19 +438,16 @@ def stream(request: Request, views: Sequence[LiveView]) -> Response:
 NAV = NavView()
 
 
-async def live_nav(request: Request) -> Response:
-    """The nav badge alone, for pages with nothing else live."""
-    return stream(request, (NAV,))
+async def nav_views(request: Request) -> list[LiveView]:
+    return [NAV]
 
 
-async def live_runs(request: Request) -> Response:
-    """The runs table under the page's own filters (the same query string as ``/``)."""
+async def runs_views(request: Request) -> list[LiveView]:
     filters, after = parse_filters(request)
-    return stream(request, (NAV, RunsView(filters=filters, after=after, urls=urls_of(request))))
+    return [NAV, RunsView(filters=filters, after=after, urls=urls_of(request))]
 
 
-async def live_run(request: Request) -> Response:
-    """One run's page; a 404 for a run not in the store, so the browser backs off."""
+async def run_views(request: Request) -> list[LiveView]:
     execution_id = request.path_params["execution_id"]
     if await off_loop(context(request).store.get_run, execution_id) is None:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
@@ -375,11 +457,10 @@ async def live_run(request: Request) -> Response:
         approver=approver_of(request),
         person=person_of(request),
     )
-    return stream(request, (NAV, view))
+    return [NAV, view]
 
 
-async def live_approvals(request: Request) -> Response:
-    """The queue as ``/approvals`` shows it (``?order=`` and ``?after=`` alike)."""
+async def approvals_views(request: Request) -> list[LiveView]:
     actions_of(request)  # the queue needs the action service: fail now, not mid-stream
     order = request.query_params.get("order", "oldest")
     if order not in ("oldest", "newest"):
@@ -393,4 +474,83 @@ async def live_approvals(request: Request) -> Response:
         urls=urls_of(request),
         person=person_of(request),
     )
-    return stream(request, (NAV, view))
+    return [NAV, view]
+
+
+async def live_nav(request: Request) -> Response:
+    """The nav badge alone, for pages with nothing else live."""
+    return stream(request, await nav_views(request))
+
+
+async def live_runs(request: Request) -> Response:
+    """The runs table under the page's own filters (the same query string as ``/``)."""
+    return stream(request, await runs_views(request))
+
+
+async def live_run(request: Request) -> Response:
+    """One run's page; a 404 for a run not in the store, so the browser backs off."""
+    return stream(request, await run_views(request))
+
+
+async def live_approvals(request: Request) -> Response:
+    """The queue as ``/approvals`` shows it (``?order=`` and ``?after=`` alike)."""
+    return stream(request, await approvals_views(request))
+
+
+#: The live routes a shared stream may carry, by route name.
+WATCHABLE = {
+    "live_nav": nav_views,
+    "live_runs": runs_views,
+    "live_run": run_views,
+    "live_approvals": approvals_views,
+}
+
+
+async def watched_views(request: Request, url: str) -> list[LiveView]:
+    """The views of one live URL as a page's ``sse-connect`` names it (with the prefix),
+    read as if that URL had been requested with this request's cookies and sign-in."""
+    urls = urls_of(request)
+    path, _, query = url.partition("?")
+    if not path.startswith(urls.prefix + "/live/"):
+        raise BadRequest(f"{url!r} is not a live stream of this server")
+    scope = {
+        **request.scope,
+        "path": path[len(urls.prefix) :],
+        "raw_path": path[len(urls.prefix) :].encode(),
+        "query_string": query.encode(),
+    }
+    for route in urls.router.routes:
+        match, child = route.matches(scope)
+        name = getattr(route, "name", "")
+        if match is Match.FULL and name in WATCHABLE:
+            return await WATCHABLE[name](Request({**scope, **child}))
+    raise BadRequest(f"{url!r} is not a live stream of this server")
+
+
+async def live_mux(request: Request) -> Response:
+    """One stream for every live page a browser has open: ``?s=URL`` once per page's
+    live URL. Each event is ``m``, its data the indexes of the URLs it belongs to
+    (comma-separated, ``*`` for all), a space, the fragment's event name, a newline,
+    then the fragment. A run that is gone is left out; the others stay live."""
+    watched = request.query_params.getlist("s")
+    if not watched or len(watched) > MUX_MAX_WATCHED:
+        raise BadRequest(f"a shared stream watches 1 to {MUX_MAX_WATCHED} live URLs")
+    owners: dict[Hashable, list[int]] = {}
+    views: list[LiveView] = []
+    for index, url in enumerate(watched):
+        try:
+            found = await watched_views(request, url)
+        except NotFound:
+            continue
+        for view in found:
+            if view.key not in owners:
+                owners[view.key] = []
+                views.append(view)
+            owners[view.key].append(index)
+    labels = {key: ",".join(map(str, indexes)) for key, indexes in owners.items()}
+
+    def label(view: LiveView | None, event: str, data: str) -> ServerSentEvent:
+        to = "*" if view is None else labels[view.key]
+        return ServerSentEvent(data=f"{to} {event}\n{data}", event="m")
+
+    return stream(request, views, label, end_when_gone=False)

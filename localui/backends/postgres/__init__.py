@@ -18,9 +18,18 @@ class PostgresBackend:
 
     kind = runs.POSTGRES
 
-    def __init__(self, dsn: str, *, schema: str = "fastaiagent", app_schema: str = "localui"):
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "fastaiagent",
+        app_schema: str = "localui",
+        runs_index: bool = True,
+    ):
+        """``runs_index``: keep the runs index in ``app_schema`` (a read-only app
+        creates nothing there and reads the SDK's tables directly)."""
         self.dsn = dsn
-        self.store = PostgresStore(dsn, schema=schema, app_schema=app_schema)
+        self.store = PostgresStore(dsn, schema=schema, app_schema=app_schema, runs_index=runs_index)
         self.schema = self.store.schema
         self.app_schema = self.store.app_schema
         self.label = f"{redact(dsn)} (schema {self.schema})"

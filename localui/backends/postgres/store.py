@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from localui.backends import shared
+from localui.backends.postgres.index import BACKGROUND_FROM_ROWS, PgRunIndex, StoreSql
 from localui.backends.postgres.pool import (
     Pool,
     StaleConnection,
@@ -64,6 +65,9 @@ OLDEST_FIRST = "created_at ASC, node_index ASC, checkpoint_id ASC"
 
 #: How long a store without the SDK's tables (or columns) waits before looking again.
 SCHEMA_RECHECK_SECONDS = 5.0
+
+#: How much of a run's tool arguments the runs index keeps for search (as on SQLite).
+MAX_TOOL_ARGS = 4000
 
 _OPTIONAL_COLUMNS = ("parent_checkpoint_id", "agent_path", "synced", "sync_error", "step_type")
 
@@ -112,7 +116,11 @@ class PostgresStore:
         app_schema: str = "localui",
         statement_timeout: float = 5.0,
         wait_timeout: float = 2.0,
+        runs_index: bool = True,
+        index_background_from_rows: int = BACKGROUND_FROM_ROWS,
     ) -> None:
+        """``runs_index``: keep the runs index in ``app_schema`` (the runs list reads
+        the SDK's tables directly when False, or when the role may not create it)."""
         #: The URL as given, password included: for connections, never for showing.
         self.dsn = dsn
         self.schema = identifier(schema, "--pg-schema")
@@ -152,6 +160,24 @@ class PostgresStore:
         except BaseException:
             self._pool.close()
             raise
+        self._index: PgRunIndex | None = None
+        if runs_index:
+            try:
+                self._index = PgRunIndex(
+                    dsn,
+                    store_schema=self.schema,
+                    app_schema=self.app_schema,
+                    store_sql=self._index_sql,
+                    background_from_rows=index_background_from_rows,
+                )
+            except Unavailable:
+                # No privilege to create it: every read goes to the SDK's tables.
+                self._index = None
+
+    @property
+    def runs_index(self) -> PgRunIndex | None:
+        """The runs index, or None when the runs list reads the SDK's tables."""
+        return self._index
 
     # --- connections --------------------------------------------------
 
@@ -229,12 +255,18 @@ class PostgresStore:
                     ) from exc
 
     def close(self) -> None:
+        if self._index is not None:
+            self._index.close()
         self._pool.close()
 
     # --- runs ---------------------------------------------------------
 
-    def _runs_sql(self, s: _Schema, *, one_run: bool = False) -> str:
-        """The ``r`` CTE: one row per run with its facts; ``one_run`` binds ``%(run)s``."""
+    def _runs_sql(
+        self, s: _Schema, *, one_run: bool = False, runs_where: str = "", tool_args: bool = False
+    ) -> str:
+        """The ``r`` CTE: one row per run with its facts; ``one_run`` binds ``%(run)s``,
+        ``runs_where`` limits the runs otherwise (the runs index refolds a few), and
+        ``tool_args`` adds each run's distinct tool arguments, for text search."""
         cp = self._t["checkpoints"]
         pending_join = (
             f"LEFT JOIN {self._t['pending']} p ON p.execution_id = a.execution_id"
@@ -254,7 +286,16 @@ class PostgresStore:
             if "parent_checkpoint_id" in s.checkpoint_columns
             else "NULL"
         )
-        where = "WHERE execution_id = %(run)s" if one_run else ""
+        where = "WHERE execution_id = %(run)s" if one_run else runs_where
+        # What the SQLite index keeps of a run's tool arguments: each distinct one, in
+        # order, at most MAX_TOOL_ARGS characters in all.
+        args = (
+            "LEFT(COALESCE(string_agg(DISTINCT node_input::text, E'\\n' ORDER BY node_input::text)"
+            " FILTER (WHERE node_id LIKE '%%/tool:%%' AND node_input IS NOT NULL), ''),"
+            f" {MAX_TOOL_ARGS}) AS tool_args,"
+            if tool_args
+            else ""
+        )
         return f"""
             WITH a AS (
                 SELECT execution_id,
@@ -263,6 +304,7 @@ class PostgresStore:
                        MAX(created_at) AS last_at,
                        {fork_parent} AS fork_parent,
                        {waiting} AS rows_waiting,
+                       {args}
                        {quarantined} AS rows_quarantined
                 FROM {cp} {where}
                 GROUP BY execution_id
@@ -304,7 +346,76 @@ class PostgresStore:
             rows_quarantined=int(row["rows_quarantined"] or 0),
         )
 
+    def _index_sql(self) -> StoreSql | None:
+        """How the runs index reads the SDK's tables as they are now (None: no checkpoints)."""
+        s = self._run(lambda cur, s: s)
+        if not s.has_checkpoints:
+            return None
+        return StoreSql(
+            facts=lambda where: self._runs_sql(s, runs_where=where, tool_args=True),
+            checkpoints=self._t["checkpoints"],
+            pending=self._t["pending"] if s.has_pending else None,
+            has_synced="synced" in s.checkpoint_columns,
+        )
+
     def list_runs(self, query: RunQuery) -> RunFactsPage:
+        index = self._index
+        if index is None:
+            return self._list_runs_from_rows(query)
+        if not index.refresh():
+            progress = index.progress()
+            if progress is not None and query == RunQuery(limit=query.limit):
+                # The first page, unfiltered: answered now, from the store itself.
+                return RunFactsPage(
+                    runs=self._recently_written(query.limit),
+                    next_key=None,
+                    counts={},
+                    indexing=progress,
+                )
+            index.complete()
+        return index.list_runs(query)
+
+    def _recently_written(self, limit: int) -> tuple[RunFacts, ...]:
+        """The ``limit`` runs with the newest rows, from the SDK's tables: a lookup on
+        its ``(synced, created_at)`` index, then those runs' facts."""
+
+        def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:
+            if not s.has_checkpoints:
+                return []
+            cp = self._t["checkpoints"]
+            halves = (
+                ["synced = false", "synced = true"]
+                if "synced" in s.checkpoint_columns
+                else ["true"]
+            )
+            # A run writes a few rows a step: this many of the newest rows hold the
+            # newest ``limit`` runs unless a few runs wrote all of them.
+            rows = limit * 50
+            union = " UNION ALL ".join(
+                f"(SELECT execution_id, created_at FROM {cp} WHERE {half}"
+                f" ORDER BY created_at DESC LIMIT {rows})"
+                for half in halves
+            )
+            cur.execute(f"SELECT execution_id FROM ({union}) n ORDER BY created_at DESC")
+            recent: dict[str, None] = {}
+            for row in cur.fetchall():
+                recent[row["execution_id"]] = None
+                if len(recent) == limit:
+                    break
+            if not recent:
+                return []
+            cur.execute(
+                f"{self._runs_sql(s, runs_where='WHERE execution_id = ANY(%(ids)s)')}"
+                ' SELECT * FROM r ORDER BY last_at DESC, execution_id COLLATE "C" DESC',
+                {"ids": list(recent)},
+            )
+            found: list[dict[str, Any]] = cur.fetchall()
+            return found
+
+        return tuple(self._facts(r) for r in self._run(work, statements=2))
+
+    def _list_runs_from_rows(self, query: RunQuery) -> RunFactsPage:
+        """The runs list straight from the SDK's rows (no runs index)."""
         after_at = _key_instant(query.after, "after") if query.after is not None else None
 
         def work(cur: Any, s: _Schema) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -589,7 +700,17 @@ class PostgresStore:
         return links[0] if links else None
 
     def list_forks(self, execution_id: str) -> tuple[ForkLink, ...]:
-        return self._fork_links("src.execution_id = %s", (execution_id,))
+        index = self._index
+        if index is None or not index.refresh():
+            # A scan of every fork origin row: no index of the SDK's finds them by parent.
+            return self._fork_links("src.execution_id = %s", (execution_id,))
+        # The runs index knows each fork's parent row: this run's rows, then their forks.
+        return self._fork_links(
+            f"f.execution_id IN (SELECT r.execution_id FROM {index.tables.runs} r"
+            f" JOIN {self._t['checkpoints']} p ON p.checkpoint_id = r.fork_parent"
+            " WHERE p.execution_id = %s)",
+            (execution_id,),
+        )
 
     # --- actions' helpers ---------------------------------------------
 
@@ -693,6 +814,15 @@ class PostgresStore:
         return self._run(work)
 
     def totals(self) -> StoreTotals:
+        if self._index is not None:
+            rows, waiting, quarantined = self._index.totals()
+            return StoreTotals(
+                rows=rows,
+                rows_waiting=waiting,
+                rows_quarantined=quarantined,
+                pending=self.count_pending(),
+            )
+
         def work(cur: Any, s: _Schema) -> StoreTotals:
             if not s.has_checkpoints:
                 return StoreTotals(rows=0, rows_waiting=0, rows_quarantined=0, pending=0)

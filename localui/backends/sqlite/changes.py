@@ -27,6 +27,8 @@ class _Cursor:
     schema_version: int
     #: Newest checkpoint rowid: rows above it are new.
     max_rowid: int
+    #: How many checkpoint rows there are: fewer than before plus the new ones is a delete.
+    rows: int
     #: ``(created_at, rowid)`` of the newest row marked synced to the plane (the SDK
     #: drains oldest first, so this moves whenever rows sync or are quarantined).
     newest_synced: tuple[str, int] | None
@@ -52,9 +54,8 @@ class SQLiteChangeSource:
     connection commits, so an idle poll is one statement that reads no table.
     Only when it moves are the cursors read, each an index lookup: the newest
     rowid, the newest synced row, the (small) pending table and the decision
-    record. Deletes are not seen unless they take the newest rows (SQLite keeps
-    no cheap count): after a prune by another process, a page is right again at
-    its next change or reload.
+    record, and a count of the checkpoints, which shows rows deleted (a prune by
+    any process) at the next poll.
     """
 
     def __init__(
@@ -149,10 +150,13 @@ class SQLiteChangeSource:
     def _read_cursor(self, conn: sqlite3.Connection) -> _Cursor:
         schema_version = int(conn.execute("PRAGMA schema_version").fetchone()[0])
         t = self._tables_for(conn, schema_version)
-        max_rowid = 0
+        max_rowid = rows = 0
         newest_synced = None
         if t.checkpoints:
             max_rowid = int(conn.execute("SELECT max(rowid) FROM checkpoints").fetchone()[0] or 0)
+            # A count over the smallest index: read only when a commit moved the store,
+            # it is how a prune of old rows shows up at once.
+            rows = int(conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0])
         if t.synced:
             # The SDK's index on (synced, created_at) answers this without a scan.
             row = conn.execute(
@@ -175,6 +179,7 @@ class SQLiteChangeSource:
         return _Cursor(
             schema_version=schema_version,
             max_rowid=max_rowid,
+            rows=rows,
             newest_synced=newest_synced,
             pending=MappingProxyType(pending),
             decisions=decisions,
@@ -185,14 +190,16 @@ class SQLiteChangeSource:
             # A migration, or the newest rows deleted: nothing to pin it to.
             return Changes(everything=True)
         runs: set[str] = set()
+        added = 0
         if now.max_rowid > before.max_rowid:
-            runs.update(
-                str(r[0])
-                for r in conn.execute(
-                    "SELECT DISTINCT execution_id FROM checkpoints WHERE rowid > ?",
-                    (before.max_rowid,),
-                )
-            )
+            new_rows = conn.execute(
+                "SELECT execution_id FROM checkpoints WHERE rowid > ?", (before.max_rowid,)
+            ).fetchall()
+            added = len(new_rows)
+            runs.update(str(r[0]) for r in new_rows)
+        if now.rows < before.rows + added:
+            # Rows deleted (a prune, a run deleted): not pinned to runs, every view refreshes.
+            return Changes(everything=True)
         if now.newest_synced != before.newest_synced and now.newest_synced is not None:
             since = before.newest_synced or ("", 0)
             runs.update(
@@ -203,7 +210,7 @@ class SQLiteChangeSource:
                     (since[0], now.newest_synced[0]),
                 )
             )
-        added, removed = pause_changes(before.pending, now.pending)
+        pauses_added, pauses_removed = pause_changes(before.pending, now.pending)
         decided: set[str] = set()
         everything = False
         if now.decisions != before.decisions:
@@ -220,8 +227,8 @@ class SQLiteChangeSource:
                 )
         return Changes(
             runs=frozenset(runs),
-            pauses_added=added,
-            pauses_removed=removed,
+            pauses_added=pauses_added,
+            pauses_removed=pauses_removed,
             decided=frozenset(decided),
             everything=everything,
         )

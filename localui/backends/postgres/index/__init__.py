@@ -1,0 +1,78 @@
+"""The runs index on PostgreSQL: one row per run, kept by the app in its own schema.
+
+The runs list orders runs by their newest row and counts them by state. Over the
+SDK's tables that is an aggregate of every checkpoint per request (about a
+second at 100,000 runs), and the app may not add to the SDK's tables. So it
+keeps this summary in ``--pg-app-schema``, shared by every localui process on
+the database, brought up to date before answering.
+
+- :mod:`.schema`: its tables, triggers and indexes;
+- :mod:`.sync`: the catch-up, the build and how processes take turns;
+- :mod:`.query`: the reads.
+
+While a large store is first indexed the app answers at once: the runs list's
+first page, unfiltered, is the runs written to most recently, read from the
+store; anything that needs the whole index (filters, counts, later pages)
+waits for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from localui.backends.postgres.index import query
+from localui.backends.postgres.index.schema import Tables
+from localui.backends.postgres.index.sync import BACKGROUND_FROM_ROWS, IndexSync, StoreSql
+from localui.records import IndexProgress, RunFactsPage, RunQuery
+
+__all__ = ["BACKGROUND_FROM_ROWS", "PgRunIndex", "StoreSql"]
+
+
+class PgRunIndex:
+    """The summary of one PostgreSQL store's runs, brought up to date on each read."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        store_schema: str,
+        app_schema: str,
+        store_sql: Callable[[], StoreSql | None],
+        background_from_rows: int = BACKGROUND_FROM_ROWS,
+    ) -> None:
+        self.tables = Tables(app_schema=app_schema, store_schema=store_schema)
+        self._sync = IndexSync(
+            dsn, self.tables, store_sql, background_from_rows=background_from_rows
+        )
+
+    @property
+    def has_trigrams(self) -> bool:
+        """Whether text search has a trigram index (``pg_trgm`` could be used)."""
+        return self._sync.has_trigrams
+
+    def refresh(self) -> bool:
+        """Bring the index up to date; False while a background build runs."""
+        return self._sync.refresh()
+
+    def complete(self) -> None:
+        self._sync.complete()
+
+    def progress(self) -> IndexProgress | None:
+        return self._sync.progress()
+
+    def list_runs(self, runs_query: RunQuery) -> RunFactsPage:
+        """A page from the index, which must be complete (see :meth:`refresh`)."""
+        from psycopg.rows import dict_row
+
+        with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            return query.list_runs(cur, self.tables, runs_query)
+
+    def totals(self) -> tuple[int, int, int]:
+        from psycopg.rows import dict_row
+
+        self._sync.complete()
+        with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            return query.totals(cur, self.tables)
+
+    def close(self) -> None:
+        self._sync.close()

@@ -1,0 +1,89 @@
+"""Reading the PostgreSQL runs index: pages of runs with counts per state, and totals.
+
+Text search is ``search ILIKE '%text%'`` over each run's id, agent, pause reason
+and tool arguments: with ``pg_trgm`` a trigram index answers it from 3
+characters on; without, or for shorter text, it scans the index's rows (one
+short row per run, not the SDK's checkpoints).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localui.backends import shared
+from localui.backends.postgres.index import schema
+from localui.backends.postgres.index.schema import Tables
+from localui.backends.postgres.pool import iso, parse_instant
+from localui.backends.shared import Page
+from localui.errors import BadRequest
+from localui.records import RunFacts, RunFactsPage, RunQuery
+
+
+def run_facts(row: dict[str, Any]) -> RunFacts:
+    """A row of the index (selected with :data:`schema.COLUMNS`) as its record."""
+    return RunFacts(
+        execution_id=row["execution_id"],
+        agent=row["agent"],
+        row_count=int(row["row_count"]),
+        first_at=iso(row["first_at"]),
+        last_at=iso(row["last_at"]),
+        last_checkpoint_id=row["last_checkpoint_id"],
+        last_node_id=row["last_node_id"],
+        last_step_type=row["last_step_type"],
+        last_status=row["last_status"],
+        has_pending=bool(row["has_pending"]),
+        pending_reason=row["pending_reason"],
+        fork_parent_checkpoint_id=row["fork_parent"],
+        rows_waiting=int(row["rows_waiting"]),
+        rows_quarantined=int(row["rows_quarantined"]),
+    )
+
+
+def list_runs(cur: Any, t: Tables, query: RunQuery) -> RunFactsPage:
+    """One page of runs, newest activity first, with counts per state (``cur`` reads
+    rows as dicts)."""
+    where: list[str] = []
+    params: dict[str, Any] = {}
+    if query.text:
+        where.append("search ILIKE %(text)s")
+        params["text"] = shared.like(query.text)
+    if query.agent:
+        where.append("agent = %(agent)s")
+        params["agent"] = query.agent
+    if query.outbox == "waiting":
+        where.append("rows_waiting > 0")
+    elif query.outbox == "quarantined":
+        where.append("rows_quarantined > 0")
+    if where:
+        cur.execute(
+            f"SELECT state, COUNT(*) AS n FROM {t.runs} WHERE {' AND '.join(where)} GROUP BY state",
+            params,
+        )
+    else:
+        cur.execute(f"SELECT state, n FROM {t.counts} WHERE n > 0")
+    counts = {str(r["state"]): int(r["n"]) for r in cur.fetchall()}
+    if query.state:
+        where.append("state = %(state)s")
+        params["state"] = query.state
+    if query.after is not None:
+        after_at = parse_instant(query.after[0])
+        if after_at is None:
+            raise BadRequest(f"after: {query.after[0]!r} is not a cursor this server gave out")
+        where.append(
+            '(last_at, execution_id COLLATE "C") < (%(after_at)s, %(after_id)s COLLATE "C")'
+        )
+        params.update(after_at=after_at, after_id=query.after[1])
+    params["limit"] = query.limit + 1
+    cur.execute(
+        f"SELECT {schema.COLUMNS} FROM {t.runs} WHERE {' AND '.join(where) or 'true'}"
+        ' ORDER BY last_at DESC, execution_id COLLATE "C" DESC LIMIT %(limit)s',
+        params,
+    )
+    page = Page.of(cur.fetchall(), query.limit, run_facts, shared.run_key)
+    return RunFactsPage(runs=page.items, next_key=page.next_key, counts=counts)
+
+
+def totals(cur: Any, t: Tables) -> tuple[int, int, int]:
+    """``(rows, rows waiting for the plane, rows quarantined)`` across the store."""
+    row = cur.execute(f"SELECT rows, waiting, quarantined FROM {t.totals}").fetchone()
+    return int(row["rows"]), int(row["waiting"]), int(row["quarantined"])

@@ -1,0 +1,438 @@
+"""Keeping the PostgreSQL runs index up to date with the SDK's tables.
+
+A refresh first reads a gate in one round trip: the server's snapshot (it
+moves whenever a transaction that wrote anything ends), the count of rows ever
+deleted from ``checkpoints`` and which table that is. When the gate has not
+moved, nothing is read. Otherwise, under a transaction-level advisory lock:
+
+* no finished build of this version for this table, or rows deleted since
+  (a prune): the index is built anew, in one ``INSERT … SELECT`` of the store's
+  own facts query (on a large store, in a thread; the app answers meanwhile);
+* otherwise the runs to fold again are those with rows the index has not seen
+  among the newest (the change feed's window over ``created_at``), those whose
+  pending interrupt came, went or changed, and those whose rows the outbox
+  marked since the last look; each is deleted and inserted again from its rows.
+
+Why an advisory lock: a catch-up reads cursors, then writes runs and moves the
+cursors. Two processes doing that at once could each fold a run from a
+different snapshot and the older could land last, or move the cursors past
+rows the other had not folded. With the lock they take turns; a process that
+finds the lock taken does not wait, it reads the index as it is (the other is
+bringing it up to date) and looks again on its next read.
+
+The facts (state included) come from the store's facts query, the SQL the
+plain runs list runs over the SDK's rows, whose state rules are
+``localui.backends.shared.STATE_SQL``: the same rules as
+``localui.runs.run_state``, held together by a test on both backends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from localui.backends.postgres.index import schema
+from localui.backends.postgres.index.schema import Tables
+from localui.backends.postgres.pool import Pool, one_line
+from localui.errors import Unavailable
+from localui.records import IndexProgress
+
+#: Earlier than any row's ``created_at``: where a catch-up of an empty index starts.
+_BEFORE_ANY_ROW = datetime(1, 1, 2, tzinfo=UTC)
+
+#: A store with at least this many checkpoint rows (the planner's estimate) is
+#: indexed in the background; a smaller one before the first answer.
+BACKGROUND_FROM_ROWS = 20_000
+
+#: Rows are new when unseen within this many seconds of the newest row's time
+#: (writers whose clocks lag, commits that land late), as in the change feed.
+WINDOW = timedelta(seconds=5)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSql:
+    """What the index reads of the SDK's tables, as the store knows their shape now."""
+
+    #: The store's facts CTE (``r``) limited by a ``WHERE`` clause ("" for every run),
+    #: with each run's tool arguments.
+    facts: Callable[[str], str]
+    checkpoints: str
+    #: ``pending_interrupts``, or None when the store has none yet.
+    pending: str | None
+    has_synced: bool
+
+
+class IndexSync:
+    """One index (a set of tables in the app's schema) kept up to date with one store."""
+
+    def __init__(
+        self,
+        dsn: str,
+        tables: Tables,
+        store_sql: Callable[[], StoreSql | None],
+        *,
+        background_from_rows: int = BACKGROUND_FROM_ROWS,
+    ) -> None:
+        self.dsn = dsn
+        self.t = tables
+        self.store_sql = store_sql
+        self._background_from_rows = background_from_rows
+        self.pool = Pool(
+            dsn,
+            name="localui-runs-index",
+            read_only=False,
+            statement_timeout=30.0,
+            max_size=4,
+            privileges=f"localui keeps its runs index in schema {tables.app_schema}: it needs"
+            f" CREATE on the database or on schema {tables.app_schema}",
+        )
+        self.lock = threading.Lock()
+        self._gate: tuple[Any, ...] | None = None
+        self._builder: threading.Thread | None = None
+        self._progress = IndexProgress(0, 0)
+        self._failure: BaseException | None = None
+        try:
+            self.has_trigrams = self._create()
+        except BaseException:
+            self.pool.close()
+            raise
+
+    def _create(self) -> bool:
+        """The tables, created when missing; whether text search has its trigram index."""
+        from psycopg import sql
+
+        with self.pool.connection() as conn, conn.cursor() as cur:
+            if self._meta_if_any(cur).get("version") == schema.VERSION:
+                # There already: nothing to create, and no lock to wait for (another
+                # process may be building it, which can take a while).
+                return schema.trigram_installed(cur) is not None
+        with self.pool.connection() as conn, conn.cursor() as cur:
+            # Two processes starting together would race on the catalog.
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.t.lock_key,))
+            has_schema = cur.execute(
+                "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.t.app_schema,)
+            ).fetchone()
+            if has_schema is None:
+                cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.t.app_schema)))
+            meta = self._meta_if_any(cur)
+            if meta.get("version") not in (None, schema.VERSION):
+                for suffix in ("", "_counts", "_totals", "_seen", "_meta"):
+                    cur.execute(f"DROP TABLE IF EXISTS {self.t.name(suffix)} CASCADE")
+            for statement in schema.ddl(self.t):
+                cur.execute(statement)
+            cur.execute(
+                f"INSERT INTO {self.t.meta} VALUES ('version', %s) ON CONFLICT DO NOTHING",
+                (schema.VERSION,),
+            )
+            trgm = schema.trigram_schema(cur)
+            if trgm is not None:
+                cur.execute(schema.trigram_index(self.t, trgm))
+            return trgm is not None
+
+    def _meta_if_any(self, cur: Any) -> dict[str, str]:
+        exists = cur.execute("SELECT to_regclass(%s)", (self.t.meta,)).fetchone()[0]
+        if exists is None:
+            return {}
+        return {str(k): str(v) for k, v in cur.execute(f"SELECT key, value FROM {self.t.meta}")}
+
+    def close(self) -> None:
+        with self.lock:
+            builder = self._builder
+        if builder is not None:
+            builder.join()
+        self.pool.close()
+
+    # --- keeping up -----------------------------------------------------
+
+    def progress(self) -> IndexProgress | None:
+        with self.lock:
+            return self._progress if self._builder is not None else None
+
+    def refresh(self) -> bool:
+        """Bring the index up to date; False while it is being built in the background."""
+        with self.lock:
+            if self._builder is not None:
+                return False
+            failure, self._failure = self._failure, None
+            if failure is not None:
+                raise Unavailable(
+                    f"the runs index in schema {self.t.app_schema} could not be built:"
+                    f" {one_line(str(failure))}"
+                ) from failure
+            store = self.store_sql()
+            with self.pool.connection() as conn, conn.cursor() as cur:
+                gate = self._read_gate(cur, store)
+                if gate == self._gate:
+                    return True
+                locked = cur.execute(
+                    "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (self.t.lock_key,)
+                ).fetchone()[0]
+                meta = self._meta(cur)
+                if not locked:
+                    # Another process is bringing the index up to date: read it as it is
+                    # when built, and look again next time.
+                    if meta.get("built") == "1":
+                        return True
+                    self._start_builder(store, rows=0)
+                    return False
+                if store is None:
+                    self._clear(cur, gate)
+                elif self._needs_build(meta, gate):
+                    rows = int(
+                        cur.execute(
+                            "SELECT GREATEST(reltuples, 0)::bigint FROM pg_class"
+                            " WHERE oid = to_regclass(%s)",
+                            (store.checkpoints,),
+                        ).fetchone()[0]
+                        or 0
+                    )
+                    if rows >= self._background_from_rows:
+                        conn.rollback()
+                        self._start_builder(store, rows=rows)
+                        return False
+                    self._build(cur, store, gate, first=meta.get("built") != "1")
+                else:
+                    self._catch_up(cur, store, meta)
+            self._gate = gate
+            return True
+
+    def complete(self) -> None:
+        """Return once the index is complete, waiting for a background build."""
+        while not self.refresh():
+            with self.lock:
+                builder = self._builder
+            if builder is not None:
+                builder.join()
+
+    def _read_gate(self, cur: Any, store: StoreSql | None) -> tuple[Any, ...]:
+        if store is None:
+            return (cur.execute("SELECT pg_current_snapshot()::text").fetchone()[0], None, None)
+        row = cur.execute(
+            "SELECT pg_current_snapshot()::text, (SELECT n_tup_del FROM pg_stat_user_tables"
+            " WHERE relid = to_regclass(%s)), to_regclass(%s)::oid::bigint",
+            (store.checkpoints, store.checkpoints),
+        ).fetchone()
+        return (row[0], int(row[1] or 0), int(row[2] or 0))
+
+    def _meta(self, cur: Any) -> dict[str, str]:
+        return {str(k): str(v) for k, v in cur.execute(f"SELECT key, value FROM {self.t.meta}")}
+
+    @staticmethod
+    def _needs_build(meta: dict[str, str], gate: tuple[Any, ...]) -> bool:
+        return (
+            meta.get("version") != schema.VERSION
+            or meta.get("built") != "1"
+            or meta.get("table") != str(gate[2])
+            or meta.get("deleted") != str(gate[1])
+        )
+
+    def _set_meta(self, cur: Any, values: dict[str, str | None]) -> None:
+        for key, value in values.items():
+            if value is None:
+                cur.execute(f"DELETE FROM {self.t.meta} WHERE key = %s", (key,))
+            else:
+                cur.execute(
+                    f"INSERT INTO {self.t.meta} VALUES (%s, %s)"
+                    " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                    (key, value),
+                )
+
+    # --- the background build -------------------------------------------
+
+    def _start_builder(self, store: StoreSql | None, *, rows: int) -> None:
+        self._progress = IndexProgress(0, rows)
+        self._builder = threading.Thread(
+            target=self._build_in_background, name="localui-pg-runs-index", daemon=True
+        )
+        self._builder.start()
+
+    def _build_in_background(self) -> None:
+        import psycopg
+
+        failure: BaseException | None = None
+        try:
+            with psycopg.connect(self.dsn, connect_timeout=3) as conn, conn.cursor() as cur:
+                cur.execute("SET TIME ZONE 'UTC'")
+                # A build of a million runs takes longer than any read may.
+                cur.execute("SET statement_timeout = 0")
+                # Waits for a build another process is running, then looks for itself.
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.t.lock_key,))
+                store = self.store_sql()
+                gate = self._read_gate(cur, store)
+                meta = self._meta(cur)
+                if store is None:
+                    self._clear(cur, gate)
+                elif self._needs_build(meta, gate):
+                    self._build(cur, store, gate, first=meta.get("built") != "1")
+                else:
+                    self._catch_up(cur, store, meta)
+        except Exception as exc:
+            failure = exc
+        with self.lock:
+            total = self._progress.rows_total
+            self._progress = IndexProgress(total, total)
+            self._builder = None
+            self._gate = None
+            self._failure = failure
+
+    # --- folding --------------------------------------------------------
+
+    def _clear(self, cur: Any, gate: tuple[Any, ...]) -> None:
+        for table in (self.t.runs, self.t.counts, self.t.seen):
+            cur.execute(f"DELETE FROM {table}")
+        cur.execute(f"UPDATE {self.t.totals} SET rows = 0, waiting = 0, quarantined = 0")
+        self._set_meta(cur, {"built": None})
+
+    def _newest(self, cur: Any, store: StoreSql) -> Any:
+        cp = store.checkpoints
+        # Each half is a lookup on the SDK's (synced, created_at) index; the max over
+        # both would be a scan.
+        sql = (
+            f"SELECT GREATEST((SELECT max(created_at) FROM {cp} WHERE synced = false),"
+            f" (SELECT max(created_at) FROM {cp} WHERE synced = true))"
+            if store.has_synced
+            else f"SELECT max(created_at) FROM {cp}"
+        )
+        return cur.execute(sql).fetchone()[0]
+
+    def _newest_synced(self, cur: Any, store: StoreSql) -> tuple[Any, str] | None:
+        if not store.has_synced:
+            return None
+        row = cur.execute(
+            f"SELECT created_at, checkpoint_id FROM {store.checkpoints} WHERE synced = true"
+            " ORDER BY created_at DESC LIMIT 1"
+        ).fetchone()
+        return (row[0], str(row[1])) if row else None
+
+    def _build(self, cur: Any, store: StoreSql, gate: tuple[Any, ...], *, first: bool) -> None:
+        """Fold every run anew, in this transaction. A first build empties the tables
+        and puts the trigram index back after (fastest); a rebuild (after a prune)
+        deletes and inserts, so other processes read the old index until it commits."""
+        t = self.t
+        # The cursors are read before the runs, each statement on a snapshot at least
+        # as new as the one before: whatever the cursors count as folded is in the
+        # runs, and what comes in between is folded (again) by the next catch-up.
+        newest = self._newest(cur, store)
+        synced = self._newest_synced(cur, store)
+        if first:
+            cur.execute(f"TRUNCATE {t.runs}, {t.counts}, {t.seen}")
+            cur.execute(f"UPDATE {t.totals} SET rows = 0, waiting = 0, quarantined = 0")
+            # The trigram index is put back after the runs are in: far faster than
+            # keeping it up run by run.
+            cur.execute(f"DROP INDEX IF EXISTS {t.app_schema}.{t.index('search')}")
+        else:
+            # Counts and totals follow the delete (the triggers).
+            cur.execute(f"DELETE FROM {t.runs}")
+            cur.execute(f"DELETE FROM {t.seen}")
+        if newest is not None:
+            self._see_window(cur, store, newest)
+        cur.execute(
+            f"INSERT INTO {t.runs} ({schema.COLUMNS}) {store.facts('')}"
+            f" SELECT {schema.FROM_FACTS} FROM r"
+        )
+        if first and self.has_trigrams:
+            trgm = schema.trigram_schema(cur)
+            if trgm is not None:
+                cur.execute(schema.trigram_index(t, trgm))
+        self._set_meta(
+            cur,
+            {
+                "built": "1",
+                "table": str(gate[2]),
+                "deleted": str(gate[1]),
+                "newest": newest.isoformat() if newest is not None else None,
+                "synced_at": synced[0].isoformat() if synced else None,
+                "synced_id": synced[1] if synced else None,
+            },
+        )
+
+    def _window_rows(self, store: StoreSql) -> str:
+        in_index = " AND synced IN (false, true)" if store.has_synced else ""
+        return (
+            f"SELECT checkpoint_id, execution_id, created_at FROM {store.checkpoints}"
+            f" WHERE created_at > %(since)s{in_index}"
+        )
+
+    def _see_window(self, cur: Any, store: StoreSql, newest: Any) -> None:
+        cur.execute(
+            f"INSERT INTO {self.t.seen} SELECT checkpoint_id, created_at FROM"
+            f" ({self._window_rows(store)}) w ON CONFLICT DO NOTHING",
+            {"since": newest - WINDOW},
+        )
+
+    def _catch_up(self, cur: Any, store: StoreSql, meta: dict[str, str]) -> None:
+        t = self.t
+        changed: set[str] = set()
+        previous = datetime.fromisoformat(meta["newest"]) if meta.get("newest") else None
+        params = {"since": previous - WINDOW if previous is not None else _BEFORE_ANY_ROW}
+        changed.update(
+            str(r[0])
+            for r in cur.execute(
+                f"WITH fresh AS ({self._window_rows(store)}),"
+                f" added AS (INSERT INTO {t.seen} SELECT checkpoint_id, created_at FROM fresh"
+                " ON CONFLICT DO NOTHING RETURNING checkpoint_id, created_at)"
+                " SELECT DISTINCT f.execution_id FROM fresh f JOIN added a"
+                " USING (checkpoint_id, created_at)",
+                params,
+            ).fetchall()
+        )
+        updates: dict[str, str | None] = {}
+        if changed:
+            newest = self._newest(cur, store)
+            if newest is not None:
+                cur.execute(f"DELETE FROM {t.seen} WHERE created_at <= %s", (newest - WINDOW,))
+                updates["newest"] = newest.isoformat()
+        # Pauses that came, went or changed their reason.
+        if store.pending is not None:
+            changed.update(
+                str(r[0])
+                for r in cur.execute(
+                    f"SELECT p.execution_id FROM {store.pending} p WHERE NOT EXISTS"
+                    f" (SELECT 1 FROM {t.runs} r WHERE r.execution_id = p.execution_id"
+                    " AND r.has_pending AND r.pending_reason IS NOT DISTINCT FROM p.reason)"
+                    f" UNION SELECT r.execution_id FROM {t.runs} r WHERE r.has_pending"
+                    f" AND NOT EXISTS (SELECT 1 FROM {store.pending} p"
+                    " WHERE p.execution_id = r.execution_id)"
+                ).fetchall()
+            )
+        else:
+            changed.update(
+                str(r[0])
+                for r in cur.execute(f"SELECT execution_id FROM {t.runs} WHERE has_pending")
+            )
+        # Rows the outbox marked in place (synced, or quarantined: both set synced);
+        # it drains oldest first, so they lie between the two newest marked rows.
+        synced = self._newest_synced(cur, store)
+        before = (meta.get("synced_at"), meta.get("synced_id"))
+        now = (synced[0].isoformat(), synced[1]) if synced else (None, None)
+        if synced is not None and now != before:
+            sql = (
+                f"SELECT DISTINCT execution_id FROM {store.checkpoints}"
+                " WHERE synced = true AND created_at <= %(to)s"
+            )
+            marked: dict[str, Any] = {"to": synced[0]}
+            if before[0] is not None:
+                sql += " AND created_at >= %(from)s"
+                marked["from"] = datetime.fromisoformat(before[0])
+            changed.update(str(r[0]) for r in cur.execute(sql, marked).fetchall())
+            updates.update(synced_at=now[0], synced_id=now[1])
+        if changed:
+            self.refold(cur, store, sorted(changed))
+        if updates:
+            self._set_meta(cur, updates)
+
+    def refold(self, cur: Any, store: StoreSql, execution_ids: list[str]) -> None:
+        """Fold these runs again from their rows; a run with none left is dropped."""
+        t = self.t
+        cur.execute(
+            f"DELETE FROM {t.runs} WHERE execution_id = ANY(%(ids)s)", {"ids": execution_ids}
+        )
+        cur.execute(
+            f"INSERT INTO {t.runs} ({schema.COLUMNS})"
+            f" {store.facts('WHERE execution_id = ANY(%(ids)s)')}"
+            f" SELECT {schema.FROM_FACTS} FROM r",
+            {"ids": execution_ids},
+        )

@@ -1,0 +1,270 @@
+"""The runs index on PostgreSQL agrees with the SDK's rows: every filter and search
+text, two processes catching up at once, a prune."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localui.backends.postgres.prune import PostgresPrune
+from localui.backends.postgres.store import PostgresStore
+from localui.records import RunFacts, RunQuery
+from localui.runs import run_state
+
+TEXTS = {"zz", "-", "A-", '"', '"order_id"', "NO-SUCH-TEXT", "Bot", "refund-BOT", "ap"}
+
+
+def open_store(pg_store: Any, **options: Any) -> PostgresStore:
+    return PostgresStore(
+        pg_store.dsn, schema=pg_store.schema, app_schema=pg_store.app_schema, **options
+    )
+
+
+@pytest.fixture
+def indexed(pg_store: Any) -> Iterator[PostgresStore]:
+    store = open_store(pg_store)
+    assert store.runs_index is not None
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def all_runs(store: PostgresStore, query: RunQuery) -> tuple[list[RunFacts], dict[str, int]]:
+    """Every page of a query, followed by its keys, and the first page's counts."""
+    found: list[RunFacts] = []
+    page = store.list_runs(query)
+    counts = page.counts
+    found.extend(page.runs)
+    while page.next_key is not None:
+        page = store.list_runs(
+            RunQuery(
+                state=query.state,
+                agent=query.agent,
+                text=query.text,
+                outbox=query.outbox,
+                limit=query.limit,
+                after=page.next_key,
+            )
+        )
+        found.extend(page.runs)
+    return found, counts
+
+
+def searched_fields(raw: Any) -> dict[str, list[str]]:
+    """What text search looks in, per run, from the SDK's rows: id, agent, pause
+    reason and each tool call's arguments."""
+    fields: dict[str, list[str]] = {}
+    for row in raw.query(
+        "SELECT execution_id, chain_name, node_id, node_input::text AS node_input"
+        " FROM {s}.checkpoints ORDER BY created_at"
+    ):
+        run = fields.setdefault(row["execution_id"], [row["execution_id"], row["chain_name"]])
+        if "/tool:" in row["node_id"] and row["node_input"]:
+            run.append(row["node_input"])
+    for row in raw.query("SELECT execution_id, reason FROM {s}.pending_interrupts"):
+        fields[row["execution_id"]].append(row["reason"] or "")
+    return fields
+
+
+def test_every_filter_agrees_with_the_sdks_rows(pg_store: Any, indexed: PostgresStore) -> None:
+    """Each filter (state, agent, outbox, text) alone and together, paged three runs
+    at a time, gives what the plain query over the SDK's rows gives."""
+    plain = open_store(pg_store, runs_index=False)
+    try:
+        agents = {f.agent for f in plain.list_runs(RunQuery(limit=1000)).runs}
+        assert len(agents) >= 1
+        states = [None, "completed", "failed", "paused", "orphaned", "unfinished"]
+        for state, agent, outbox, text in itertools.product(
+            states, [None, *sorted(agents)], [None, "waiting", "quarantined"], [None, "ap", "Bot"]
+        ):
+            query = RunQuery(state=state, agent=agent, outbox=outbox, text=text, limit=3)
+            assert all_runs(indexed, query) == all_runs(plain, query), query
+    finally:
+        plain.close()
+
+
+def test_text_search_finds_exactly_the_runs_holding_the_text(
+    pg_store: Any, indexed: PostgresStore
+) -> None:
+    """Trigram lookups (3 characters or more) and shorter texts agree with a plain
+    substring test over each run's id, agent, pause reason and tool arguments."""
+    assert indexed.runs_index is not None and indexed.runs_index.has_trigrams
+    fields = searched_fields(pg_store.raw)
+    texts = set(TEXTS)
+    for run in fields.values():
+        for field in run:
+            texts.update({field[:3], field[2:9], field[-5:].upper()})
+    for text in sorted(t for t in texts if t.strip()):
+        expected = {
+            eid for eid, run in fields.items() if any(text.lower() in f.lower() for f in run)
+        }
+        page = indexed.list_runs(RunQuery(text=text, limit=1000))
+        assert {f.execution_id for f in page.runs} == expected, text
+        assert sum(page.counts.values()) == len(expected), text
+
+
+def index_rows(pg_store: Any, store: PostgresStore) -> list[list[dict[str, Any]]]:
+    """Every table of the index but the window of seen rows, in a stable order."""
+    index = store.runs_index
+    assert index is not None
+    t = index.tables
+    return [
+        pg_store.raw.query(f"SELECT * FROM {t.runs} ORDER BY execution_id"),
+        pg_store.raw.query(f"SELECT * FROM {t.counts} WHERE n > 0 ORDER BY state"),
+        pg_store.raw.query(f"SELECT * FROM {t.totals}"),
+    ]
+
+
+def write_runs(pg_store: Any, tmp_path: Path, scenarios: list[str]) -> list[str]:
+    """Runs the real SDK writes into the store, from a child process each."""
+    ids = []
+    for scenario in scenarios:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "localui.demo.worker",
+                "--store",
+                pg_store.dsn,
+                "--pg-schema",
+                pg_store.schema,
+                "--scenario",
+                scenario,
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        )
+        ids.append(out.stdout.strip().splitlines()[-1])
+    return ids
+
+
+_CATCH_UP = """
+import sys, time
+from localui.backends.postgres.store import PostgresStore
+from localui.records import RunQuery
+dsn, schema, app_schema, start = sys.argv[1:5]
+store = PostgresStore(dsn, schema=schema, app_schema=app_schema)
+while time.time() < float(start):
+    time.sleep(0.001)
+for _ in range(20):
+    store.list_runs(RunQuery(limit=5))
+store.runs_index.complete()
+store.close()
+"""
+
+
+def catch_up_at_once(pg_store: Any, processes: int = 2) -> None:
+    start = time.time() + 3.0
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _CATCH_UP,
+                pg_store.dsn,
+                pg_store.schema,
+                pg_store.app_schema,
+                str(start),
+            ]
+        )
+        for _ in range(processes)
+    ]
+    for child in children:
+        assert child.wait(timeout=120) == 0
+
+
+def test_two_processes_catching_up_at_once_agree_with_one_alone(
+    pg_store: Any, tmp_path: Path
+) -> None:
+    """Two processes build the index at the same moment, then both catch up with new
+    runs at the same moment: the index equals one built alone, in another schema."""
+    catch_up_at_once(pg_store)
+    write_runs(pg_store, tmp_path, ["paused-1", "completed"])
+    catch_up_at_once(pg_store)
+    shared = open_store(pg_store)
+    alone_schema = pg_store.app_schema + "_alone"
+    alone = PostgresStore(pg_store.dsn, schema=pg_store.schema, app_schema=alone_schema)
+    try:
+        # Nothing was written since: reading the shared one changes nothing.
+        before = index_rows(pg_store, shared)
+        shared.list_runs(RunQuery())
+        alone.list_runs(RunQuery())
+        assert index_rows(pg_store, shared) == before
+        assert index_rows(pg_store, alone) == before
+        assert len(before[0]) == len(
+            pg_store.raw.query("SELECT DISTINCT execution_id FROM {s}.checkpoints")
+        )
+    finally:
+        shared.close()
+        alone.close()
+        pg_store.raw.execute(f"DROP SCHEMA IF EXISTS {alone_schema} CASCADE")
+
+
+def test_a_prune_leaves_the_index_right(pg_store: Any, indexed: PostgresStore) -> None:
+    """The SDK's prune deletes finished runs' rows: the index follows, states and
+    counts as the SDK's rows say."""
+    before = indexed.list_runs(RunQuery(limit=1000))
+    assert before.counts.get("completed")
+    deleted = PostgresPrune(pg_store.dsn, schema=pg_store.schema).prune(timedelta(0))
+    assert deleted > 0
+    plain = open_store(pg_store, runs_index=False)
+    try:
+        expected = plain.list_runs(RunQuery(limit=1000))
+        assert expected.counts != before.counts
+        # The server publishes the deletes count when the pruning session ends.
+        deadline = time.monotonic() + 15
+        while indexed.list_runs(RunQuery(limit=1000)) != expected:
+            assert time.monotonic() < deadline, "the index never caught up with the prune"
+            time.sleep(0.2)
+        totals = indexed.totals()
+        assert totals == plain.totals()
+        states = {
+            f.execution_id: run_state(f.last_step_type, f.last_status, f.has_pending)
+            for f in expected.runs
+        }
+        assert "completed" not in states.values()
+    finally:
+        plain.close()
+
+
+def test_a_large_store_answers_its_first_page_at_once_then_fills_in(pg_store: Any) -> None:
+    """Indexed in the background (any store counts as large here): the first page,
+    unfiltered, comes from the SDK's rows at once, newest first; then the index."""
+    import psycopg
+
+    store = open_store(pg_store, index_background_from_rows=0)
+    plain = open_store(pg_store, runs_index=False)
+    assert store.runs_index is not None
+    # Another process holds the index's lock (as while it builds): the build waits.
+    other = psycopg.connect(pg_store.dsn, autocommit=True)
+    other.execute("SELECT pg_advisory_lock(hashtext(%s))", (store.runs_index.tables.lock_key,))
+    try:
+        expected = plain.list_runs(RunQuery(limit=4))
+        started = time.perf_counter()
+        first = store.list_runs(RunQuery(limit=4))
+        assert time.perf_counter() - started < 1.0
+        assert first.indexing is not None
+        assert first.runs == expected.runs
+        assert first.counts == {}
+        other.close()
+        store.runs_index.complete()
+        assert store.list_runs(RunQuery(limit=4)) == expected
+        assert store.list_runs(RunQuery(state="paused")) == plain.list_runs(
+            RunQuery(state="paused")
+        )
+    finally:
+        other.close()
+        store.close()
+        plain.close()
