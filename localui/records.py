@@ -314,6 +314,8 @@ class CachePage:
 #: Kinds of decision in the app's own record (``localui_decisions``).
 APPROVAL = "approval"
 RESUME = "resume"
+#: The outcome of a claim whose run the SDK had already resumed elsewhere: it decided nothing.
+ALREADY_RESUMED = "already_resumed"
 
 
 @dataclass(frozen=True, slots=True)

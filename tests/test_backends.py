@@ -727,6 +727,70 @@ def test_reject_with_a_reason_declines_in_the_tool(backend: Backend, ledger: Led
     assert ledger.count() == 0
 
 
+def test_a_decided_run_says_who_decided_in_the_list_and_on_its_page(
+    backend: Backend, ledger: Ledger, page_text: Callable[..., str]
+) -> None:
+    desk = backend.acting(ledger)
+    rejected, approved = backend.seeded.id("paused-2"), backend.seeded.id("paused-1")
+    still_paused = backend.seeded.id("paused-3")
+    for run, verb, reason in ((rejected, "reject", "too large"), (approved, "approve", "")):
+        answer = decide(
+            desk.client, run, card(desk.client, run)["checkpoint_id"], verb=verb, reason=reason
+        )
+        assert answer.status_code == 200, answer.text
+
+    listed = {r["execution_id"]: r for r in desk.client.get("/runs.json").json()["runs"]}
+    assert listed[rejected]["state"] == "completed"
+    assert listed[rejected]["decided"] == "rejected by Ann Approver: too large"
+    assert listed[approved]["decided"] == "approved by Ann Approver"
+    assert listed[still_paused]["decided"] is None
+    assert backend.seeded.id("completed") in listed
+    assert listed[backend.seeded.id("completed")]["decided"] is None
+    html = desk.client.get("/").text
+    assert page_text(html, f"run-{rejected}").startswith(
+        "completed · rejected by Ann Approver: too large "
+    )
+    state_line = page_text(desk.client.get(f"/runs/{rejected}").text, "run-state")
+    assert state_line.startswith("completed · rejected by Ann Approver: too large · "), state_line
+    assert desk.client.get(f"/runs/{approved}.json").json()["decided"] == "approved by Ann Approver"
+    assert desk.client.get(f"/runs/{still_paused}.json").json()["decided"] is None
+
+
+class CountingLog:
+    """The app's real decision log, counting the reads a runs page makes of it."""
+
+    def __init__(self, log: Any) -> None:
+        self.log = log
+        self.reads: list[tuple[str, int]] = []
+
+    def latest_for_runs(self, kind: str, execution_ids: Any) -> Any:
+        self.reads.append(("latest_for_runs", len(execution_ids)))
+        return self.log.latest_for_runs(kind, execution_ids)
+
+    def list_for_run(self, execution_id: str) -> Any:
+        self.reads.append(("list_for_run", 1))
+        return self.log.list_for_run(execution_id)
+
+
+def test_a_runs_page_reads_its_decisions_once(backend: Backend, ledger: Ledger) -> None:
+    from localui.views.runs import RunFilters, build_runs_page
+    from localui.views.urls import Urls
+
+    desk = backend.acting(ledger)
+    run = backend.seeded.id("paused-2")
+    decide(desk.client, run, card(desk.client, run)["checkpoint_id"], verb="reject", reason="no")
+    state = desk.client.app.state.localui  # type: ignore[attr-defined]
+    counting = CountingLog(state.actions.decisions)
+    urls = Urls(desk.client.app.router, "")  # type: ignore[attr-defined]
+    page = build_runs_page(
+        state.store, counting, RunFilters(None, None, None, None), None, 100, urls
+    )
+    assert len(page.runs) > 5
+    not_paused = [r for r in page.runs if r.state != "paused"]
+    assert counting.reads == [("latest_for_runs", len(not_paused))]
+    assert [r.execution_id for r in page.runs if r.decided] == [run]
+
+
 def test_a_stale_card_is_refused_with_the_current_row(backend: Backend, ledger: Ledger) -> None:
     desk = backend.acting(ledger)
     run = backend.seeded.id("paused-3")

@@ -192,6 +192,11 @@ class DecisionLog(Protocol):
 
     def list_for_run(self, execution_id: str) -> tuple[Decision, ...]: ...
 
+    def latest_for_runs(self, kind: str, execution_ids: Sequence[str]) -> Mapping[str, Decision]:
+        """Each run's newest decision of ``kind`` (finished or not), for a page of runs
+        in one query; runs without one are left out."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -20,7 +20,7 @@ from localui import runs
 from localui.actions import ActionService, AlreadyDecided, Outcome, StaleCard
 from localui.auth import APPROVER, require
 from localui.errors import BadRequest, LocalUIError, NotFound
-from localui.records import APPROVAL, Decision, PausedCall, Pending, Unreadable
+from localui.records import ALREADY_RESUMED, APPROVAL, Decision, PausedCall, Pending, Unreadable
 from localui.views.common import (
     context,
     decode_cursor,
@@ -182,7 +182,7 @@ class DecisionView:
 def decision_view(d: Decision) -> DecisionView:
     if d.outcome is None:
         words = f"{d.actor} {d.verb} it at {d.decided_at}; the run is still going."
-    elif d.outcome == "already_resumed":
+    elif d.outcome == ALREADY_RESUMED:
         words = f"{d.actor} {d.verb} it at {d.decided_at}, but it was resumed elsewhere first."
     else:
         words = f"{d.actor} {d.verb} it at {d.decided_at}: the run {d.outcome}."
@@ -460,24 +460,18 @@ class GoneNote:
 
 def gone_notes(actions: ActionService, gone: list[str], urls: Urls) -> tuple[GoneNote, ...]:
     """One note per pause that left the queue: the latest approval decision on its run,
-    or a plain line when the pause ended some other way (resumed, pruned)."""
+    or a plain line when the pause ended some other way (resumed, pruned). One read of
+    the decision record for all of them."""
+    latest = actions.decisions.latest_for_runs(APPROVAL, gone)
     notes = []
     for execution_id in gone:
-        decided = [d for d in actions.decisions.list_for_run(execution_id) if d.kind == APPROVAL]
-        if decided:
-            last = decided[-1]
-            words = f"{last.verb} by {last.actor}"
-            if last.reason:
-                words += f": {last.reason}"
-            when: str | None = last.decided_at
+        last = latest.get(execution_id)
+        if last is not None:
+            words, when = runs.decided_words(last), last.decided_at
         else:
             words, when = "no longer waiting", None
         notes.append(GoneNote(execution_id, words, when, urls.run(execution_id)))
     return tuple(notes)
-
-
-def decisions_for_run(actions: ActionService, execution_id: str) -> tuple[DecisionView, ...]:
-    return tuple(decision_view(d) for d in actions.decisions.list_for_run(execution_id))
 
 
 # --- bulk decisions -------------------------------------------------------------------

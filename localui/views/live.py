@@ -142,11 +142,17 @@ class RunsView:
         return ("runs", self.filters, self.after, self.urls)
 
     def affected_by(self, changes: Changes) -> bool:
-        return changes.runs_changed
+        # A decision finishing changes a row's "rejected by …" after its state moved.
+        return changes.runs_changed or bool(changes.decided)
 
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         page = build_runs_page(
-            ctx.store, self.filters, self.after, ctx.settings.page_size, self.urls
+            ctx.store,
+            ctx.actions.decisions,
+            self.filters,
+            self.after,
+            ctx.settings.page_size,
+            self.urls,
         )
         html = render_partial(ctx, "partials/_runs_table.html", self.urls, page=page, live=True)
         return Rendered(fragments=(Fragment("runs-table", html),))
