@@ -84,7 +84,7 @@ def test_a_card_says_what_a_decision_does(browser: Browser, desk_server: DemoSer
     try:
         page = open_queue(context, "/approvals", errors)
         one_tool = page.locator("article.approval").filter(has_text="A-1002")
-        expect(one_tool.locator("h3 code.call")).to_have_text(
+        expect(one_tool.locator("h2 code.call")).to_have_text(
             'refund(order_id="A-1002", amount=250.0)'
         )
         effects = one_tool.locator("ul.effects")
@@ -97,7 +97,12 @@ def test_a_card_says_what_a_decision_does(browser: Browser, desk_server: DemoSer
             " what it does then is the agent's code."
         )
         expect(effects.locator("li.skipped")).to_have_count(0)
-        # The frozen context: first-level values with their exact text, the policy folded.
+        # The queue's card is light: its frozen context loads when the person opens it.
+        frozen = one_tool.locator("details.frozen")
+        expect(frozen.locator("summary")).to_have_text(re.compile(r"^Frozen context · \d+ keys$"))
+        expect(one_tool.locator("table.context")).to_have_count(0)
+        frozen.locator("summary").click()
+        # First-level values with their exact text, the nested policy folded.
         amount = one_tool.locator("table.context tr").filter(
             has=page.locator("th", has_text="amount")
         )
@@ -108,13 +113,12 @@ def test_a_card_says_what_a_decision_does(browser: Browser, desk_server: DemoSer
         expect(policy.locator("details")).not_to_have_attribute("open", "")
         expect(policy.locator("summary")).to_have_text("5 entries")
         expect(policy.get_by_text("currency")).to_be_hidden()
-        # Opened, the folded values load: the queue's cards carry only the first level.
         policy.locator("summary").click()
         expect(policy.locator("ul.tree")).to_contain_text("currency: EUR")
         expect(policy.locator("ul.tree")).to_contain_text("requiresrole: managerapprovals: 1")
 
         two_tools = page.locator("article.approval").filter(has_text="A-1005")
-        expect(two_tools.locator("h3 code.call")).to_have_text(
+        expect(two_tools.locator("h2 code.call")).to_have_text(
             'refund(order_id="A-1005", amount=700.0)'
         )
         expect(two_tools.locator("ul.effects li.skipped")).to_have_text(

@@ -28,7 +28,7 @@ from urllib.parse import quote, unquote, urlencode
 
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import HTTPConnection
-from starlette.routing import Router
+from starlette.routing import NoMatchFound, Route, Router
 from starlette.types import Scope
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
@@ -37,8 +37,15 @@ _TILDE_BYTE = re.compile(r"(?:~[0-9A-Fa-f]{2})+")
 _DOM_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
 
 
+#: Values made only of characters every encoding here leaves as they are (the SDK's uuids):
+#: returned at once, which matters for a page that links fifty runs.
+_PLAIN = re.compile(r"[A-Za-z0-9-]+")
+
+
 def tilde_encode(value: str) -> str:
     """``a/b`` -> ``a~2Fb``, ``王`` -> ``~E7~8E~8B``; ``[A-Za-z0-9_-]`` left as it is."""
+    if _PLAIN.fullmatch(value):
+        return value
     return "".join(chr(b) if b in _SAFE else f"~{b:02X}" for b in value.encode("utf-8"))
 
 
@@ -54,6 +61,8 @@ def tilde_decode(value: str) -> str:
 def dom_id(value: str) -> str:
     """An id for an HTML ``id`` attribute and a ``#`` selector: ``[A-Za-z0-9-]`` plus
     ``_XX`` for every other byte, so two different ids never share an element id."""
+    if _PLAIN.fullmatch(value):
+        return value
     return "".join(chr(b) if b in _DOM_SAFE else f"_{b:02X}" for b in value.encode("utf-8"))
 
 
@@ -86,6 +95,9 @@ class Urls:
     router: Router = field(compare=False)
     #: Where the app is served: ``""``, or a mount point / proxy prefix like ``/ops/localui``.
     prefix: str = ""
+    #: The app's routes by name, found once per ``Urls`` (one request, or one live view):
+    #: the router's own lookup tries every route in turn, for every link on a page.
+    _routes: dict[str, Route] = field(default_factory=dict, compare=False, repr=False)
 
     def path(
         self,
@@ -97,7 +109,16 @@ class Urls:
     ) -> str:
         """The path of route ``name`` with its ``params`` encoded, then ``?query`` (None
         values left out) and ``#fragment`` (an element id, see :func:`dom_id`)."""
-        url = self.prefix + str(self.router.url_path_for(name, **params))
+        if not self._routes:
+            self._routes.update(
+                (r.name, r) for r in reversed(self.router.routes) if isinstance(r, Route)
+            )
+        route = self._routes.get(name)
+        try:
+            found = route.url_path_for(name, **params) if route else None
+        except NoMatchFound:  # another route of that name takes these parameters
+            found = None
+        url = self.prefix + str(found or self.router.url_path_for(name, **params))
         if query:
             pairs = {k: v for k, v in query.items() if v is not None and v != ""}
             if pairs:
