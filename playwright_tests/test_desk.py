@@ -63,8 +63,10 @@ def approver(browser: Browser, server: DemoServer, name: str) -> BrowserContext:
 def open_queue(context: BrowserContext, path: str, errors: list[str]) -> Page:
     page = context.new_page()
     page.on("pageerror", lambda error: errors.append(str(error)))
-    with page.expect_response(lambda r: "/live/" in r.url):
-        page.goto(path)
+    page.goto(path)
+    # Live once the tabs' shared stream is open (it is the SharedWorker's request, not
+    # the page's).
+    expect(page.locator("html")).to_have_attribute("data-live", "open")
     return page
 
 
