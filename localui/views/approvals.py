@@ -36,6 +36,15 @@ from localui.views.urls import Urls, urls_of
 
 APPROVER_COOKIE = "localui_approver"
 
+#: Cards on one page of the queue (fewer when the app's page size is smaller). A person
+#: reads a few cards at a time, and a page of 25 light cards answers in about the time
+#: the SDK's UI takes for its bare JSON; the rest is a "More" link away.
+QUEUE_PAGE = 25
+
+
+def queue_page_size(page_size: int) -> int:
+    return min(page_size, QUEUE_PAGE)
+
 
 def approver_of(request: HTTPConnection) -> str:
     """The approver name this browser last decided as (see :func:`remember_approver`)."""
@@ -327,7 +336,7 @@ async def approvals_list(request: Request) -> Response:
         actions_of(request),
         after,
         order == "newest",
-        ctx.settings.page_size,
+        queue_page_size(ctx.settings.page_size),
         urls_of(request),
     )
     page = _with_approver(request, page)
@@ -481,7 +490,7 @@ def gone_notes(actions: ActionService, gone: list[str], urls: Urls) -> tuple[Gon
 
 # --- bulk decisions -------------------------------------------------------------------
 
-#: The most cards one bulk decision takes: a page of the queue is 50, "select all shown"
+#: The most cards one bulk decision takes: a page of the queue is 25, "select all shown"
 #: over a few pages stays under this.
 BULK_LIMIT = 500
 

@@ -45,7 +45,13 @@ from localui.auth import NOBODY, Person, person_of
 from localui.backends.base import Changes
 from localui.errors import BadRequest, LocalUIError, NotFound
 from localui.live import ChangeFeed, Resync, Subscription
-from localui.views.approvals import actions_of, approver_of, build_approvals_page, gone_notes
+from localui.views.approvals import (
+    actions_of,
+    approver_of,
+    build_approvals_page,
+    gone_notes,
+    queue_page_size,
+)
 from localui.views.common import AppState, context, decode_cursor, nav_counts, off_loop
 from localui.views.run import build_run_page
 from localui.views.runs import RunFilters, build_runs_page, parse_filters
@@ -216,7 +222,11 @@ class QueueView:
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         actions = ctx.actions
         page = build_approvals_page(
-            actions, self.after, self.newest_first, ctx.settings.page_size, self.urls
+            actions,
+            self.after,
+            self.newest_first,
+            queue_page_size(ctx.settings.page_size),
+            self.urls,
         )
         page = replace(page, approver=self.approver)
         shown = tuple(item.execution_id for item in page.approvals)
