@@ -22,6 +22,7 @@ from localui.auth import APPROVER, require
 from localui.errors import BadRequest, LocalUIError, NotFound
 from localui.records import ALREADY_RESUMED, APPROVAL, Decision, PausedCall, Pending, Unreadable
 from localui.views.common import (
+    Nav,
     context,
     decode_cursor,
     encode_cursor,
@@ -340,7 +341,14 @@ async def approvals_list(request: Request) -> Response:
         urls_of(request),
     )
     page = _with_approver(request, page)
-    return await respond(request, "pages/approvals.html", page, partial="partials/_queue.html")
+    # The queue's total is the badge's count: no second count of the pauses.
+    return await respond(
+        request,
+        "pages/approvals.html",
+        page,
+        partial="partials/_queue.html",
+        nav=Nav(pending=page.total),
+    )
 
 
 def _with_approver(request: Request, page: ApprovalsPage) -> ApprovalsPage:
