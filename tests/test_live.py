@@ -822,6 +822,32 @@ def test_a_prune_by_another_process_refreshes_every_view_at_the_next_poll(
         source.close()
 
 
+def test_closing_the_source_waits_for_a_read_in_another_thread(store_copy: Path) -> None:
+    """SQLite answers a connection closed under a running read with a segmentation
+    fault: ``close`` waits for the read, and the source reads nothing after it."""
+    reading, release = threading.Event(), threading.Event()
+
+    def trace(statement: str) -> None:
+        if "schema_version" in statement and not reading.is_set():
+            reading.set()  # a read is under way in the reader's thread: hold it there
+            release.wait(10)
+
+    source = SQLiteChangeSource(store_copy, trace=trace)
+    reader = threading.Thread(target=source.reset)
+    reader.start()
+    assert reading.wait(10)
+    closer = threading.Thread(target=source.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()  # still waiting for the read
+    release.set()
+    reader.join(10)
+    closer.join(10)
+    assert not reader.is_alive() and not closer.is_alive()
+    assert source.poll() is None
+    source.reset()  # closed: a late reset reads nothing and opens nothing
+
+
 # --- one stream per browser -------------------------------------------------------
 
 
