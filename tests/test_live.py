@@ -389,6 +389,25 @@ async def test_stopping_never_closes_the_source_under_a_poll_in_flight(store_cop
 
 
 @pytest.mark.anyio
+async def test_a_poll_cancelled_twice_still_waits_for_its_read(store_copy: Path) -> None:
+    # A stream closing while the app shuts down can cancel the same poll twice; the
+    # second cancellation must not let go of the source either.
+    source = SlowPollSource(store_copy)
+    feed = ChangeFeed(source, interval=INTERVAL)
+    await feed.subscribe()
+    polling = asyncio.ensure_future(feed.poll_once())
+    await anyio.to_thread.run_sync(source.polling.wait)
+    polling.cancel()
+    await asyncio.sleep(0.01)
+    polling.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await polling
+    assert source.events == ["poll ended"]  # the task ended only after its read
+    await feed.stop()
+    assert source.events == ["poll ended", "closed"]
+
+
+@pytest.mark.anyio
 async def test_with_no_one_watching_the_feed_reads_nothing(
     store_copy: Path, tmp_path: Path
 ) -> None:
