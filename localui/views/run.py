@@ -20,13 +20,21 @@ from localui.actions import RECENT_SECONDS, ActionService, seconds_since
 from localui.backends.base import Store
 from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, NotFound
-from localui.records import CacheEntry, ForkLink, Pending, RowDetail, RowHeader
+from localui.records import (
+    APPROVAL,
+    CacheEntry,
+    Decision,
+    ForkLink,
+    Pending,
+    RowDetail,
+    RowHeader,
+)
 from localui.views.approvals import (
     ApprovalItem,
     DecisionView,
     approval_item,
     approver_of,
-    decisions_for_run,
+    decision_view,
 )
 from localui.views.common import context, html_only, off_loop, pretty_json, respond
 from localui.views.params import parse_count
@@ -174,6 +182,8 @@ class RunPage:
     outbox: OutboxSummary
     #: The SDK's spans of each attempt, the run's input and final answer.
     trace: TraceSection
+    #: Who decided the pause the run answered, and why ("rejected by Ada: over budget").
+    decided: str | None = None
     groups: tuple[GroupView, ...] = html_only(())
     #: Why this process cannot resume the run (agent or tool not registered).
     resume_problem: str | None = html_only(None)
@@ -404,6 +414,8 @@ class ActionsSection:
     pause's card, and what localui already did with the run."""
 
     decisions: tuple[DecisionView, ...] = ()
+    #: The newest approval or rejection recorded for the run.
+    last_approval: Decision | None = None
     resume_problem: str | None = None
     fork_problem: str | None = None
     approval: ApprovalItem | None = None
@@ -421,8 +433,10 @@ def actions_section(
     resume_problem = None
     if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
         resume_problem = actions.plan_problem(plan)
+    recorded = actions.decisions.list_for_run(execution_id)
     return ActionsSection(
-        decisions=decisions_for_run(actions, execution_id),
+        decisions=tuple(decision_view(d) for d in recorded),
+        last_approval=next((d for d in reversed(recorded) if d.kind == APPROVAL), None),
         resume_problem=resume_problem,
         fork_problem=actions.fork_problem(owner),
         approval=approval_item(actions, pending, now, urls) if pending is not None else None,
@@ -498,6 +512,7 @@ def build_run_page(
         decisions=acting.decisions,
         outbox=outbox_summary(headers),
         trace=trace,
+        decided=runs.decision_line(state, acting.last_approval),
         groups=timeline.groups,
         resume_problem=acting.resume_problem,
         resume_needs_confirm=age is not None and age < RECENT_SECONDS,

@@ -10,10 +10,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localui import runs
-from localui.backends.base import STATES, Store
+from localui.backends.base import STATES, DecisionLog, Store
 from localui.backends.traces import RunSummary, SpanIndex
 from localui.errors import BadRequest
-from localui.records import IndexProgress, RunFacts, RunQuery, StoreTotals
+from localui.records import APPROVAL, Decision, IndexProgress, RunFacts, RunQuery, StoreTotals
 from localui.views.common import (
     context,
     decode_cursor,
@@ -51,6 +51,8 @@ class RunRow:
     outcome: str | None = None
     #: From the first row to the last, in milliseconds.
     duration_ms: int | None = None
+    #: Who decided the pause the run answered, and why ("rejected by Ada: over budget").
+    decided: str | None = None
     last_ago: str = html_only("")
     short_id: str = html_only("")
     first_local: str = html_only("")
@@ -130,24 +132,36 @@ def local_time(value: str) -> str:
     return at.astimezone().strftime("%b %d %H:%M:%S")
 
 
-def outcome_of(state: str, facts: RunFacts, summary: RunSummary | None) -> str | None:
+def outcome_of(
+    state: str, facts: RunFacts, summary: RunSummary | None, decided: str | None
+) -> str | None:
+    """The runs list's outcome: the pause reason, the error, or who decided the pause
+    (from the decision record) followed by the answer's first line."""
     if state == runs.PAUSED and facts.pending_reason:
         return f"waiting for approval: {facts.pending_reason}"
-    if summary is None:
-        return None
-    if state == runs.FAILED and summary.error:
+    if summary is not None and state == runs.FAILED and summary.error:
         return first_line(f"error: {summary.error}")
-    if summary.rejected_by:
-        return first_line(f"rejected by {summary.rejected_by}: {summary.answer or ''}")
-    if state == runs.COMPLETED and summary.answer:
-        return first_line(summary.answer)
-    return None
+    answer = first_line(summary.answer) if summary is not None else None
+    if state != runs.COMPLETED:
+        answer = None
+    if decided and answer:
+        return f"{decided} — {answer}"
+    return decided or answer
+
+
+def run_state(facts: RunFacts) -> str:
+    return runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
 
 
 def run_row(
-    facts: RunFacts, now: datetime, urls: Urls, summary: RunSummary | None = None
+    facts: RunFacts,
+    now: datetime,
+    urls: Urls,
+    summary: RunSummary | None = None,
+    decision: Decision | None = None,
 ) -> RunRow:
-    state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+    state = run_state(facts)
+    decided = runs.decision_line(state, decision)
     stopped_at = None
     if state == runs.UNFINISHED:
         stopped_at = runs.stopped_at(facts.last_node_id, facts.last_step_type)
@@ -168,8 +182,9 @@ def run_row(
         rows_quarantined=facts.rows_quarantined,
         url=urls.run(facts.execution_id),
         input=first_line(summary.input) if summary is not None else None,
-        outcome=outcome_of(state, facts, summary),
+        outcome=outcome_of(state, facts, summary, decided),
         duration_ms=duration_ms,
+        decided=decided,
         last_ago=runs.age_words(facts.last_at, now),
         short_id=facts.execution_id[:8],
         first_local=local_time(facts.first_at),
@@ -198,6 +213,7 @@ def parse_filters(request: Request) -> tuple[RunFilters, tuple[str, str] | None]
 
 def build_runs_page(
     store: Store,
+    decisions: DecisionLog,
     filters: RunFilters,
     after: tuple[str, str] | None,
     limit: int,
@@ -213,6 +229,10 @@ def build_runs_page(
         outbox=filters.outbox,
     )
     page = store.list_runs(query)
+    # The decisions of the page's runs in one read; a paused run names none.
+    decided = decisions.latest_for_runs(
+        APPROVAL, [f.execution_id for f in page.runs if run_state(f) != runs.PAUSED]
+    )
     # Totals come from the index too: while it is built they would wait for it.
     totals = store.totals() if page.indexing is None else None
     now = datetime.now(UTC)
@@ -247,7 +267,10 @@ def build_runs_page(
         for state in STATES
     )
     return RunsPage(
-        runs=tuple(run_row(f, now, urls, summaries.get(f.execution_id)) for f in page.runs),
+        runs=tuple(
+            run_row(f, now, urls, summaries.get(f.execution_id), decided.get(f.execution_id))
+            for f in page.runs
+        ),
         next=next_cursor,
         next_url=next_url,
         counts=counts if known else {},
@@ -267,6 +290,7 @@ async def runs_list(request: Request) -> Response:
     page = await off_loop(
         build_runs_page,
         ctx.store,
+        ctx.actions.decisions,
         filters,
         after,
         ctx.settings.page_size,

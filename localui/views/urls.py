@@ -22,28 +22,32 @@ parent's router, where another route may bear the same name.
 from __future__ import annotations
 
 import re
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import HTTPConnection
-from starlette.routing import BaseRoute, Router
+from starlette.routing import Route, Router
 from starlette.types import Scope
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _TILDE_BYTE = re.compile(r"(?:~[0-9A-Fa-f]{2})+")
+#: A parameter in a route's path format (``/runs/{execution_id}``), as Starlette writes it.
+_PARAM = re.compile(r"{([a-zA-Z_][a-zA-Z0-9_]*)}")
 #: In element ids, ``~`` would be a CSS combinator inside an htmx target selector.
 _DOM_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
-#: Ids that encode to themselves (the SDK's uuids): a page links each row several times.
-_ALL_SAFE = re.compile(r"[A-Za-z0-9_-]*")
-_ALL_DOM_SAFE = re.compile(r"[A-Za-z0-9-]*")
+
+
+#: Values made only of characters every encoding here leaves as they are (the SDK's uuids):
+#: returned at once, which matters for a page that links fifty runs.
+_PLAIN = re.compile(r"[A-Za-z0-9-]+")
 
 
 def tilde_encode(value: str) -> str:
     """``a/b`` -> ``a~2Fb``, ``王`` -> ``~E7~8E~8B``; ``[A-Za-z0-9_-]`` left as it is."""
-    if _ALL_SAFE.fullmatch(value):
+    if _PLAIN.fullmatch(value):
         return value
     return "".join(chr(b) if b in _SAFE else f"~{b:02X}" for b in value.encode("utf-8"))
 
@@ -60,7 +64,7 @@ def tilde_decode(value: str) -> str:
 def dom_id(value: str) -> str:
     """An id for an HTML ``id`` attribute and a ``#`` selector: ``[A-Za-z0-9-]`` plus
     ``_XX`` for every other byte, so two different ids never share an element id."""
-    if _ALL_DOM_SAFE.fullmatch(value):
+    if _PLAIN.fullmatch(value):
         return value
     return "".join(chr(b) if b in _DOM_SAFE else f"_{b:02X}" for b in value.encode("utf-8"))
 
@@ -85,28 +89,26 @@ ID = "localui_id"
 register_url_convertor(ID, IdConvertor())
 
 
-#: Each router's routes by name. ``Router.url_path_for`` tries every route in turn, and a
-#: run page of 50 rows builds a hundred links: looking the route up by name once keeps
-#: that off the page's time. Keyed by ``id`` (a Router is unhashable), checked by weakref.
-_NAMED: dict[int, tuple[weakref.ref[Router], dict[str, BaseRoute]]] = {}
+@dataclass(frozen=True, slots=True)
+class RoutePath:
+    """A route's path format cut at its parameters: ``("/runs/", "execution_id", "")``."""
 
+    parts: tuple[str, ...]
+    convertors: Mapping[str, Convertor[Any]]
 
-def _route_named(router: Router, name: str) -> BaseRoute | None:
-    cached = _NAMED.get(id(router))
-    if cached is None or cached[0]() is not router:
-        named: dict[str, BaseRoute] = {}
-        for route in router.routes:
-            route_name = getattr(route, "name", None)
-            if isinstance(route_name, str):
-                named.setdefault(route_name, route)
-        key = id(router)
+    @classmethod
+    def of(cls, route: Route) -> RoutePath:
+        return cls(tuple(_PARAM.split(route.path_format)), route.param_convertors)
 
-        def forget(_: weakref.ref[Router]) -> None:
-            _NAMED.pop(key, None)
-
-        cached = (weakref.ref(router, forget), named)
-        _NAMED[key] = cached
-    return cached[1].get(name)
+    def build(self, params: Mapping[str, str]) -> str | None:
+        """The path with ``params`` encoded as the router would; None when they are not
+        exactly this route's (the router then finds the one they fit)."""
+        if params.keys() != self.convertors.keys():
+            return None
+        parts = list(self.parts)
+        for i in range(1, len(parts), 2):
+            parts[i] = self.convertors[parts[i]].to_string(params[parts[i]])
+        return "".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,10 @@ class Urls:
     router: Router = field(compare=False)
     #: Where the app is served: ``""``, or a mount point / proxy prefix like ``/ops/localui``.
     prefix: str = ""
+    #: Each route's path split around its parameters, by name, found once per ``Urls``
+    #: (one request, or one live view): the router's own lookup tries every route in
+    #: turn, for every link on a page, and a queue page has a hundred and fifty.
+    _paths: dict[str, RoutePath] = field(default_factory=dict, compare=False, repr=False)
 
     def path(
         self,
@@ -129,10 +135,17 @@ class Urls:
     ) -> str:
         """The path of route ``name`` with its ``params`` encoded, then ``?query`` (None
         values left out) and ``#fragment`` (an element id, see :func:`dom_id`)."""
-        route = _route_named(self.router, name)
-        # A name the table lacks (a route added later) is looked up the long way.
-        found = (route or self.router).url_path_for(name, **params)
-        url = self.prefix + str(found)
+        if not self._paths:
+            self._paths.update(
+                (r.name, RoutePath.of(r))
+                for r in reversed(self.router.routes)
+                if isinstance(r, Route)
+            )
+        known = self._paths.get(name)
+        built = known.build(params) if known is not None else None
+        url = self.prefix + (
+            built if built is not None else str(self.router.url_path_for(name, **params))
+        )
         if query:
             pairs = {k: v for k, v in query.items() if v is not None and v != ""}
             if pairs:

@@ -11,7 +11,7 @@ clocks disagree still agree on when a claim was abandoned.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from psycopg import sql
@@ -47,6 +47,8 @@ class PostgresDecisionLog:
         self.table = f"{self.schema}.{TABLE}"
         self._table = sql.Identifier(self.schema, TABLE)
         self.writable = writable
+        #: Whether the table is known to exist (a writable log makes it now).
+        self._has_table = writable
         self._pool = Pool(
             dsn,
             name="localui-decisions",
@@ -190,14 +192,17 @@ class PostgresDecisionLog:
         with self._pool.connection() as conn:
             conn.execute(self._sql("DELETE FROM {table} WHERE id = %s"), (decision_id,))
 
+    def _table_exists(self, cur: Any) -> bool:
+        if not self._has_table:
+            found = cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()
+            self._has_table = found["t"] is not None
+        return self._has_table
+
     def list_for_run(self, execution_id: str) -> tuple[Decision, ...]:
         from psycopg.rows import dict_row
 
         with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            if (
-                cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()["t"]
-                is None
-            ):
+            if not self._table_exists(cur):
                 return ()  # read-only and never written: nothing decided here yet
             rows = cur.execute(
                 self._sql(
@@ -207,6 +212,25 @@ class PostgresDecisionLog:
                 (execution_id,),
             ).fetchall()
         return tuple(_decision(r) for r in rows)
+
+    def latest_for_runs(self, kind: str, execution_ids: Sequence[str]) -> Mapping[str, Decision]:
+        from psycopg.rows import dict_row
+
+        wanted = list(dict.fromkeys(execution_ids))
+        if not wanted:
+            return {}
+        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            if not self._table_exists(cur):
+                return {}  # read-only and never written: nothing decided here yet
+            rows = cur.execute(
+                self._sql(
+                    "SELECT DISTINCT ON (execution_id) {columns} FROM {table}"
+                    " WHERE kind = %s AND execution_id = ANY(%s)"
+                    " ORDER BY execution_id, decided_at DESC, id DESC"
+                ),
+                (kind, wanted),
+            ).fetchall()
+        return {str(r["execution_id"]): _decision(r) for r in rows}
 
     def close(self) -> None:
         self._pool.close()
