@@ -747,9 +747,13 @@ def test_a_decided_run_says_who_decided_in_the_list_and_on_its_page(
     assert backend.seeded.id("completed") in listed
     assert listed[backend.seeded.id("completed")]["decided"] is None
     html = desk.client.get("/").text
-    assert page_text(html, f"run-{rejected}").startswith(
-        "completed · rejected by Ann Approver: too large "
+    # The list says it once, as the run's outcome, beside its state.
+    row = page_text(html, f"run-{rejected}")
+    assert row.startswith("completed ") and row.count("rejected by Ann Approver: too large") == 1
+    outcome = re.search(
+        r'<td class="run-outcome">(.*?)</td>', html.split(f'id="run-{rejected}"')[1]
     )
+    assert outcome is not None and outcome.group(1) == "rejected by Ann Approver: too large"
     state_line = page_text(desk.client.get(f"/runs/{rejected}").text, "run-state")
     assert state_line.startswith("completed · rejected by Ann Approver: too large · "), state_line
     assert desk.client.get(f"/runs/{approved}.json").json()["decided"] == "approved by Ann Approver"

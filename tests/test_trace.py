@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from conftest import ClientFactory, Seeded
@@ -212,11 +213,13 @@ def test_runs_list_tells_each_runs_story(
     assert "(UTC)" in html and ".000" not in text
 
 
-def test_rejected_run_says_who_rejected_it(
+def test_a_rejecting_resume_in_the_trace_names_who_rejected_it_on_the_run_page(
     make_client: ClientFactory, store_copy: Path, seeded: Seeded
 ) -> None:
     """The in-process SDK runs with tracing off in tests, so the rejecting resume's
-    agent span is written by hand, with the attributes the SDK gives one."""
+    agent span is written by hand, with the attributes the SDK gives one. The runs
+    list reads decisions from the decision record only (test_backends), so here it
+    shows the answer and no second account of who decided."""
     run_id = seeded.id("completed")
     with sqlite3.connect(store_copy) as conn:
         conn.execute(
@@ -241,7 +244,8 @@ def test_rejected_run_says_who_rejected_it(
         )
     client = make_client(store_copy)
     rows = {r["execution_id"]: r for r in client.get("/runs.json").json()["runs"]}
-    assert rows[run_id]["outcome"] == "rejected by ann: Refund not made."
+    assert rows[run_id]["outcome"] == "Refund not made."
+    assert rows[run_id]["decided"] is None
     text = client.get(f"/runs/{run_id}").text
     assert "Attempt 2: resume, rejected by ann" in text
 
@@ -303,3 +307,35 @@ def test_a_large_backlog_is_indexed_in_the_background(
         assert attempt.agent.text("agent.output") == "Done: refunded 40.00 on A-1001."
     finally:
         index.close()
+
+
+def test_the_runs_list_outcome_says_who_decided_and_then_what_the_run_answered() -> None:
+    from localui.backends.traces import RunSummary
+    from localui.records import RunFacts
+    from localui.views.runs import outcome_of
+
+    facts = RunFacts(
+        execution_id="r1",
+        agent="refund-bot",
+        row_count=5,
+        first_at="2026-01-01T00:00:00+00:00",
+        last_at="2026-01-01T00:00:09+00:00",
+        last_checkpoint_id="c5",
+        last_node_id="run_end",
+        last_step_type="run_end",
+        last_status="completed",
+        has_pending=False,
+        pending_reason=None,
+        fork_parent_checkpoint_id=None,
+        rows_waiting=0,
+        rows_quarantined=0,
+    )
+    answered = RunSummary("Refund A-1", "Refund not made.\nMore.", None, None, None)
+    decided = "rejected by Ann: too large"
+    assert outcome_of("completed", facts, answered, decided) == f"{decided} — Refund not made."
+    assert outcome_of("completed", facts, None, decided) == decided
+    assert outcome_of("completed", facts, answered, None) == "Refund not made."
+    failed = RunSummary("Refund A-1", None, "model down", None, None)
+    assert outcome_of("failed", facts, failed, None) == "error: model down"
+    waiting = replace(facts, has_pending=True, pending_reason="manager_approval")
+    assert outcome_of("paused", waiting, answered, None) == "waiting for approval: manager_approval"

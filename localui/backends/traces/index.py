@@ -21,7 +21,7 @@ from localui.backends.traces.spans import (
 )
 
 #: Bump when the index's tables change: an index of another version is rebuilt.
-VERSION = "3"
+VERSION = "4"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -35,9 +35,6 @@ CREATE TABLE IF NOT EXISTS attempts (
     input        TEXT,
     output       TEXT,
     error        TEXT,
-    -- A resume that answered a pause: approved (1) or rejected (0), and by whom.
-    approved     INTEGER,
-    resolver     TEXT,
     PRIMARY KEY (execution_id, span_id)
 ) WITHOUT ROWID;
 """
@@ -59,10 +56,6 @@ _TEXT_OF = """CASE WHEN json_valid(attributes)
 #: The first exception's message on an agent span that ended in error.
 _ERROR_OF = """CASE WHEN status = 'ERROR' AND json_valid(events)
     THEN json_extract(events, '$[0].attributes."exception.message"') END"""
-
-_APPROVED = """CASE WHEN json_valid(attributes)
-    AND json_type(attributes, '$."agent.resume.approved"') IN ('true', 'false')
-    THEN json_extract(attributes, '$."agent.resume.approved"') END"""
 
 #: A backlog of more span rowids than this is folded in a thread: a first look at a
 #: large traced store must not hold its first page for seconds.
@@ -105,8 +98,6 @@ class RunSummary:
     error: str | None
     started_at: str | None
     ended_at: str | None
-    #: Who rejected the pause this run's newest decided resume answered.
-    rejected_by: str | None = None
 
 
 class SpanIndex:
@@ -255,14 +246,11 @@ class SpanIndex:
                     SELECT run_id, trace_id, span_id, start_time, end_time,
                            substr(input, 1, {_SUMMARY_CHARS}),
                            substr(output, 1, {_SUMMARY_CHARS}),
-                           substr(error, 1, {_SUMMARY_CHARS}), approved,
-                           substr(resolver, 1, {_SUMMARY_CHARS}) FROM (
+                           substr(error, 1, {_SUMMARY_CHARS}) FROM (
                         SELECT {_RUN_OF} AS run_id, trace_id, span_id, start_time, end_time,
                                {_TEXT_OF.format(key="agent.input")} AS input,
                                {_TEXT_OF.format(key="agent.output")} AS output,
-                               {_ERROR_OF} AS error,
-                               {_APPROVED} AS approved,
-                               {_TEXT_OF.format(key="agent.resume.resolver")} AS resolver
+                               {_ERROR_OF} AS error
                         FROM t.spans
                         WHERE rowid > ? AND rowid <= ? AND name LIKE 'agent.%'
                     ) WHERE run_id IS NOT NULL AND typeof(run_id) = 'text'""",
@@ -295,25 +283,20 @@ class SpanIndex:
                 return None if state == OFF else {}
             marks = ", ".join("?" for _ in execution_ids)
             rows = self._conn.execute(
-                f"""SELECT execution_id, started_at, ended_at, input, output, error,
-                           approved, resolver
+                f"""SELECT execution_id, started_at, ended_at, input, output, error
                     FROM attempts WHERE execution_id IN ({marks})
                     ORDER BY execution_id, started_at""",
                 tuple(execution_ids),
             ).fetchall()
         found: dict[str, RunSummary] = {}
-        for execution_id, started, ended, text_in, text_out, error, approved, resolver in rows:
+        for execution_id, started, ended, text_in, text_out, error in rows:
             before = found.get(execution_id)
-            rejected_by = before.rejected_by if before is not None else None
-            if approved is not None:
-                rejected_by = (resolver or "someone") if approved == 0 else None
             found[execution_id] = RunSummary(
                 input=before.input if before is not None and before.input else text_in,
                 answer=text_out or (before.answer if before is not None else None),
                 error=error,
                 started_at=before.started_at if before is not None else started,
                 ended_at=ended,
-                rejected_by=rejected_by,
             )
         return found
 
