@@ -751,7 +751,8 @@ def test_a_decided_run_says_who_decided_in_the_list_and_on_its_page(
     row = page_text(html, f"run-{rejected}")
     assert row.startswith("completed ") and row.count("rejected by Ann Approver: too large") == 1
     outcome = re.search(
-        r'<td class="run-outcome">(.*?)</td>', html.split(f'id="run-{rejected}"')[1]
+        r'<td class="run-outcome"><span class="decided">(.*?)</span></td>',
+        html.split(f'id="run-{rejected}"')[1],
     )
     assert outcome is not None and outcome.group(1) == "rejected by Ann Approver: too large"
     state_line = page_text(desk.client.get(f"/runs/{rejected}").text, "run-state")

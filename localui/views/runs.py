@@ -60,6 +60,8 @@ class RunRow:
     duration: str = html_only("")
     #: A paused run's approval card.
     card_url: str | None = html_only(None)
+    #: What the outcome says after ``decided`` (" — the answer"), shown beside it.
+    outcome_after_decided: str = html_only("")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +167,8 @@ def run_row(
     stopped_at = None
     if state == runs.UNFINISHED:
         stopped_at = runs.stopped_at(facts.last_node_id, facts.last_step_type)
+    outcome = outcome_of(state, facts, summary, decided)
+    after_decided = outcome.removeprefix(decided) if decided and outcome else ""
     first, last = runs.parse_time(facts.first_at), runs.parse_time(facts.last_at)
     duration_ms = max(0, round((last - first).total_seconds() * 1000)) if first and last else None
     return RunRow(
@@ -182,7 +186,7 @@ def run_row(
         rows_quarantined=facts.rows_quarantined,
         url=urls.run(facts.execution_id),
         input=first_line(summary.input) if summary is not None else None,
-        outcome=outcome_of(state, facts, summary, decided),
+        outcome=outcome,
         duration_ms=duration_ms,
         decided=decided,
         last_ago=runs.age_words(facts.last_at, now),
@@ -191,6 +195,7 @@ def run_row(
         last_local=local_time(facts.last_at),
         duration=duration_words(duration_ms) if duration_ms is not None else "",
         card_url=urls.approval(facts.execution_id) if state == runs.PAUSED else None,
+        outcome_after_decided=after_decided,
     )
 
 
