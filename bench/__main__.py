@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from bench import pg, report
+from bench import pg, report, store_cache
 from bench.browser import page_weights
 from bench.budgets import all_passed, judge
 from bench.latency import Timing, failed, follow_next, time_get, warm_up
@@ -51,7 +51,7 @@ from bench.servers import (
     start_sdk_ui,
     wait_until_indexed,
 )
-from bench.stores import BuiltStore, add_spans, build_store, make_templates
+from bench.stores import BuiltStore, Templates, add_spans, build_store, make_templates
 
 DEFAULT_WORKDIR = Path(tempfile.gettempdir()) / "localui-bench"
 DEFAULT_OUT = REPO / "bench" / "results" / "latest.md"
@@ -264,6 +264,43 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _store(
+    templates: Templates, stores_dir: Path, size: int, pending: int, fresh: bool, log: Log
+) -> BuiltStore:
+    """The store of ``size`` runs: the one built before when it matches, else built now."""
+    path = stores_dir / f"runs-{size}.db"
+    key = store_cache.store_key(runs=size, pending=pending, spans=False)
+    store = None if fresh else store_cache.load(path, key)
+    if store is not None:
+        log(
+            f"store {store.label}: {store.rows:,} rows, found in {stores_dir}"
+            f" (built in {store_cache.built_seconds(path) or 0:.0f} s)"
+        )
+        return store
+    store_cache.forget(path)
+    store = build_store(templates, path, runs=size, pending=pending)
+    store_cache.save(store, key)
+    log(f"store {store.label}: {store.rows:,} rows, {store.seconds:.1f} s")
+    return store
+
+
+def _spanned(
+    templates: Templates, store: BuiltStore, stores_dir: Path, fresh: bool, log: Log
+) -> BuiltStore:
+    """``store`` with trace spans: the one built before when it matches, else built now."""
+    path = stores_dir / f"runs-{store.runs}-spans.db"
+    key = store_cache.store_key(runs=store.runs, pending=store.pending, spans=True)
+    spanned = None if fresh else store_cache.load(path, key)
+    if spanned is not None:
+        log(f"store {spanned.label}: {spanned.spans:,} spans, found in {stores_dir}")
+        return spanned
+    store_cache.forget(path)
+    spanned = add_spans(templates, store, path)
+    store_cache.save(spanned, key)
+    log(f"store {spanned.label}: {spanned.spans:,} spans, {spanned.seconds:.1f} s")
+    return spanned
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -305,7 +342,15 @@ def build_parser() -> argparse.ArgumentParser:
         " LOCALUI_TEST_PG_DSN, else one started for the run); the SDK UI reads SQLite only",
     )
     parser.add_argument(
-        "--keep-stores", action="store_true", help="leave the built stores in --workdir"
+        "--fresh-stores",
+        action="store_true",
+        help="build every store anew (by default a store built before for the same size and"
+        " store format is reused from --workdir, and so is its PostgreSQL copy)",
+    )
+    parser.add_argument(
+        "--only-build",
+        action="store_true",
+        help="build (or find) the stores and their PostgreSQL copies, then stop",
     )
     parser.add_argument(
         "--localui-path",
@@ -325,7 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
 
     if args.backend == "postgres":
-        with pg.server(log) as dsn:
+        # The cluster lives in --workdir so the stores copied into it are found again.
+        with pg.server(log, args.workdir.resolve() / "postgres") as dsn:
             return _main(args, argv, started, log, dsn)
     return _main(args, argv, started, log, None)
 
@@ -359,23 +405,29 @@ def _main(
         stores: list[BuiltStore] = []
         for size in args.sizes:
             pending = min(args.pending, size // 10)
-            store = build_store(
-                templates, stores_dir / f"runs-{size}.db", runs=size, pending=pending
-            )
-            log(f"store {store.label}: {store.rows:,} rows, {store.seconds:.1f} s")
+            store = _store(templates, stores_dir, size, pending, args.fresh_stores, log)
             if dsn is not None:
                 target = PgTarget(dsn, f"bench_{size}", f"bench_{size}_localui")
-                seconds = pg.copy_store(store.path, dsn, target.schema)
-                log(f"store {store.label} copied to PostgreSQL {target.schema}: {seconds:.1f} s")
+                key = store_cache.store_key(runs=size, pending=pending, spans=False)
+                if not args.fresh_stores and pg.copied_key(dsn, target.schema) == key:
+                    log(f"store {store.label} found in PostgreSQL {target.schema}")
+                else:
+                    seconds = pg.copy_store(store.path, dsn, target.schema, key)
+                    log(
+                        f"store {store.label} copied to PostgreSQL {target.schema}: {seconds:.1f} s"
+                    )
                 pg_targets[store.label] = target
             stores.append(store)
             if size in span_sizes:
-                spanned = add_spans(templates, store, stores_dir / f"runs-{size}-spans.db")
-                log(f"store {spanned.label}: {spanned.spans:,} spans, {spanned.seconds:.1f} s")
+                spanned = _spanned(templates, store, stores_dir, args.fresh_stores, log)
                 stores.append(spanned)
     except Exception:
         log(traceback.format_exc())
         return 2
+
+    if args.only_build:
+        log(f"stores ready in {stores_dir}")
+        return 0
 
     venv: Path | None = None
     sdk_note = "not measured (--no-sdk-ui)"
@@ -435,11 +487,9 @@ def _main(
     out.with_suffix(".json").write_text(
         json.dumps(report.as_json(runs, verdicts, errors, context), indent=1)
     )
-    if not args.keep_stores:
-        shutil.rmtree(stores_dir, ignore_errors=True)
-        for target in pg_targets.values():
-            drop_schema(target.dsn, target.schema)
-            drop_schema(target.dsn, target.app_schema)
+    for target in pg_targets.values():
+        # The store stays for the next run; the index is the app's, made by each start.
+        drop_schema(target.dsn, target.app_schema)
     if args.localui_path is None:
         shutil.rmtree(app_path, ignore_errors=True)
     log(f"wrote {out} in {time.monotonic() - started:.0f} s")
