@@ -96,13 +96,16 @@ def _time_all(
 
 
 def _inproc(store: BuiltStore, cache: Path, urls: Mapping[str, str], options: Options) -> Any:
+    where = [str(store.path)]
+    if options.pg is not None:
+        where = [options.pg.dsn, "--pg-schema", options.pg.schema, options.pg.app_schema]
     done = subprocess.run(
         [
             sys.executable,
             "-m",
             "bench.inproc",
             "--store",
-            str(store.path),
+            *where,
             "--requests",
             str(options.requests),
             "--warmup",
@@ -446,8 +449,7 @@ def _main(
             requests=args.requests,
             warmup=args.warmup,
             # The app's queries never read spans: once, on the largest store without them.
-            # In-process timing opens the SQLite file.
-            inproc=at_largest and not store.spans and dsn is None,
+            inproc=at_largest and not store.spans,
             # Page weight does not depend on the store's size: once, on the largest.
             weights=at_largest and not store.spans,
             app_path=app_path,

@@ -360,7 +360,11 @@ def test_a_build_cut_short_is_finished_by_the_next_start(pg_store: Any) -> None:
             assert resumed.list_runs(RunQuery(limit=1000)) == plain.list_runs(RunQuery(limit=1000))
         finally:
             plain.close()
+        search_index = f"{pg_store.app_schema}.{resumed.runs_index.tables.index('search')}"
     finally:
         resumed.close()
         alone.close()
         pg_store.raw.execute(f"DROP SCHEMA IF EXISTS {alone_schema} CASCADE")
+    # Once every run is folded, the trigram index is made (closing waits for it).
+    [made] = pg_store.raw.query("SELECT to_regclass(%s) IS NOT NULL AS made", (search_index,))
+    assert made["made"]

@@ -69,6 +69,9 @@ BUILD_CHUNK_ROWS = 20_000
 #: first chunk), and whether it is a first build (the index was empty).
 _BUILD_AFTER = "build_after"
 _BUILD_FIRST = "build_first"
+#: Set when a first build in chunks has folded every run and the trigram index is
+#: still to be made (text search scans the index's rows until it is).
+_SEARCH_PENDING = "search_index_pending"
 
 #: Rows are new when unseen within this many seconds of the newest row's time
 #: (writers whose clocks lag, commits that land late), as in the change feed.
@@ -217,6 +220,11 @@ class IndexSync:
                         self._start_builder(rows=rows, readable=readable)
                         return readable
                     self._build(cur, store, gate, first=meta.get("built") != "1")
+                elif _SEARCH_PENDING in meta:
+                    # Left by a build in chunks (here or in a process since gone).
+                    conn.rollback()
+                    self._start_builder(rows=0, readable=True)
+                    return True
                 else:
                     self._catch_up(cur, store, meta)
             self._gate = gate
@@ -297,6 +305,8 @@ class IndexSync:
                 cur.execute("SET TIME ZONE 'UTC'")
                 # Chunks are short; the trigram index over a million runs, at the end, is not.
                 cur.execute("SET statement_timeout = 0")
+                # A chunk's sorts in memory, not spilled to disk.
+                cur.execute("SET work_mem = '64MB'")
                 while not self._build_step(conn, cur):
                     pass
         except Exception as exc:
@@ -321,6 +331,9 @@ class IndexSync:
                 self._clear(cur, gate)
                 return True
             if not self._needs_build(meta, gate):
+                if _SEARCH_PENDING in meta:
+                    self._make_search_index(cur)
+                    return False
                 self._catch_up(cur, store, meta)
                 return True
             if _BUILD_AFTER not in meta or meta.get("table") != str(gate[2]):
@@ -396,13 +409,28 @@ class IndexSync:
         if found is not None:
             self._set_meta(cur, {_BUILD_AFTER: str(found[0])})
             return False
-        if meta.get(_BUILD_FIRST) == "1" and self.has_trigrams:
-            # Put back after the runs are in: far faster than kept up chunk by chunk.
-            trgm = schema.trigram_schema(cur)
-            if trgm is not None:
-                cur.execute(schema.trigram_index(t, trgm))
-        self._set_meta(cur, {"built": "1", _BUILD_AFTER: None, _BUILD_FIRST: None})
-        return True
+        # Complete: the runs list, its filters and counts read the index from now on.
+        # On a first build the trigram index comes next, in a transaction of its own
+        # (far faster than kept up chunk by chunk, and a million runs take it tens of
+        # seconds: text search scans the index's rows meanwhile).
+        search_pending = meta.get(_BUILD_FIRST) == "1" and self.has_trigrams
+        self._set_meta(
+            cur,
+            {
+                "built": "1",
+                _BUILD_AFTER: None,
+                _BUILD_FIRST: None,
+                _SEARCH_PENDING: "1" if search_pending else None,
+            },
+        )
+        return not search_pending
+
+    def _make_search_index(self, cur: Any) -> None:
+        """The trigram index a first build in chunks left to make."""
+        trgm = schema.trigram_schema(cur)
+        if trgm is not None:
+            cur.execute(schema.trigram_index(self.t, trgm))
+        self._set_meta(cur, {_SEARCH_PENDING: None})
 
     # --- folding --------------------------------------------------------
 
@@ -469,6 +497,7 @@ class IndexSync:
                 "built": "1",
                 _BUILD_AFTER: None,
                 _BUILD_FIRST: None,
+                _SEARCH_PENDING: None,
                 "table": str(gate[2]),
                 "deleted": str(gate[1]),
                 "newest": newest.isoformat() if newest is not None else None,
