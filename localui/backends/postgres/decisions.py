@@ -22,7 +22,7 @@ from localui.backends.decisions import (
     TABLE,
     decision_from_row,
 )
-from localui.backends.postgres.pool import Pool, identifier, iso
+from localui.backends.postgres.pool import Pool, StaleConnection, identifier, iso
 from localui.errors import Unavailable
 from localui.records import Claim, Decision
 
@@ -47,24 +47,36 @@ class PostgresDecisionLog:
         self.table = f"{self.schema}.{TABLE}"
         self._table = sql.Identifier(self.schema, TABLE)
         self.writable = writable
-        self._pool = Pool(
-            dsn,
-            name="localui-decisions",
-            read_only=not writable,
-            privileges=(
-                f"localui keeps its decisions in {self.table}: it needs CREATE on the database"
-                f" or on schema {self.schema}, or that table made for it with SELECT, INSERT,"
-                " UPDATE and DELETE"
-                if writable
-                else f"a read-only localui shows decisions with USAGE on schema {self.schema}"
-                f" and SELECT on {self.table}"
-            ),
+        privileges = (
+            f"localui keeps its decisions in {self.table}: it needs CREATE on the database"
+            f" or on schema {self.schema}, or that table made for it with SELECT, INSERT,"
+            " UPDATE and DELETE"
+            if writable
+            else f"a read-only localui shows decisions with USAGE on schema {self.schema}"
+            f" and SELECT on {self.table}"
         )
+        self._pool = Pool(
+            dsn, name="localui-decisions", read_only=not writable, privileges=privileges
+        )
+        # Reads of a run's decisions come on every run page: one round trip each, on
+        # connections not checked when borrowed (a read may simply be tried again).
+        self._reads = Pool(
+            dsn,
+            name="localui-decisions-read",
+            read_only=True,
+            max_size=2,
+            privileges=privileges,
+            check_on_borrow=False,
+        )
+        #: Whether the table is known to be there (no need to look each time).
+        self._table_seen = False
         if writable:
             try:
                 self._create()
+                self._table_seen = True
             except BaseException:
                 self._pool.close()
+                self._reads.close()
                 raise
 
     def _sql(self, text: str) -> sql.Composed:
@@ -191,14 +203,27 @@ class PostgresDecisionLog:
             conn.execute(self._sql("DELETE FROM {table} WHERE id = %s"), (decision_id,))
 
     def list_for_run(self, execution_id: str) -> tuple[Decision, ...]:
+        import psycopg
+
+        try:
+            return self._list_for_run(execution_id)
+        except StaleConnection:
+            # The pool has dropped its dead connections: once more on a fresh one.
+            return self._list_for_run(execution_id)
+        except psycopg.errors.UndefinedTable:
+            # Dropped since it was seen: nothing decided here, until it is made again.
+            self._table_seen = False
+            return ()
+
+    def _list_for_run(self, execution_id: str) -> tuple[Decision, ...]:
         from psycopg.rows import dict_row
 
-        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            if (
-                cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()["t"]
-                is None
-            ):
-                return ()  # read-only and never written: nothing decided here yet
+        with self._reads.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            if not self._table_seen:
+                found = cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),))
+                if found.fetchone()["t"] is None:
+                    return ()  # read-only and never written: nothing decided here yet
+                self._table_seen = True
             rows = cur.execute(
                 self._sql(
                     "SELECT {columns} FROM {table} WHERE execution_id = %s"
@@ -209,4 +234,5 @@ class PostgresDecisionLog:
         return tuple(_decision(r) for r in rows)
 
     def close(self) -> None:
+        self._reads.close()
         self._pool.close()
