@@ -36,6 +36,7 @@ import httpx
 from bench import pg, report, store_cache
 from bench.browser import page_weights
 from bench.budgets import all_passed, judge
+from bench.fleet import measure_fleet
 from bench.latency import Timing, failed, follow_next, time_get, warm_up
 from bench.model import DEEP_PAGES, ServerRun, StoreRun, localui_urls, sdk_urls
 from bench.pg import drop_schema
@@ -50,6 +51,7 @@ from bench.servers import (
     start_localui,
     start_sdk_ui,
     wait_until_indexed,
+    wait_until_search_indexed,
 )
 from bench.stores import BuiltStore, Templates, add_spans, build_store, make_templates
 
@@ -140,6 +142,10 @@ def measure_localui(store: BuiltStore, options: Options, log: Log) -> ServerRun:
         try:
             result.indexed_s = wait_until_indexed(server)
             log(f"  runs index complete {result.indexed_s:.2f} s after start")
+            if options.pg is not None:
+                # Text search is timed with its trigram index, as a later start has it.
+                result.search_indexed_s = wait_until_search_indexed(server, options.pg)
+                log(f"  trigram index made {result.search_indexed_s:.2f} s after start")
             with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
                 cursor, result.deep_page = follow_next(client, "/runs.json", pages=DEEP_PAGES)
             if cursor is None:
@@ -147,7 +153,9 @@ def measure_localui(store: BuiltStore, options: Options, log: Log) -> ServerRun:
             urls = localui_urls(store, cursor)
             result.timings = _time_all(server, urls, options, log, result.load)
             result.memory_kb = server.memory_kb()
-            result.agent_alone_kb = agent_alone_rss_kb(store.path, app_path=options.app_path)
+            result.agent_alone_kb = agent_alone_rss_kb(
+                store.path, app_path=options.app_path, pg=options.pg
+            )
             if options.weights:
                 result.pages = page_weights(
                     {
@@ -351,6 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
         " store format is reused from --workdir, and so is its PostgreSQL copy)",
     )
     parser.add_argument(
+        "--no-fleet",
+        action="store_true",
+        help="on PostgreSQL, skip the fleet figure (two servers while a third process writes)",
+    )
+    parser.add_argument(
         "--only-build",
         action="store_true",
         help="build (or find) the stores and their PostgreSQL copies, then stop",
@@ -460,11 +473,30 @@ def _main(
         sdk = None
         if venv is not None and store.runs in sdk_sizes:
             sdk = measure_sdk(store, venv, options, log)
-        runs.append(StoreRun(store=store, localui=local, sdk=sdk))
+        fleet = None
+        if options.pg is not None and at_largest and not args.no_fleet:
+            log(f"measuring the fleet on {store.label} (load average {os.getloadavg()[0]:.1f})")
+            fleet = measure_fleet(
+                store,
+                options.pg,
+                requests=args.requests,
+                warmup=args.warmup,
+                app_path=app_path,
+                log=log,
+            )
+        runs.append(StoreRun(store=store, localui=local, sdk=sdk, fleet=fleet))
 
     judged = {r.store.label: report.budget_figures(r) for r in runs if r.store.runs == largest}
     verdicts = judge(judged)
     errors = [e for r in runs for s in (r.localui, r.sdk) if s is not None for e in s.errors]
+    errors += [e for r in runs if r.fleet is not None for e in r.fleet.errors]
+    errors += [
+        f"{r.store.label} / fleet {k}: {t.error}"
+        for r in runs
+        if r.fleet is not None
+        for k, t in r.fleet.timings.items()
+        if not t.ok
+    ]
     errors += [
         f"{r.store.label} / {k}: {t.error}"
         for r in runs
