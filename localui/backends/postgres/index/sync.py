@@ -327,6 +327,11 @@ class IndexSync:
             store = self.store_sql()
             gate = self._read_gate(cur, store)
             meta = self._meta(cur)
+            if meta.get("built") == "1":
+                with self.lock:
+                    # Every run is folded (committed): read the index while the rest,
+                    # the trigram index, is made.
+                    self._readable_while_building = True
             if store is None:
                 self._clear(cur, gate)
                 return True
