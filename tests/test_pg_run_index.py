@@ -368,3 +368,27 @@ def test_a_build_cut_short_is_finished_by_the_next_start(pg_store: Any) -> None:
     # Once every run is folded, the trigram index is made (closing waits for it).
     [made] = pg_store.raw.query("SELECT to_regclass(%s) IS NOT NULL AS made", (search_index,))
     assert made["made"]
+
+
+def test_a_prune_after_a_build_cut_short_leaves_the_index_right(pg_store: Any) -> None:
+    """Rows deleted (a prune) while a build is under way: runs already folded may be
+    gone. The next start folds every range again and the index is the store's."""
+    kill_a_build_mid_way(pg_store)
+    assert PostgresPrune(pg_store.dsn, schema=pg_store.schema).prune(timedelta(0)) > 0
+    resumed = open_store(pg_store, index_background_from_rows=0, index_chunk_rows=3)
+    plain = open_store(pg_store, runs_index=False)
+    try:
+        assert resumed.runs_index is not None
+        expected = plain.list_runs(RunQuery(limit=1000))
+        # The server publishes the deletes count when the pruning session ends.
+        deadline = time.monotonic() + 15
+        while True:
+            resumed.runs_index.complete()
+            if resumed.list_runs(RunQuery(limit=1000)) == expected:
+                break
+            assert time.monotonic() < deadline, "the index never caught up with the prune"
+            time.sleep(0.2)
+        assert resumed.totals() == plain.totals()
+    finally:
+        resumed.close()
+        plain.close()
