@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,11 @@ class SQLiteChangeSource:
         self._tables: _Tables | None = None
         self._tables_version = -1
         self._cursor: _Cursor | None = None
+        # The feed runs one call at a time, but a read it gave up waiting for (a
+        # request's event loop torn down mid-read) may still be running when close()
+        # comes: SQLite answers a connection closed under a read with a segmentation
+        # fault, so every use of the connection takes this lock.
+        self._lock = threading.Lock()
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -93,11 +99,16 @@ class SQLiteChangeSource:
         return self._conn
 
     def reset(self) -> None:
-        conn = self._connection()
-        self._data_version = self._read_data_version(conn)
-        self._cursor = self._read_cursor(conn)
+        with self._lock:
+            conn = self._connection()
+            self._data_version = self._read_data_version(conn)
+            self._cursor = self._read_cursor(conn)
 
     def poll(self) -> Changes | None:
+        with self._lock:
+            return self._poll()
+
+    def _poll(self) -> Changes | None:
         conn = self._connection()
         version = self._read_data_version(conn)
         if self._cursor is not None and version == self._data_version:
@@ -111,9 +122,10 @@ class SQLiteChangeSource:
         return changes or None
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     # --- reading ---------------------------------------------------------
 
