@@ -24,7 +24,15 @@ from localui import runs
 from localui.backends import is_busy
 from localui.backends.base import DecisionLog, Store
 from localui.errors import BadRequest, Conflict, NotFound, ReadOnly, Refused
-from localui.records import APPROVAL, RESUME, Decision, Pending, PrunePreview, RowHeader
+from localui.records import (
+    ALREADY_RESUMED,
+    APPROVAL,
+    RESUME,
+    Decision,
+    Pending,
+    PrunePreview,
+    RowHeader,
+)
 from localui.registry import Registry, registry_kind, run_tools
 from localui.settings import Settings
 
@@ -413,7 +421,7 @@ class ActionService:
                 break
             except AlreadyResumed as exc:
                 finished = await asyncio.to_thread(
-                    self.decisions.finish, decision.id, "already_resumed", str(exc)
+                    self.decisions.finish, decision.id, ALREADY_RESUMED, str(exc)
                 )
                 raise AlreadyDecided(
                     f"This run was resumed outside this app before it could be: {exc}",

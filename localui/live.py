@@ -217,13 +217,20 @@ class ChangeFeed:
         """``call()`` in a worker thread, holding on until it returns even when the
         awaiting task is cancelled: the caller's lock on the source must not be let go
         while a thread still reads it, or ``stop`` would close the connection under
-        that read (SQLite answers that with a segmentation fault, not an exception)."""
+        that read (SQLite answers that with a segmentation fault, not an exception).
+        A task cancelled again while it waits keeps waiting; the cancellation is
+        passed on once the thread has returned."""
         running = asyncio.ensure_future(asyncio.to_thread(call))
-        try:
-            return await asyncio.shield(running)
-        except asyncio.CancelledError:
-            await asyncio.wait({running})
-            raise
+        cancelled = False
+        while not running.done():
+            try:
+                # ``wait`` never cancels what it waits for, unlike awaiting it.
+                await asyncio.wait({running})
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+        return running.result()
 
     async def poll_once(self) -> Changes | None:
         """One poll of the source, published when something changed."""

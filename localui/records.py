@@ -219,6 +219,18 @@ class Pending:
 
 
 @dataclass(frozen=True, slots=True)
+class PausedCall:
+    """What a paused row holds about the call it paused in: the snapshot (the turn's
+    messages, the tool's name and call id) and the call's input, parsed; and how many
+    ``@idempotent`` results the run has stored (a resume reuses them)."""
+
+    checkpoint_id: str
+    state_snapshot: Any
+    node_input: Any
+    cached_results: int
+
+
+@dataclass(frozen=True, slots=True)
 class PendingPage:
     items: tuple[Pending, ...]
     next_key: tuple[str, str] | None
@@ -302,6 +314,8 @@ class CachePage:
 #: Kinds of decision in the app's own record (``localui_decisions``).
 APPROVAL = "approval"
 RESUME = "resume"
+#: The outcome of a claim whose run the SDK had already resumed elsewhere: it decided nothing.
+ALREADY_RESUMED = "already_resumed"
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from localui.records import (
+    ALREADY_RESUMED,
     FORK_ORIGIN_NODE,
     FORK_ORIGIN_STEP,
     RUN_END_STEP,
+    Decision,
     RowHeader,
     Unreadable,
 )
@@ -547,6 +549,24 @@ def age_words(value: str, now: datetime) -> str:
     if seconds < 86400:
         return f"{seconds // 3600} h ago"
     return f"{seconds // 86400} d ago"
+
+
+def decided_words(decision: Decision) -> str:
+    """``"rejected by Ada: over budget"``: who decided a pause, how, and why."""
+    words = f"{decision.verb} by {decision.actor}"
+    return f"{words}: {decision.reason}" if decision.reason else words
+
+
+def decision_line(state: str, decision: Decision | None) -> str | None:
+    """What a run's state line says of its newest approval decision, if anything: once
+    the SDK has carried it out and the run has moved on from the pause it answered (a
+    run paused again waits on a new question; a claim resumed elsewhere first decided
+    nothing)."""
+    if decision is None or state == PAUSED:
+        return None
+    if decision.outcome is None or decision.outcome == ALREADY_RESUMED:
+        return None
+    return decided_words(decision)
 
 
 def short_json(value: Any, limit: int = 160) -> str:

@@ -53,9 +53,13 @@ def shoot(page: Page, step: str) -> None:
 
 
 def context_value(card: Locator, key: str) -> str:
-    """The value shown for one key of the card's frozen context."""
-    entry = card.locator("li").filter(has=card.page.locator("> span.key", has_text=key))
-    return entry.locator("> span.value").inner_text()
+    """The value shown for one key of the card's frozen context (a queue's card loads
+    it when opened)."""
+    frozen = card.locator("details.frozen")
+    if frozen.count() and frozen.get_attribute("open") is None:
+        frozen.locator("summary").click()
+    entry = card.locator("table.context tr").filter(has=card.page.locator("> th", has_text=key))
+    return entry.locator("> td > span.value").inner_text()
 
 
 def test_approve_in_two_tabs(browser: Browser, approvals_server: str) -> None:

@@ -128,11 +128,18 @@ def test_an_agent_in_another_process_shows_up_and_an_approval_clears_it(
         expect(runs_tab.locator("#runs-table .tab.state-paused .count")).to_have_text(
             str(SEEDED_PAUSES + 1)
         )
-        # The queue: its card, and the badge on every tab.
+        # The queue: someone is reading it, so the new pause waits behind a banner rather
+        # than move the cards; asked for, its card shows. The badge is on every tab.
+        news = queue_tab.locator("#queue-news")
+        expect(news).to_have_text("1 new waiting — show them", timeout=LIVE_TIMEOUT_MS)
+        expect(cards).to_have_count(SEEDED_PAUSES)
         card = queue_tab.locator(f"#approval-{new_run}")
-        expect(card).to_be_visible(timeout=LIVE_TIMEOUT_MS)
+        expect(card).to_have_count(0)
+        news.get_by_role("button", name="show them").click()
+        expect(card).to_be_visible()
         expect(card).to_contain_text("A-1002")
         expect(cards).to_have_count(SEEDED_PAUSES + 1)
+        expect(news).to_have_text("")
         for tab in (runs_tab, queue_tab, run_tab):
             expect(tab.locator("#nav-pending")).to_have_text(
                 str(SEEDED_PAUSES + 1), timeout=LIVE_TIMEOUT_MS
@@ -161,12 +168,21 @@ def test_an_agent_in_another_process_shows_up_and_an_approval_clears_it(
         desk_card.get_by_role("button", name="Approve").click()
         outcome = desk.locator(f"#approval-{new_run}-result")
         expect(outcome).to_contain_text("the run completed", timeout=LIVE_TIMEOUT_MS)
-        expect(desk_card).to_have_count(0, timeout=LIVE_TIMEOUT_MS)
-        expect(outcome).to_be_visible()  # the outcome stays where the decider reads it
+        # The decided card keeps its place with the outcome in it, through the live update
+        # that takes its pause off the queue, until the decider dismisses it.
+        desk_item = desk.locator(f"#approvals-queue .queue-item[data-run='{new_run}']")
+        expect(desk_item).to_have_class(re.compile(r"\bgone\b"), timeout=LIVE_TIMEOUT_MS)
+        expect(outcome).to_be_visible()
+        expect(desk_card.get_by_role("button", name="Approve")).to_have_count(0)
         shoot(desk, "3-decided")
+        desk_item.get_by_role("button", name="Dismiss").click()
+        expect(desk_item).to_have_count(0)
 
-        # Gone from the first tab's queue, without a reload; the half-typed card is intact.
-        expect(card).to_have_count(0, timeout=LIVE_TIMEOUT_MS)
+        # In the first tab's queue, without a reload, the card turns into a note in its
+        # place saying who decided; the half-typed card is intact.
+        note = queue_tab.locator(f"#approvals-queue .queue-item[data-run='{new_run}']")
+        expect(note).to_contain_text("approved by Ada Manager", timeout=LIVE_TIMEOUT_MS)
+        expect(card).to_have_count(0)
         expect(cards).to_have_count(SEEDED_PAUSES)
         expect(other.get_by_label("Reason")).to_have_value("checking the order first")
         expect(queue_tab.locator("#nav-pending")).to_have_text(str(SEEDED_PAUSES))
@@ -184,8 +200,11 @@ def test_an_agent_in_another_process_shows_up_and_an_approval_clears_it(
         # The row the person opened is still open, its detail still loaded.
         expect(first_row).to_have_attribute("open", "")
         expect(first_row.locator(".row-detail")).to_be_visible()
-        # And the runs list shows it completed.
+        # And the runs list shows it completed, and who decided it.
         expect(row.locator("span.state")).to_have_text("completed", timeout=LIVE_TIMEOUT_MS)
+        expect(row.locator("span.decided")).to_have_text(
+            "approved by Ada Manager", timeout=LIVE_TIMEOUT_MS
+        )
         shoot(run_tab, "4-run-completed")
 
         # Every update was a swap on the stream each page opened once.

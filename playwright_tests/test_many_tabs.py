@@ -90,6 +90,10 @@ def test_twenty_tabs_show_a_new_pause_and_tab_one_still_acts(
         print(f"\n{TABS} tabs showed the new pause {all_shown_s:.2f} s after it was written")
         assert not waiting, f"tabs {sorted(waiting)} never showed the new pause"
         assert all_shown_s <= ALL_TABS_S
+        # Tab 1 is a queue someone reads: the new pause waits behind its banner until asked.
+        news = first.locator("#queue-news")
+        expect(news).to_have_text("1 new waiting — show them")
+        news.get_by_role("button", name="show them").click()
         card = first.locator(f"#approval-{new_run}")
         expect(card).to_be_visible()
 

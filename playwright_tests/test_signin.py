@@ -60,6 +60,18 @@ def seed(store: str | Path, workdir: Path, pg_schema: str = "fastaiagent") -> No
     )
 
 
+def _answering(dsn: str) -> None:
+    """Fail at once, and say so, when the test command's PostgreSQL is gone: seeding
+    would otherwise fail later as a worker's connection error (its server was seen
+    to stop mid-run on a shared machine, taking the seed with it)."""
+    import psycopg
+
+    try:
+        psycopg.connect(dsn, connect_timeout=10).close()
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"the test PostgreSQL at {dsn} does not answer: {exc}", pytrace=False)
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def signin_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -76,6 +88,7 @@ def signin_server(
         dsn = os.environ.get("LOCALUI_TEST_PG_DSN", "")
         if not dsn:
             pytest.fail("LOCALUI_TEST_PG_DSN is not set: run scripts/test.sh", pytrace=False)
+        _answering(dsn)
         schema, app_schema = (f"{p}_{uuid.uuid4().hex[:10]}" for p in ("fa", "localui"))
         drop_schemas += [schema, app_schema]
         seed(dsn, workdir, pg_schema=schema)

@@ -611,6 +611,39 @@ def test_approvals_json_oldest_first_with_checkpoint_ids(backend: Backend) -> No
     assert by_run[backend.seeded.id("paused-1")]["context"]["order_id"] == "A-1002"
 
 
+def test_paused_calls_of_a_page_in_one_read(backend: Backend) -> None:
+    page = backend.store.list_pending()
+    calls = backend.store.paused_calls(page.items)
+    assert set(calls) == {p.checkpoint_id for p in page.items}
+    two_tools = backend.store.get_pending(backend.seeded.id("two-tools-first-pauses"))
+    assert two_tools is not None and two_tools.checkpoint_id is not None
+    paused = calls[two_tools.checkpoint_id]
+    assert paused.node_input == {"order_id": "A-1005", "amount": 700.0}
+    assert paused.state_snapshot["tool_name"] == "refund"
+    names = [c["name"] for c in paused.state_snapshot["messages"][-1]["tool_calls"]]
+    assert names == ["refund", "notify_customer"]
+    # The charge the run made before it paused is the one cached result a resume reuses.
+    assert paused.cached_results == 1
+    assert backend.store.paused_calls(()) == {}
+    # The cards say it as a call, by the same read on either store.
+    effects = {
+        a["execution_id"]: a["effects"]
+        for a in backend.client().get("/approvals.json").json()["approvals"]
+    }
+    # PostgreSQL's jsonb keeps keys in its own order, not the call's: the arguments
+    # are the same, their order is the store's.
+    call = effects[two_tools.execution_id].pop("call")
+    assert call in (
+        'refund(order_id="A-1005", amount=700.0)',
+        'refund(amount=700.0, order_id="A-1005")',
+    )
+    assert effects[two_tools.execution_id] == {
+        "tool": "refund",
+        "skipped": ["notify_customer"],
+        "reused": 1,
+    }
+
+
 def test_unknown_run_is_404_and_a_bad_state_filter_400(backend: Backend) -> None:
     client = backend.client()
     missing = client.get("/runs/no-such-run.json")
@@ -692,6 +725,70 @@ def test_reject_with_a_reason_declines_in_the_tool(backend: Backend, ledger: Led
     assert [bool(r["approved"]) for r in desk.truth.decisions(run)] == [False]
     assert run_ends(desk.truth, run) == ["completed"]
     assert ledger.count() == 0
+
+
+def test_a_decided_run_says_who_decided_in_the_list_and_on_its_page(
+    backend: Backend, ledger: Ledger, page_text: Callable[..., str]
+) -> None:
+    desk = backend.acting(ledger)
+    rejected, approved = backend.seeded.id("paused-2"), backend.seeded.id("paused-1")
+    still_paused = backend.seeded.id("paused-3")
+    for run, verb, reason in ((rejected, "reject", "too large"), (approved, "approve", "")):
+        answer = decide(
+            desk.client, run, card(desk.client, run)["checkpoint_id"], verb=verb, reason=reason
+        )
+        assert answer.status_code == 200, answer.text
+
+    listed = {r["execution_id"]: r for r in desk.client.get("/runs.json").json()["runs"]}
+    assert listed[rejected]["state"] == "completed"
+    assert listed[rejected]["decided"] == "rejected by Ann Approver: too large"
+    assert listed[approved]["decided"] == "approved by Ann Approver"
+    assert listed[still_paused]["decided"] is None
+    assert backend.seeded.id("completed") in listed
+    assert listed[backend.seeded.id("completed")]["decided"] is None
+    html = desk.client.get("/").text
+    assert page_text(html, f"run-{rejected}").startswith(
+        "completed · rejected by Ann Approver: too large "
+    )
+    state_line = page_text(desk.client.get(f"/runs/{rejected}").text, "run-state")
+    assert state_line.startswith("completed · rejected by Ann Approver: too large · "), state_line
+    assert desk.client.get(f"/runs/{approved}.json").json()["decided"] == "approved by Ann Approver"
+    assert desk.client.get(f"/runs/{still_paused}.json").json()["decided"] is None
+
+
+class CountingLog:
+    """The app's real decision log, counting the reads a runs page makes of it."""
+
+    def __init__(self, log: Any) -> None:
+        self.log = log
+        self.reads: list[tuple[str, int]] = []
+
+    def latest_for_runs(self, kind: str, execution_ids: Any) -> Any:
+        self.reads.append(("latest_for_runs", len(execution_ids)))
+        return self.log.latest_for_runs(kind, execution_ids)
+
+    def list_for_run(self, execution_id: str) -> Any:
+        self.reads.append(("list_for_run", 1))
+        return self.log.list_for_run(execution_id)
+
+
+def test_a_runs_page_reads_its_decisions_once(backend: Backend, ledger: Ledger) -> None:
+    from localui.views.runs import RunFilters, build_runs_page
+    from localui.views.urls import Urls
+
+    desk = backend.acting(ledger)
+    run = backend.seeded.id("paused-2")
+    decide(desk.client, run, card(desk.client, run)["checkpoint_id"], verb="reject", reason="no")
+    state = desk.client.app.state.localui  # type: ignore[attr-defined]
+    counting = CountingLog(state.actions.decisions)
+    urls = Urls(desk.client.app.router, "")  # type: ignore[attr-defined]
+    page = build_runs_page(
+        state.store, counting, RunFilters(None, None, None, None), None, 100, urls
+    )
+    assert len(page.runs) > 5
+    not_paused = [r for r in page.runs if r.state != "paused"]
+    assert counting.reads == [("latest_for_runs", len(not_paused))]
+    assert [r.execution_id for r in page.runs if r.decided] == [run]
 
 
 def test_a_stale_card_is_refused_with_the_current_row(backend: Backend, ledger: Ledger) -> None:

@@ -326,6 +326,33 @@ def test_run_page_shows_the_frozen_context_of_a_pause(
     assert 'id="pending"' not in client.get(f"/runs/{seeded.id('completed')}").text
 
 
+def test_the_queue_card_is_light_and_its_context_loads_when_opened(
+    client: TestClient, seeded: Seeded, page_text: Callable[..., str]
+) -> None:
+    run = seeded.id("paused-3")
+    queue = client.get("/approvals").text
+    card_html = queue[queue.index(f'id="approval-{run}"') :]
+    card_html = card_html[: card_html.index("</article>")]
+    # The call and what a decision does are on the card; the context waits to be opened.
+    assert "Katherine Johnson" not in card_html
+    assert 'class="context"' not in card_html
+    context_url = f"/approvals/{run}/context"
+    assert f'hx-get="{context_url}" hx-trigger="toggle once"' in card_html
+    assert f'<a href="/approvals/{run}">on the card\'s own page</a>' in card_html
+    # Opened: the whole frozen context, as the card's own page shows it.
+    opened = client.get(context_url)
+    assert opened.status_code == 200
+    assert "Katherine Johnson" in opened.text and "1200.0" in opened.text
+    own_page = page_text(client.get(f"/approvals/{run}").text)
+    assert "Katherine Johnson" in own_page
+    # JSON keeps the context on every card (the contract scripts read).
+    [item] = [
+        a for a in client.get("/approvals.json").json()["approvals"] if a["execution_id"] == run
+    ]
+    assert item["context"]["order_id"] == "A-1004"
+    assert client.get(f"/approvals/{seeded.id('completed')}/context").status_code == 404
+
+
 def test_run_page_timeline_and_cache(
     client: TestClient, seeded: Seeded, page_text: Callable[..., str], store: SQLiteStore
 ) -> None:

@@ -55,6 +55,8 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "approval_json": ((), ()),
     "approve": ((), ("approver", "reason", "checkpoint_id")),
     "reject": ((), ("approver", "reason", "checkpoint_id")),
+    "bulk_decide": ((), ("verb", "approver", "reason", "pick")),
+    "approval_context": ((), ()),
     "cache": (("older_than", "after"), ()),
     "cache_json": (("older_than", "after"), ()),
     "live_nav": ((), ()),

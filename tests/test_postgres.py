@@ -11,6 +11,7 @@ answers for the same scenarios.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -362,7 +363,14 @@ def test_every_page_renders(
         assert pg_client.get(f"/runs/{run}").status_code == 200, name
     paused = pg_seeded.id("paused-1")
     assert pg_client.get(f"/approvals/{paused}").status_code == 200
-    assert "Grace Hopper" in pg_client.get("/approvals").text
+    assert f'id="approval-{paused}"' in pg_client.get("/approvals").text
+    # The queue's cards are light: a frozen context loads when its card is opened.
+    holder = next(
+        a["execution_id"]
+        for a in pg_client.get("/approvals.json").json()["approvals"]
+        if "Grace Hopper" in json.dumps(a["context"])
+    )
+    assert "Grace Hopper" in pg_client.get(f"/approvals/{holder}/context").text
     assert pg_client.get("/prune").status_code == 200
     pages = pg_client.get("/runs.json", params={"state": "paused"}).json()
     assert {r["execution_id"] for r in pages["runs"]} == pg_seeded.ids("paused")

@@ -20,7 +20,7 @@ from localui import runs
 from localui.backends.base import Store
 from localui.backends.sqlite.store import SQLiteStore
 from localui.demo.scenarios import SCENARIO_NAMES
-from localui.records import RowHeader, RunQuery
+from localui.records import ALREADY_RESUMED, APPROVAL, Decision, RowHeader, RunQuery
 
 if TYPE_CHECKING:
     from conftest import Raw, Seeded
@@ -476,3 +476,43 @@ def test_short_json_cuts_long_values() -> None:
     text = runs.short_json({"k": "x" * 500}, limit=40)
     assert len(text) == 40 and text.endswith("…")
     assert runs.short_json({"b": 1, "a": 2}) == '{"a": 2, "b": 1}'
+
+
+def _decision(approved: bool, reason: str, outcome: str | None) -> Decision:
+    return Decision(
+        id=1,
+        kind=APPROVAL,
+        execution_id="run-1",
+        checkpoint_id="ck-1",
+        approved=approved,
+        actor="Ada",
+        reason=reason,
+        decided_at=NOW.isoformat(),
+        outcome=outcome,
+        detail=None,
+        finished_at=None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "decision", "line"),
+    [
+        (
+            runs.COMPLETED,
+            _decision(False, "over budget", "completed"),
+            "rejected by Ada: over budget",
+        ),
+        (runs.COMPLETED, _decision(True, "", "completed"), "approved by Ada"),
+        (runs.FAILED, _decision(True, "ok", "failed"), "approved by Ada: ok"),
+        # Paused again: the run waits on a new question, the old answer is not its state.
+        (runs.PAUSED, _decision(True, "ok", "paused"), None),
+        # Still being carried out, or resumed elsewhere first: nothing decided it yet.
+        (runs.UNFINISHED, _decision(True, "ok", None), None),
+        (runs.COMPLETED, _decision(True, "ok", ALREADY_RESUMED), None),
+        (runs.COMPLETED, None, None),
+    ],
+)
+def test_the_state_line_names_the_decision_that_moved_the_run(
+    state: str, decision: Decision | None, line: str | None
+) -> None:
+    assert runs.decision_line(state, decision) == line

@@ -173,7 +173,7 @@ def test_each_card_decides_its_own_run_and_nothing_else(odd: OddStore) -> None:
         assert card is not None, execution_id
         (approve,) = attr(card.group(0), "hx-post", r"/approve$")
         assert attr(card.group(0), "formaction", r"/approve$") == [approve]
-        (target,) = attr(card.group(0), "hx-target", r".")
+        (target,) = attr(card.group(0), "hx-target", r"^#")
         assert target == f"#{card_id}-result"
         (checkpoint_id,) = re.findall(r'name="checkpoint_id" value="([^"]*)"', card.group(0))
         form = {"approver": "Ann Approver", "reason": "ok", "checkpoint_id": checkpoint_id}

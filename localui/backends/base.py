@@ -13,7 +13,7 @@ call them off the event loop. Implementations never write the SDK's tables.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,6 +24,7 @@ from localui.records import (
     Claim,
     Decision,
     ForkLink,
+    PausedCall,
     Pending,
     PendingPage,
     PrunePreview,
@@ -67,6 +68,11 @@ class Store(Protocol):
         self, *, after: tuple[str, str] | None = None, limit: int = 50, newest_first: bool = False
     ) -> PendingPage:
         """Pending interrupts ordered by ``(created_at, execution_id)``."""
+        ...
+
+    def paused_calls(self, pending: Sequence[Pending]) -> Mapping[str, PausedCall]:
+        """For a page of pauses, by checkpoint id: the paused rows' snapshot and input,
+        and their runs' cached results; two queries for the whole page."""
         ...
 
     def list_cache(self, execution_id: str) -> tuple[CacheEntry, ...]: ...
@@ -185,6 +191,11 @@ class DecisionLog(Protocol):
         ...
 
     def list_for_run(self, execution_id: str) -> tuple[Decision, ...]: ...
+
+    def latest_for_runs(self, kind: str, execution_ids: Sequence[str]) -> Mapping[str, Decision]:
+        """Each run's newest decision of ``kind`` (finished or not), for a page of runs
+        in one query; runs without one are left out."""
+        ...
 
     def close(self) -> None: ...
 

@@ -92,6 +92,8 @@ class PrunePage:
     #: The server's signature of ``cutoff``: POST it with the cutoff, or the prune is refused.
     prune_token: str = ""
     read_only: bool = html_only(False)
+    #: Why the age typed in could not be read; the form shows it again, filled in.
+    error: str | None = html_only(None)
 
 
 #: What a prune token signs: the cutoff instant the preview counted.
@@ -109,7 +111,15 @@ def _signer(request: Request) -> Signer:
 async def prune_preview(request: Request) -> Response:
     actions = actions_of(request)
     older_than = _older_than(request.query_params.get("older_than"))
-    preview = await off_loop(actions.prune_preview, parse_age(older_than))
+    try:
+        age = parse_age(older_than)
+    except BadRequest as exc:
+        if wants_json(request):
+            raise
+        # A person typed it: the form comes back filled in, saying what it accepts.
+        bad = PrunePage(older_than, "", 0, 0, 0, (), 0, error=str(exc))
+        return await respond(request, "pages/prune.html", bad, status_code=400)
+    preview = await off_loop(actions.prune_preview, age)
     page = PrunePage(
         older_than=older_than,
         cutoff=preview.cutoff,

@@ -7,6 +7,7 @@ and, before anyone clicks, whether this process can carry the decision out.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -16,11 +17,12 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui import runs
-from localui.actions import ActionService, Outcome
+from localui.actions import ActionService, AlreadyDecided, Outcome, StaleCard
 from localui.auth import APPROVER, require
-from localui.errors import BadRequest, NotFound
-from localui.records import APPROVAL, Decision, Pending, Unreadable
+from localui.errors import BadRequest, LocalUIError, NotFound
+from localui.records import ALREADY_RESUMED, APPROVAL, Decision, PausedCall, Pending, Unreadable
 from localui.views.common import (
+    Nav,
     context,
     decode_cursor,
     encode_cursor,
@@ -34,6 +36,15 @@ from localui.views.common import (
 from localui.views.urls import Urls, urls_of
 
 APPROVER_COOKIE = "localui_approver"
+
+#: Cards on one page of the queue (fewer when the app's page size is smaller). A person
+#: reads a few cards at a time, and a page of 25 light cards answers in about the time
+#: the SDK's UI takes for its bare JSON; the rest is a "More" link away.
+QUEUE_PAGE = 25
+
+
+def queue_page_size(page_size: int) -> int:
+    return min(page_size, QUEUE_PAGE)
 
 
 def approver_of(request: HTTPConnection) -> str:
@@ -99,6 +110,72 @@ def context_entries(value: Any, level: int = 1) -> tuple[ContextEntry, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class Effects:
+    """What a decision on a card does, read from the paused row the SDK resumes."""
+
+    #: The paused call as it is written: ``refund(order_id="A-1002", amount=250.0)``.
+    call: str
+    tool: str
+    #: Other tool calls of the same turn with no result yet: the SDK answers them
+    #: "not run on resume" instead of running them.
+    skipped: tuple[str, ...]
+    #: Results of ``@idempotent`` functions this run already stored: reused on resume.
+    reused: int
+
+
+def _argument(value: Any) -> str:
+    # JSON keeps each value's exact text (250.0 stays 250.0, strings stay quoted).
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def call_text(tool: str, arguments: Any) -> str:
+    if isinstance(arguments, dict):
+        inside = ", ".join(f"{k}={_argument(v)}" for k, v in arguments.items())
+    elif arguments in (None, ""):
+        inside = ""
+    else:
+        inside = _argument(arguments)
+    return f"{tool}({inside})"
+
+
+def effects_of(pending: Pending, paused: PausedCall | None) -> Effects | None:
+    """The paused call, its unanswered siblings and the reused results; None when the
+    paused row is missing or unreadable (the card then says only what it knows)."""
+    if paused is None or not isinstance(paused.state_snapshot, dict):
+        return None
+    snapshot = paused.state_snapshot
+    tool = str(snapshot.get("tool_name") or runs.parse_node(pending.node_id).tool or "")
+    paused_call_id = snapshot.get("tool_call_id")
+    arguments = paused.node_input if isinstance(paused.node_input, dict) else None
+    skipped: list[str] = []
+    messages = snapshot.get("messages")
+    if isinstance(messages, list):
+        answered = {m.get("tool_call_id") for m in messages if isinstance(m, dict)}
+        turn = next(
+            (
+                m
+                for m in reversed(messages)
+                if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls")
+            ),
+            None,
+        )
+        for call in (turn or {}).get("tool_calls") or []:
+            if not isinstance(call, dict):
+                continue
+            if call.get("id") == paused_call_id:
+                if arguments is None:
+                    arguments = call.get("arguments")
+            elif call.get("id") not in answered:
+                skipped.append(str(call.get("name")))
+    return Effects(
+        call=call_text(tool, arguments),
+        tool=tool,
+        skipped=tuple(skipped),
+        reused=paused.cached_results,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class DecisionView:
     kind: str
     checkpoint_id: str
@@ -115,7 +192,7 @@ class DecisionView:
 def decision_view(d: Decision) -> DecisionView:
     if d.outcome is None:
         words = f"{d.actor} {d.verb} it at {d.decided_at}; the run is still going."
-    elif d.outcome == "already_resumed":
+    elif d.outcome == ALREADY_RESUMED:
         words = f"{d.actor} {d.verb} it at {d.decided_at}, but it was resumed elsewhere first."
     else:
         words = f"{d.actor} {d.verb} it at {d.decided_at}: the run {d.outcome}."
@@ -150,17 +227,32 @@ class ApprovalItem:
     #: Why this process cannot carry out a decision, or null when it can.
     problem: str | None
     age: str = html_only("")
-    flat: bool = html_only(True)
+    #: The context as a table; empty on a light card, whose context loads when opened.
     entries: tuple[ContextEntry, ...] = html_only(())
+    #: First-level keys of the context, which a light card names in its disclosure.
+    context_keys: int = html_only(0)
+    effects: Effects | None = None
 
 
 def approval_item(
-    actions: ActionService, pending: Pending, now: datetime, urls: Urls, *, exact: bool = True
+    actions: ActionService,
+    pending: Pending,
+    now: datetime,
+    urls: Urls,
+    *,
+    exact: bool = True,
+    paused: PausedCall | None = None,
+    light: bool = False,
 ) -> ApprovalItem:
+    """One card; ``paused`` is its paused call when the caller read a page of them at
+    once, else it is read here. A ``light`` card (the queue's) leaves its context table
+    to be loaded when opened: a page of fifty stays as quick as the bare JSON."""
+    if paused is None and pending.checkpoint_id:
+        paused = actions.store.paused_calls((pending,)).get(pending.checkpoint_id)
     context_value = pending.context
     if isinstance(context_value, Unreadable):
         context_value = {"unreadable": context_value.error}
-    entries = context_entries(context_value)
+    entries = () if light else context_entries(context_value)
     return ApprovalItem(
         execution_id=pending.execution_id,
         agent=pending.agent,
@@ -174,8 +266,9 @@ def approval_item(
         url=urls.approval(pending.execution_id),
         problem=actions.approval_problem(pending, exact=exact),
         age=runs.age_words(pending.created_at, now),
-        flat=all(not e.children for e in entries),
         entries=entries,
+        context_keys=len(context_value) if isinstance(context_value, dict | list) else 1,
+        effects=effects_of(pending, paused),
     )
 
 
@@ -197,6 +290,8 @@ def build_approvals_page(
     urls: Urls,
 ) -> ApprovalsPage:
     page = actions.store.list_pending(after=after, limit=limit, newest_first=newest_first)
+    # The page's paused calls in one read, not one per card.
+    calls = actions.store.paused_calls(page.items)
     now = datetime.now(UTC)
     cursor = encode_cursor(page.next_key) if page.next_key else None
     order = "newest" if newest_first else "oldest"
@@ -206,7 +301,18 @@ def build_approvals_page(
             "approvals", {"after": cursor, "order": "newest" if newest_first else None}
         )
     return ApprovalsPage(
-        approvals=tuple(approval_item(actions, p, now, urls, exact=False) for p in page.items),
+        approvals=tuple(
+            approval_item(
+                actions,
+                p,
+                now,
+                urls,
+                exact=False,
+                paused=calls.get(p.checkpoint_id or ""),
+                light=True,
+            )
+            for p in page.items
+        ),
         next=cursor,
         total=page.total,
         order=order,
@@ -231,11 +337,18 @@ async def approvals_list(request: Request) -> Response:
         actions_of(request),
         after,
         order == "newest",
-        ctx.settings.page_size,
+        queue_page_size(ctx.settings.page_size),
         urls_of(request),
     )
     page = _with_approver(request, page)
-    return await respond(request, "pages/approvals.html", page, partial="partials/_queue.html")
+    # The queue's total is the badge's count: no second count of the pauses.
+    return await respond(
+        request,
+        "pages/approvals.html",
+        page,
+        partial="partials/_queue.html",
+        nav=Nav(pending=page.total),
+    )
 
 
 def _with_approver(request: Request, page: ApprovalsPage) -> ApprovalsPage:
@@ -357,5 +470,162 @@ async def reject(request: Request) -> Response:
     return await _decide(request, False)
 
 
-def decisions_for_run(actions: ActionService, execution_id: str) -> tuple[DecisionView, ...]:
-    return tuple(decision_view(d) for d in actions.decisions.list_for_run(execution_id))
+@dataclass(frozen=True, slots=True)
+class GoneNote:
+    """What the queue says in place of a card decided elsewhere: who, how, when."""
+
+    execution_id: str
+    words: str
+    decided_at: str | None
+    run_url: str
+
+
+def gone_notes(actions: ActionService, gone: list[str], urls: Urls) -> tuple[GoneNote, ...]:
+    """One note per pause that left the queue: the latest approval decision on its run,
+    or a plain line when the pause ended some other way (resumed, pruned). One read of
+    the decision record for all of them."""
+    latest = actions.decisions.latest_for_runs(APPROVAL, gone)
+    notes = []
+    for execution_id in gone:
+        last = latest.get(execution_id)
+        if last is not None:
+            words, when = runs.decided_words(last), last.decided_at
+        else:
+            words, when = "no longer waiting", None
+        notes.append(GoneNote(execution_id, words, when, urls.run(execution_id)))
+    return tuple(notes)
+
+
+# --- bulk decisions -------------------------------------------------------------------
+
+#: The most cards one bulk decision takes: a page of the queue is 25, "select all shown"
+#: over a few pages stays under this.
+BULK_LIMIT = 500
+
+
+@dataclass(frozen=True, slots=True)
+class BulkItem:
+    """How one card of a bulk decision ended: ``won`` (the decision was ours and carried
+    out), ``already_decided`` (someone else's claim was first), ``stale`` (the run waits
+    at another row than the card showed), or ``refused`` (with why)."""
+
+    execution_id: str
+    checkpoint_id: str
+    result: str
+    words: str
+    status: str | None
+    run_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class BulkPage:
+    verb: str
+    approver: str
+    reason: str
+    items: tuple[BulkItem, ...]
+    won: int
+    already_decided: int
+    stale: int
+    refused: int
+
+
+def picked_cards(values: list[str]) -> list[tuple[str, str]]:
+    """The ``pick`` checkboxes: each a JSON pair ``[execution_id, checkpoint_id]``, so
+    each card's decision is bound to the paused row that card showed."""
+    cards: list[tuple[str, str]] = []
+    for value in values:
+        try:
+            pair = json.loads(value)
+        except ValueError:
+            raise BadRequest(f"pick={value!r} is not a card's [run, paused row] pair") from None
+        if not (
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
+        ):
+            raise BadRequest(f"pick={value!r} is not a card's [run, paused row] pair")
+        if (pair[0], pair[1]) not in cards:
+            cards.append((pair[0], pair[1]))
+    return cards
+
+
+async def bulk_decide(request: Request) -> Response:
+    """Approve or reject the picked cards with one name and reason. Each card is its own
+    exactly-once claim with its own stale-card guard, one after the other: every step
+    awaits the store or the agent, so other requests are served in between."""
+    person = require(request, APPROVER)
+    form = await request.form()
+    verb = str(form.get("verb") or "")
+    if verb not in ("approve", "reject"):
+        raise BadRequest("verb must be approve or reject (the button you pressed)")
+    approver = person.name if person.signed_in else str(form.get("approver") or "").strip()
+    reason = str(form.get("reason") or "").strip()
+    if not approver:
+        raise BadRequest("say who you are: approver is required")
+    if verb == "reject" and not reason:
+        raise BadRequest("a reason is required to reject")
+    cards = picked_cards([str(v) for v in form.getlist("pick")])
+    if not cards:
+        raise BadRequest("pick at least one card (tick its box) to decide in bulk")
+    if len(cards) > BULK_LIMIT:
+        raise BadRequest(f"{len(cards)} cards picked; one bulk decision takes at most {BULK_LIMIT}")
+    actions, urls = actions_of(request), urls_of(request)
+    items: list[BulkItem] = []
+    for execution_id, checkpoint_id in cards:
+        status: str | None = None
+        try:
+            outcome = await actions.decide(
+                execution_id,
+                approved=verb == "approve",
+                approver=approver,
+                reason=reason,
+                checkpoint_id=checkpoint_id,
+            )
+        except AlreadyDecided as exc:
+            result, words = "already_decided", str(exc)
+            if exc.decision is not None:
+                words = f"already {exc.decision.verb} by {exc.decision.actor}"
+        except StaleCard as exc:
+            result, words = "stale", f"stale: {exc}"
+        except LocalUIError as exc:
+            result, words = "refused", f"refused: {exc}"
+        else:
+            status = outcome.status
+            result = "won"
+            verb_done = "approved" if verb == "approve" else "rejected"
+            words = f"{approver} {verb_done} it: the run {outcome.status}"
+            if outcome.error:
+                words += f" ({outcome.error})"
+        items.append(
+            BulkItem(execution_id, checkpoint_id, result, words, status, urls.run(execution_id))
+        )
+    page = BulkPage(
+        verb=verb,
+        approver=approver,
+        reason=reason,
+        items=tuple(items),
+        won=sum(i.result == "won" for i in items),
+        already_decided=sum(i.result == "already_decided" for i in items),
+        stale=sum(i.result == "stale" for i in items),
+        refused=sum(i.result == "refused" for i in items),
+    )
+    response = await respond(request, "pages/bulk.html", page, partial="partials/_bulk_result.html")
+    if not person.signed_in:
+        remember_approver(response, approver)
+    return response
+
+
+async def approval_context(request: Request) -> Response:
+    """A waiting card's frozen context, opened from the queue: the queue's cards are
+    light and load it only when a person asks for it."""
+    execution_id = request.path_params["execution_id"]
+    pending = await off_loop(actions_of(request).store.get_pending, execution_id)
+    if pending is None:
+        raise NotFound(f"run {execution_id!r} is not waiting for a person")
+    value = pending.context
+    if isinstance(value, Unreadable):
+        value = {"unreadable": value.error}
+    ctx = context(request)
+    return ctx.templates.TemplateResponse(
+        request,
+        "partials/_context.html",
+        {"item": {"entries": context_entries(value)}, "settings": ctx.settings},
+    )

@@ -128,8 +128,10 @@ async def respond(
     *,
     partial: str | None = None,
     status_code: int = 200,
+    nav: Nav | None = None,
 ) -> Response:
-    """Render ``page`` as JSON, as the htmx partial, or as the full page with its nav."""
+    """Render ``page`` as JSON, as the htmx partial, or as the full page with its nav
+    (``nav`` when the caller has just counted it, else counted here)."""
     if wants_json(request):
         return JSONResponse(to_jsonable(page), status_code=status_code)
     ctx = context(request)
@@ -137,7 +139,7 @@ async def respond(
     name = partial if fragment and partial is not None else template
     values: dict[str, Any] = {"page": page, "settings": ctx.settings, "urls": urls_of(request)}
     if not fragment:
-        values["nav"] = await off_loop(nav_counts, ctx.store)
+        values["nav"] = nav if nav is not None else await off_loop(nav_counts, ctx.store)
     response = ctx.templates.TemplateResponse(request, name, values, status_code=status_code)
     # One URL answers a full page or a fragment, so caches must key on the header.
     response.headers["Vary"] = "HX-Request, Accept"

@@ -45,7 +45,13 @@ from localui.auth import NOBODY, Person, person_of
 from localui.backends.base import Changes
 from localui.errors import BadRequest, LocalUIError, NotFound
 from localui.live import ChangeFeed, Resync, Subscription
-from localui.views.approvals import actions_of, approver_of, build_approvals_page
+from localui.views.approvals import (
+    actions_of,
+    approver_of,
+    build_approvals_page,
+    gone_notes,
+    queue_page_size,
+)
 from localui.views.common import AppState, context, decode_cursor, nav_counts, off_loop
 from localui.views.run import build_run_page
 from localui.views.runs import RunFilters, build_runs_page, parse_filters
@@ -142,11 +148,17 @@ class RunsView:
         return ("runs", self.filters, self.after, self.urls)
 
     def affected_by(self, changes: Changes) -> bool:
-        return changes.runs_changed
+        # A decision finishing changes a row's "rejected by …" after its state moved.
+        return changes.runs_changed or bool(changes.decided)
 
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         page = build_runs_page(
-            ctx.store, self.filters, self.after, ctx.settings.page_size, self.urls
+            ctx.store,
+            ctx.actions.decisions,
+            self.filters,
+            self.after,
+            ctx.settings.page_size,
+            self.urls,
         )
         html = render_partial(ctx, "partials/_runs_table.html", self.urls, page=page, live=True)
         return Rendered(fragments=(Fragment("runs-table", html),))
@@ -210,7 +222,11 @@ class QueueView:
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         actions = ctx.actions
         page = build_approvals_page(
-            actions, self.after, self.newest_first, ctx.settings.page_size, self.urls
+            actions,
+            self.after,
+            self.newest_first,
+            queue_page_size(ctx.settings.page_size),
+            self.urls,
         )
         page = replace(page, approver=self.approver)
         shown = tuple(item.execution_id for item in page.approvals)
@@ -223,7 +239,7 @@ class QueueView:
             self.urls,
             page=page,
             live=True,
-            gone=gone,
+            gone=gone_notes(actions, gone, self.urls),
             person=self.person,
         )
         return Rendered(fragments=(Fragment("queue", html),), memo=(shown, tuple(gone)))

@@ -19,13 +19,21 @@ from localui import runs
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
 from localui.backends.base import Store
 from localui.errors import BadRequest, NotFound
-from localui.records import CacheEntry, ForkLink, Pending, RowDetail, RowHeader
+from localui.records import (
+    APPROVAL,
+    CacheEntry,
+    Decision,
+    ForkLink,
+    Pending,
+    RowDetail,
+    RowHeader,
+)
 from localui.views.approvals import (
     ApprovalItem,
     DecisionView,
     approval_item,
     approver_of,
-    decisions_for_run,
+    decision_view,
 )
 from localui.views.common import context, html_only, off_loop, pretty_json, respond
 from localui.views.params import parse_count
@@ -160,6 +168,8 @@ class RunPage:
     #: Approvals, rejections and resumes recorded by localui for this run.
     decisions: tuple[DecisionView, ...]
     outbox: OutboxSummary
+    #: Who decided the pause the run answered, and why ("rejected by Ada: over budget").
+    decided: str | None = None
     groups: tuple[GroupView, ...] = html_only(())
     #: Why this process cannot resume the run (agent or tool not registered).
     resume_problem: str | None = html_only(None)
@@ -372,6 +382,8 @@ class ActionsSection:
     pause's card, and what localui already did with the run."""
 
     decisions: tuple[DecisionView, ...] = ()
+    #: The newest approval or rejection recorded for the run.
+    last_approval: Decision | None = None
     resume_problem: str | None = None
     fork_problem: str | None = None
     approval: ApprovalItem | None = None
@@ -389,8 +401,10 @@ def actions_section(
     resume_problem = None
     if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
         resume_problem = actions.plan_problem(plan)
+    recorded = actions.decisions.list_for_run(execution_id)
     return ActionsSection(
-        decisions=decisions_for_run(actions, execution_id),
+        decisions=tuple(decision_view(d) for d in recorded),
+        last_approval=next((d for d in reversed(recorded) if d.kind == APPROVAL), None),
         resume_problem=resume_problem,
         fork_problem=actions.fork_problem(owner),
         approval=approval_item(actions, pending, now, urls) if pending is not None else None,
@@ -454,6 +468,7 @@ def build_run_page(
         window=timeline.window,
         decisions=acting.decisions,
         outbox=outbox_summary(headers),
+        decided=runs.decision_line(state, acting.last_approval),
         groups=timeline.groups,
         resume_problem=acting.resume_problem,
         resume_needs_confirm=age is not None and age < RECENT_SECONDS,

@@ -10,9 +10,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localui import runs
-from localui.backends.base import STATES, Store
+from localui.backends.base import STATES, DecisionLog, Store
 from localui.errors import BadRequest
-from localui.records import IndexProgress, RunFacts, RunQuery, StoreTotals
+from localui.records import APPROVAL, Decision, IndexProgress, RunFacts, RunQuery, StoreTotals
 from localui.views.common import (
     context,
     decode_cursor,
@@ -43,6 +43,8 @@ class RunRow:
     rows_waiting: int
     rows_quarantined: int
     url: str
+    #: Who decided the pause the run answered, and why ("rejected by Ada: over budget").
+    decided: str | None = None
     last_ago: str = html_only("")
 
 
@@ -94,8 +96,12 @@ class RunsPage:
     live_url: str = html_only("")
 
 
-def run_row(facts: RunFacts, now: datetime, urls: Urls) -> RunRow:
-    state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+def run_state(facts: RunFacts) -> str:
+    return runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+
+
+def run_row(facts: RunFacts, now: datetime, urls: Urls, decision: Decision | None = None) -> RunRow:
+    state = run_state(facts)
     stopped_at = None
     if state == runs.UNFINISHED:
         stopped_at = runs.stopped_at(facts.last_node_id, facts.last_step_type)
@@ -113,6 +119,7 @@ def run_row(facts: RunFacts, now: datetime, urls: Urls) -> RunRow:
         rows_waiting=facts.rows_waiting,
         rows_quarantined=facts.rows_quarantined,
         url=urls.run(facts.execution_id),
+        decided=runs.decision_line(state, decision),
         last_ago=runs.age_words(facts.last_at, now),
     )
 
@@ -135,7 +142,12 @@ def parse_filters(request: Request) -> tuple[RunFilters, tuple[str, str] | None]
 
 
 def build_runs_page(
-    store: Store, filters: RunFilters, after: tuple[str, str] | None, limit: int, urls: Urls
+    store: Store,
+    decisions: DecisionLog,
+    filters: RunFilters,
+    after: tuple[str, str] | None,
+    limit: int,
+    urls: Urls,
 ) -> RunsPage:
     query = RunQuery(
         state=filters.state,
@@ -146,6 +158,10 @@ def build_runs_page(
         outbox=filters.outbox,
     )
     page = store.list_runs(query)
+    # The decisions of the page's runs in one read; a paused run names none.
+    decided = decisions.latest_for_runs(
+        APPROVAL, [f.execution_id for f in page.runs if run_state(f) != runs.PAUSED]
+    )
     # Totals come from the index too: while it is built they would wait for it.
     totals = store.totals() if page.indexing is None else None
     now = datetime.now(UTC)
@@ -175,7 +191,7 @@ def build_runs_page(
         for state in STATES
     )
     return RunsPage(
-        runs=tuple(run_row(f, now, urls) for f in page.runs),
+        runs=tuple(run_row(f, now, urls, decided.get(f.execution_id)) for f in page.runs),
         next=next_cursor,
         next_url=next_url,
         counts=counts if known else {},
@@ -193,6 +209,12 @@ async def runs_list(request: Request) -> Response:
     ctx = context(request)
     filters, after = parse_filters(request)
     page = await off_loop(
-        build_runs_page, ctx.store, filters, after, ctx.settings.page_size, urls_of(request)
+        build_runs_page,
+        ctx.store,
+        ctx.actions.decisions,
+        filters,
+        after,
+        ctx.settings.page_size,
+        urls_of(request),
     )
     return await respond(request, "pages/runs.html", page, partial="partials/_runs_table.html")

@@ -24,21 +24,31 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import HTTPConnection
-from starlette.routing import Router
+from starlette.routing import Route, Router
 from starlette.types import Scope
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _TILDE_BYTE = re.compile(r"(?:~[0-9A-Fa-f]{2})+")
+#: A parameter in a route's path format (``/runs/{execution_id}``), as Starlette writes it.
+_PARAM = re.compile(r"{([a-zA-Z_][a-zA-Z0-9_]*)}")
 #: In element ids, ``~`` would be a CSS combinator inside an htmx target selector.
 _DOM_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
 
 
+#: Values made only of characters every encoding here leaves as they are (the SDK's uuids):
+#: returned at once, which matters for a page that links fifty runs.
+_PLAIN = re.compile(r"[A-Za-z0-9-]+")
+
+
 def tilde_encode(value: str) -> str:
     """``a/b`` -> ``a~2Fb``, ``王`` -> ``~E7~8E~8B``; ``[A-Za-z0-9_-]`` left as it is."""
+    if _PLAIN.fullmatch(value):
+        return value
     return "".join(chr(b) if b in _SAFE else f"~{b:02X}" for b in value.encode("utf-8"))
 
 
@@ -54,6 +64,8 @@ def tilde_decode(value: str) -> str:
 def dom_id(value: str) -> str:
     """An id for an HTML ``id`` attribute and a ``#`` selector: ``[A-Za-z0-9-]`` plus
     ``_XX`` for every other byte, so two different ids never share an element id."""
+    if _PLAIN.fullmatch(value):
+        return value
     return "".join(chr(b) if b in _DOM_SAFE else f"_{b:02X}" for b in value.encode("utf-8"))
 
 
@@ -78,6 +90,28 @@ register_url_convertor(ID, IdConvertor())
 
 
 @dataclass(frozen=True, slots=True)
+class RoutePath:
+    """A route's path format cut at its parameters: ``("/runs/", "execution_id", "")``."""
+
+    parts: tuple[str, ...]
+    convertors: Mapping[str, Convertor[Any]]
+
+    @classmethod
+    def of(cls, route: Route) -> RoutePath:
+        return cls(tuple(_PARAM.split(route.path_format)), route.param_convertors)
+
+    def build(self, params: Mapping[str, str]) -> str | None:
+        """The path with ``params`` encoded as the router would; None when they are not
+        exactly this route's (the router then finds the one they fit)."""
+        if params.keys() != self.convertors.keys():
+            return None
+        parts = list(self.parts)
+        for i in range(1, len(parts), 2):
+            parts[i] = self.convertors[parts[i]].to_string(params[parts[i]])
+        return "".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
 class Urls:
     """Paths of this app's routes under one prefix; what views and templates link with."""
 
@@ -86,6 +120,10 @@ class Urls:
     router: Router = field(compare=False)
     #: Where the app is served: ``""``, or a mount point / proxy prefix like ``/ops/localui``.
     prefix: str = ""
+    #: Each route's path split around its parameters, by name, found once per ``Urls``
+    #: (one request, or one live view): the router's own lookup tries every route in
+    #: turn, for every link on a page, and a queue page has a hundred and fifty.
+    _paths: dict[str, RoutePath] = field(default_factory=dict, compare=False, repr=False)
 
     def path(
         self,
@@ -97,7 +135,17 @@ class Urls:
     ) -> str:
         """The path of route ``name`` with its ``params`` encoded, then ``?query`` (None
         values left out) and ``#fragment`` (an element id, see :func:`dom_id`)."""
-        url = self.prefix + str(self.router.url_path_for(name, **params))
+        if not self._paths:
+            self._paths.update(
+                (r.name, RoutePath.of(r))
+                for r in reversed(self.router.routes)
+                if isinstance(r, Route)
+            )
+        known = self._paths.get(name)
+        built = known.build(params) if known is not None else None
+        url = self.prefix + (
+            built if built is not None else str(self.router.url_path_for(name, **params))
+        )
         if query:
             pairs = {k: v for k, v in query.items() if v is not None and v != ""}
             if pairs:

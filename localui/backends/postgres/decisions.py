@@ -11,7 +11,7 @@ clocks disagree still agree on when a claim was abandoned.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from psycopg import sql
@@ -55,6 +55,8 @@ class PostgresDecisionLog:
             else f"a read-only localui shows decisions with USAGE on schema {self.schema}"
             f" and SELECT on {self.table}"
         )
+        #: Whether the table is known to exist (a writable log makes it now).
+        self._has_table = writable
         self._pool = Pool(
             dsn, name="localui-decisions", read_only=not writable, privileges=privileges
         )
@@ -68,12 +70,9 @@ class PostgresDecisionLog:
             privileges=privileges,
             check_on_borrow=False,
         )
-        #: Whether the table is known to be there (no need to look each time).
-        self._table_seen = False
         if writable:
             try:
                 self._create()
-                self._table_seen = True
             except BaseException:
                 self._pool.close()
                 self._reads.close()
@@ -202,6 +201,12 @@ class PostgresDecisionLog:
         with self._pool.connection() as conn:
             conn.execute(self._sql("DELETE FROM {table} WHERE id = %s"), (decision_id,))
 
+    def _table_exists(self, cur: Any) -> bool:
+        if not self._has_table:
+            found = cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()
+            self._has_table = found["t"] is not None
+        return self._has_table
+
     def list_for_run(self, execution_id: str) -> tuple[Decision, ...]:
         import psycopg
 
@@ -212,18 +217,15 @@ class PostgresDecisionLog:
             return self._list_for_run(execution_id)
         except psycopg.errors.UndefinedTable:
             # Dropped since it was seen: nothing decided here, until it is made again.
-            self._table_seen = False
+            self._has_table = False
             return ()
 
     def _list_for_run(self, execution_id: str) -> tuple[Decision, ...]:
         from psycopg.rows import dict_row
 
         with self._reads.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            if not self._table_seen:
-                found = cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),))
-                if found.fetchone()["t"] is None:
-                    return ()  # read-only and never written: nothing decided here yet
-                self._table_seen = True
+            if not self._table_exists(cur):
+                return ()  # read-only and never written: nothing decided here yet
             rows = cur.execute(
                 self._sql(
                     "SELECT {columns} FROM {table} WHERE execution_id = %s"
@@ -232,6 +234,25 @@ class PostgresDecisionLog:
                 (execution_id,),
             ).fetchall()
         return tuple(_decision(r) for r in rows)
+
+    def latest_for_runs(self, kind: str, execution_ids: Sequence[str]) -> Mapping[str, Decision]:
+        from psycopg.rows import dict_row
+
+        wanted = list(dict.fromkeys(execution_ids))
+        if not wanted:
+            return {}
+        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            if not self._table_exists(cur):
+                return {}  # read-only and never written: nothing decided here yet
+            rows = cur.execute(
+                self._sql(
+                    "SELECT DISTINCT ON (execution_id) {columns} FROM {table}"
+                    " WHERE kind = %s AND execution_id = ANY(%s)"
+                    " ORDER BY execution_id, decided_at DESC, id DESC"
+                ),
+                (kind, wanted),
+            ).fetchall()
+        return {str(r["execution_id"]): _decision(r) for r in rows}
 
     def close(self) -> None:
         self._reads.close()

@@ -48,6 +48,7 @@ from localui.records import (
     CacheEntry,
     CachePage,
     ForkLink,
+    PausedCall,
     Pending,
     PendingPage,
     PrunePreview,
@@ -57,6 +58,7 @@ from localui.records import (
     RunFactsPage,
     RunQuery,
     StoreTotals,
+    parse_json,
     row_detail,
 )
 
@@ -590,6 +592,44 @@ class PostgresStore:
         return PendingPage(items=page.items, next_key=page.next_key, total=total)
 
     # --- idempotency cache -------------------------------------------
+
+    def paused_calls(self, pending: Sequence[Pending]) -> dict[str, PausedCall]:
+        checkpoint_ids = [p.checkpoint_id for p in pending if p.checkpoint_id]
+        execution_ids = sorted({p.execution_id for p in pending})
+        if not checkpoint_ids:
+            return {}
+
+        def work(cur: Any, s: _Schema) -> tuple[list[dict[str, Any]], dict[str, int]]:
+            if not s.has_checkpoints:
+                return [], {}
+            cur.execute(
+                "SELECT checkpoint_id, execution_id, state_snapshot::text AS state_snapshot,"
+                " node_input::text AS node_input"
+                f" FROM {self._t['checkpoints']} WHERE checkpoint_id = ANY(%s)",
+                (checkpoint_ids,),
+            )
+            rows: list[dict[str, Any]] = cur.fetchall()
+            cached: dict[str, int] = {}
+            if s.has_cache:
+                cur.execute(
+                    "SELECT execution_id, COUNT(*) AS n"
+                    f" FROM {self._t['cache']} WHERE execution_id = ANY(%s)"
+                    " GROUP BY execution_id",
+                    (execution_ids,),
+                )
+                cached = {r["execution_id"]: int(r["n"]) for r in cur.fetchall()}
+            return rows, cached
+
+        rows, cached = self._run(work, statements=2)
+        return {
+            r["checkpoint_id"]: PausedCall(
+                checkpoint_id=r["checkpoint_id"],
+                state_snapshot=parse_json(r["state_snapshot"], {}),
+                node_input=parse_json(r["node_input"], {}),
+                cached_results=cached.get(r["execution_id"], 0),
+            )
+            for r in rows
+        }
 
     def list_cache(self, execution_id: str) -> tuple[CacheEntry, ...]:
         def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:

@@ -75,11 +75,12 @@ class SQLiteChangeSource:
         self._tables: _Tables | None = None
         self._tables_version = -1
         self._cursor: _Cursor | None = None
-        # The feed runs one call at a time, but a read it gave up waiting for (a
-        # request's event loop torn down mid-read) may still be running when close()
-        # comes: SQLite answers a connection closed under a read with a segmentation
-        # fault, so every use of the connection takes this lock.
+        # Closing a connection while another thread reads it crashes the process (SQLite
+        # answers with a segmentation fault, not an exception). The feed serialises its
+        # calls, but a task cancelled twice (anyio cancels until the task yields) can let
+        # go of the feed's lock while its thread still reads: this lock is the guard.
         self._lock = threading.Lock()
+        self._closed = False
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -100,29 +101,31 @@ class SQLiteChangeSource:
 
     def reset(self) -> None:
         with self._lock:
+            if self._closed:
+                return
             conn = self._connection()
             self._data_version = self._read_data_version(conn)
             self._cursor = self._read_cursor(conn)
 
     def poll(self) -> Changes | None:
         with self._lock:
-            return self._poll()
-
-    def _poll(self) -> Changes | None:
-        conn = self._connection()
-        version = self._read_data_version(conn)
-        if self._cursor is not None and version == self._data_version:
-            return None
-        self._data_version = version
-        previous = self._cursor
-        with self._snapshot(conn):
-            current = self._read_cursor(conn)
-            changes = self._compare(conn, previous, current) if previous else Changes()
-        self._cursor = current
-        return changes or None
+            if self._closed:
+                return None
+            conn = self._connection()
+            version = self._read_data_version(conn)
+            if self._cursor is not None and version == self._data_version:
+                return None
+            self._data_version = version
+            previous = self._cursor
+            with self._snapshot(conn):
+                current = self._read_cursor(conn)
+                changes = self._compare(conn, previous, current) if previous else Changes()
+            self._cursor = current
+            return changes or None
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -18,6 +18,7 @@ from localui.backends.decisions import (
     now_iso,
 )
 from localui.backends.sqlite.errors import is_busy
+from localui.backends.sqlite.files import read_uri
 from localui.errors import Unavailable
 from localui.records import Claim, Decision
 
@@ -53,9 +54,11 @@ class SQLiteDecisionLog:
         self.path = Path(path)
         self.writable = writable
         self._lock = threading.Lock()
-        mode = "rw" if writable else "ro"
+        # Read-only, it opens as the store does: immutable in a directory it cannot
+        # write, where a WAL store's -shm cannot be made.
+        uri = f"file:{self.path.resolve()}?mode=rw" if writable else read_uri(self.path)
         self._conn = sqlite3.connect(
-            f"file:{self.path.resolve()}?mode={mode}",
+            uri,
             uri=True,
             timeout=busy_timeout,
             check_same_thread=False,
@@ -169,21 +172,50 @@ class SQLiteDecisionLog:
 
         self._with_retry(attempt)
 
+    def _table_exists(self) -> bool:
+        if not self._has_table:
+            exists = self._conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)
+            ).fetchone()
+            if exists is None:
+                return False  # read-only and never written: nothing decided here yet
+            self._has_table = True
+        return True
+
     def list_for_run(self, execution_id: str) -> tuple[Decision, ...]:
         def read() -> tuple[Decision, ...]:
-            if not self._has_table:
-                exists = self._conn.execute(
-                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)
-                ).fetchone()
-                if exists is None:
-                    return ()  # read-only and never written: nothing decided here yet
-                self._has_table = True
+            if not self._table_exists():
+                return ()
             rows = self._conn.execute(
                 f"SELECT {COLUMNS} FROM {TABLE} WHERE execution_id = ?"
                 " ORDER BY decided_at ASC, id ASC",
                 (execution_id,),
             ).fetchall()
             return tuple(_decision(r) for r in rows)
+
+        return self._with_retry(read)
+
+    def latest_for_runs(self, kind: str, execution_ids: Sequence[str]) -> Mapping[str, Decision]:
+        wanted = list(dict.fromkeys(execution_ids))
+        if not wanted:
+            return {}
+
+        def read() -> dict[str, Decision]:
+            if not self._table_exists():
+                return {}
+            latest: dict[str, Decision] = {}
+            # SQLite takes up to 32,766 parameters; a page of runs is far below that.
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                marks = ", ".join("?" * len(chunk))
+                rows = self._conn.execute(
+                    f"SELECT {COLUMNS} FROM {TABLE} WHERE kind = ?"
+                    f" AND execution_id IN ({marks}) ORDER BY decided_at ASC, id ASC",
+                    (kind, *chunk),
+                ).fetchall()
+                for row in rows:
+                    latest[str(row["execution_id"])] = _decision(row)
+            return latest
 
         return self._with_retry(read)
 

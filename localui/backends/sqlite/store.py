@@ -36,6 +36,7 @@ from localui.records import (
     CacheEntry,
     CachePage,
     ForkLink,
+    PausedCall,
     Pending,
     PendingPage,
     PrunePreview,
@@ -45,6 +46,7 @@ from localui.records import (
     RunFactsPage,
     RunQuery,
     StoreTotals,
+    parse_json,
     row_detail,
 )
 
@@ -382,6 +384,42 @@ class SQLiteStore:
         return PendingPage(items=page.items, next_key=page.next_key, total=total)
 
     # --- idempotency cache -------------------------------------------
+
+    def paused_calls(self, pending: Sequence[Pending]) -> dict[str, PausedCall]:
+        checkpoint_ids = [p.checkpoint_id for p in pending if p.checkpoint_id]
+        execution_ids = sorted({p.execution_id for p in pending})
+        if not checkpoint_ids:
+            return {}
+        with self._read() as conn:
+            s = self._schema_for(conn)
+            if not s.has_checkpoints:
+                return {}
+            marks = ",".join("?" * len(checkpoint_ids))
+            key = "checkpoint_id" if "checkpoint_id" in s.checkpoint_columns else "id"
+            rows = conn.execute(
+                f"SELECT {key} AS checkpoint_id, execution_id, state_snapshot, node_input"
+                f" FROM checkpoints WHERE {key} IN ({marks})",
+                checkpoint_ids,
+            ).fetchall()
+            cached: dict[str, int] = {}
+            if s.has_cache:
+                marks = ",".join("?" * len(execution_ids))
+                cached = dict(
+                    conn.execute(
+                        "SELECT execution_id, COUNT(*) FROM idempotency_cache"
+                        f" WHERE execution_id IN ({marks}) GROUP BY execution_id",
+                        execution_ids,
+                    ).fetchall()
+                )
+        return {
+            r["checkpoint_id"]: PausedCall(
+                checkpoint_id=r["checkpoint_id"],
+                state_snapshot=parse_json(r["state_snapshot"], {}),
+                node_input=parse_json(r["node_input"], {}),
+                cached_results=int(cached.get(r["execution_id"], 0)),
+            )
+            for r in rows
+        }
 
     def list_cache(self, execution_id: str) -> tuple[CacheEntry, ...]:
         with self._read() as conn:
