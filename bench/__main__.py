@@ -33,9 +33,10 @@ from typing import Any
 
 import httpx
 
-from bench import pg, report
+from bench import pg, report, store_cache
 from bench.browser import page_weights
 from bench.budgets import all_passed, judge
+from bench.fleet import measure_fleet
 from bench.latency import Timing, failed, follow_next, time_get, warm_up
 from bench.model import DEEP_PAGES, ServerRun, StoreRun, localui_urls, sdk_urls
 from bench.pg import drop_schema
@@ -50,8 +51,9 @@ from bench.servers import (
     start_localui,
     start_sdk_ui,
     wait_until_indexed,
+    wait_until_search_indexed,
 )
-from bench.stores import BuiltStore, add_spans, build_store, make_templates
+from bench.stores import BuiltStore, Templates, add_spans, build_store, make_templates
 
 DEFAULT_WORKDIR = Path(tempfile.gettempdir()) / "localui-bench"
 DEFAULT_OUT = REPO / "bench" / "results" / "latest.md"
@@ -96,13 +98,16 @@ def _time_all(
 
 
 def _inproc(store: BuiltStore, cache: Path, urls: Mapping[str, str], options: Options) -> Any:
+    where = [str(store.path)]
+    if options.pg is not None:
+        where = [options.pg.dsn, "--pg-schema", options.pg.schema, options.pg.app_schema]
     done = subprocess.run(
         [
             sys.executable,
             "-m",
             "bench.inproc",
             "--store",
-            str(store.path),
+            *where,
             "--requests",
             str(options.requests),
             "--warmup",
@@ -137,6 +142,10 @@ def measure_localui(store: BuiltStore, options: Options, log: Log) -> ServerRun:
         try:
             result.indexed_s = wait_until_indexed(server)
             log(f"  runs index complete {result.indexed_s:.2f} s after start")
+            if options.pg is not None:
+                # Text search is timed with its trigram index, as a later start has it.
+                result.search_indexed_s = wait_until_search_indexed(server, options.pg)
+                log(f"  trigram index made {result.search_indexed_s:.2f} s after start")
             with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
                 cursor, result.deep_page = follow_next(client, "/runs.json", pages=DEEP_PAGES)
             if cursor is None:
@@ -144,7 +153,9 @@ def measure_localui(store: BuiltStore, options: Options, log: Log) -> ServerRun:
             urls = localui_urls(store, cursor)
             result.timings = _time_all(server, urls, options, log, result.load)
             result.memory_kb = server.memory_kb()
-            result.agent_alone_kb = agent_alone_rss_kb(store.path, app_path=options.app_path)
+            result.agent_alone_kb = agent_alone_rss_kb(
+                store.path, app_path=options.app_path, pg=options.pg
+            )
             if options.weights:
                 result.pages = page_weights(
                     {
@@ -264,6 +275,43 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _store(
+    templates: Templates, stores_dir: Path, size: int, pending: int, fresh: bool, log: Log
+) -> BuiltStore:
+    """The store of ``size`` runs: the one built before when it matches, else built now."""
+    path = stores_dir / f"runs-{size}.db"
+    key = store_cache.store_key(runs=size, pending=pending, spans=False)
+    store = None if fresh else store_cache.load(path, key)
+    if store is not None:
+        log(
+            f"store {store.label}: {store.rows:,} rows, found in {stores_dir}"
+            f" (built in {store_cache.built_seconds(path) or 0:.0f} s)"
+        )
+        return store
+    store_cache.forget(path)
+    store = build_store(templates, path, runs=size, pending=pending)
+    store_cache.save(store, key)
+    log(f"store {store.label}: {store.rows:,} rows, {store.seconds:.1f} s")
+    return store
+
+
+def _spanned(
+    templates: Templates, store: BuiltStore, stores_dir: Path, fresh: bool, log: Log
+) -> BuiltStore:
+    """``store`` with trace spans: the one built before when it matches, else built now."""
+    path = stores_dir / f"runs-{store.runs}-spans.db"
+    key = store_cache.store_key(runs=store.runs, pending=store.pending, spans=True)
+    spanned = None if fresh else store_cache.load(path, key)
+    if spanned is not None:
+        log(f"store {spanned.label}: {spanned.spans:,} spans, found in {stores_dir}")
+        return spanned
+    store_cache.forget(path)
+    spanned = add_spans(templates, store, path)
+    store_cache.save(spanned, key)
+    log(f"store {spanned.label}: {spanned.spans:,} spans, {spanned.seconds:.1f} s")
+    return spanned
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -305,7 +353,20 @@ def build_parser() -> argparse.ArgumentParser:
         " LOCALUI_TEST_PG_DSN, else one started for the run); the SDK UI reads SQLite only",
     )
     parser.add_argument(
-        "--keep-stores", action="store_true", help="leave the built stores in --workdir"
+        "--fresh-stores",
+        action="store_true",
+        help="build every store anew (by default a store built before for the same size and"
+        " store format is reused from --workdir, and so is its PostgreSQL copy)",
+    )
+    parser.add_argument(
+        "--no-fleet",
+        action="store_true",
+        help="on PostgreSQL, skip the fleet figure (two servers while a third process writes)",
+    )
+    parser.add_argument(
+        "--only-build",
+        action="store_true",
+        help="build (or find) the stores and their PostgreSQL copies, then stop",
     )
     parser.add_argument(
         "--localui-path",
@@ -325,7 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
 
     if args.backend == "postgres":
-        with pg.server(log) as dsn:
+        # The cluster lives in --workdir so the stores copied into it are found again.
+        with pg.server(log, args.workdir.resolve() / "postgres") as dsn:
             return _main(args, argv, started, log, dsn)
     return _main(args, argv, started, log, None)
 
@@ -359,23 +421,29 @@ def _main(
         stores: list[BuiltStore] = []
         for size in args.sizes:
             pending = min(args.pending, size // 10)
-            store = build_store(
-                templates, stores_dir / f"runs-{size}.db", runs=size, pending=pending
-            )
-            log(f"store {store.label}: {store.rows:,} rows, {store.seconds:.1f} s")
+            store = _store(templates, stores_dir, size, pending, args.fresh_stores, log)
             if dsn is not None:
                 target = PgTarget(dsn, f"bench_{size}", f"bench_{size}_localui")
-                seconds = pg.copy_store(store.path, dsn, target.schema)
-                log(f"store {store.label} copied to PostgreSQL {target.schema}: {seconds:.1f} s")
+                key = store_cache.store_key(runs=size, pending=pending, spans=False)
+                if not args.fresh_stores and pg.copied_key(dsn, target.schema) == key:
+                    log(f"store {store.label} found in PostgreSQL {target.schema}")
+                else:
+                    seconds = pg.copy_store(store.path, dsn, target.schema, key)
+                    log(
+                        f"store {store.label} copied to PostgreSQL {target.schema}: {seconds:.1f} s"
+                    )
                 pg_targets[store.label] = target
             stores.append(store)
             if size in span_sizes:
-                spanned = add_spans(templates, store, stores_dir / f"runs-{size}-spans.db")
-                log(f"store {spanned.label}: {spanned.spans:,} spans, {spanned.seconds:.1f} s")
+                spanned = _spanned(templates, store, stores_dir, args.fresh_stores, log)
                 stores.append(spanned)
     except Exception:
         log(traceback.format_exc())
         return 2
+
+    if args.only_build:
+        log(f"stores ready in {stores_dir}")
+        return 0
 
     venv: Path | None = None
     sdk_note = "not measured (--no-sdk-ui)"
@@ -394,8 +462,7 @@ def _main(
             requests=args.requests,
             warmup=args.warmup,
             # The app's queries never read spans: once, on the largest store without them.
-            # In-process timing opens the SQLite file.
-            inproc=at_largest and not store.spans and dsn is None,
+            inproc=at_largest and not store.spans,
             # Page weight does not depend on the store's size: once, on the largest.
             weights=at_largest and not store.spans,
             app_path=app_path,
@@ -406,11 +473,30 @@ def _main(
         sdk = None
         if venv is not None and store.runs in sdk_sizes:
             sdk = measure_sdk(store, venv, options, log)
-        runs.append(StoreRun(store=store, localui=local, sdk=sdk))
+        fleet = None
+        if options.pg is not None and at_largest and not args.no_fleet:
+            log(f"measuring the fleet on {store.label} (load average {os.getloadavg()[0]:.1f})")
+            fleet = measure_fleet(
+                store,
+                options.pg,
+                requests=args.requests,
+                warmup=args.warmup,
+                app_path=app_path,
+                log=log,
+            )
+        runs.append(StoreRun(store=store, localui=local, sdk=sdk, fleet=fleet))
 
     judged = {r.store.label: report.budget_figures(r) for r in runs if r.store.runs == largest}
     verdicts = judge(judged)
     errors = [e for r in runs for s in (r.localui, r.sdk) if s is not None for e in s.errors]
+    errors += [e for r in runs if r.fleet is not None for e in r.fleet.errors]
+    errors += [
+        f"{r.store.label} / fleet {k}: {t.error}"
+        for r in runs
+        if r.fleet is not None
+        for k, t in r.fleet.timings.items()
+        if not t.ok
+    ]
     errors += [
         f"{r.store.label} / {k}: {t.error}"
         for r in runs
@@ -435,11 +521,9 @@ def _main(
     out.with_suffix(".json").write_text(
         json.dumps(report.as_json(runs, verdicts, errors, context), indent=1)
     )
-    if not args.keep_stores:
-        shutil.rmtree(stores_dir, ignore_errors=True)
-        for target in pg_targets.values():
-            drop_schema(target.dsn, target.schema)
-            drop_schema(target.dsn, target.app_schema)
+    for target in pg_targets.values():
+        # The store stays for the next run; the index is the app's, made by each start.
+        drop_schema(target.dsn, target.app_schema)
     if args.localui_path is None:
         shutil.rmtree(app_path, ignore_errors=True)
     log(f"wrote {out} in {time.monotonic() - started:.0f} s")

@@ -45,7 +45,12 @@ TOKEN = "bench-start-up-token"
 
 
 async def _measure(
-    store: Path, urls: dict[str, str], requests: int, warmup: int, sign_in: str = "off"
+    store: Path | str,
+    urls: dict[str, str],
+    requests: int,
+    warmup: int,
+    sign_in: str = "off",
+    pg: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     import httpx
 
@@ -55,7 +60,13 @@ async def _measure(
     from localui.registry import Registry
     from localui.settings import Settings, SignIn
 
-    settings = Settings(store=str(store), sign_in=SignIn(required=sign_in != "off", token=TOKEN))
+    pg_schema, pg_app_schema = pg if pg is not None else ("fastaiagent", "localui")
+    settings = Settings(
+        store=str(store),
+        sign_in=SignIn(required=sign_in != "off", token=TOKEN),
+        pg_schema=pg_schema,
+        pg_app_schema=pg_app_schema,
+    )
     opened = open_backend(settings)
     registry = Registry.build([refund_bot()], opened.target)
     app = create_app(settings, agents=registry.agents.values(), backend=opened)
@@ -87,7 +98,7 @@ async def _measure(
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.inproc")
-    parser.add_argument("--store", type=Path, required=True)
+    parser.add_argument("--store", required=True, help="a SQLite file or a PostgreSQL URL")
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
@@ -97,11 +108,26 @@ def main() -> int:
         help="Time pages with sign-in off (as the served bench), or signed in by a session"
         " cookie or a Bearer token: what sign-in costs a page.",
     )
+    parser.add_argument(
+        "--pg-schema",
+        nargs=2,
+        metavar=("SCHEMA", "APP_SCHEMA"),
+        default=None,
+        help="--store is a PostgreSQL URL: the SDK's schema and the app's",
+    )
     args = parser.parse_args()
-    store = args.store.resolve()
-    os.environ["FASTAIAGENT_LOCAL_DB"] = str(store)
     urls = json.loads(sys.stdin.read())
-    results = asyncio.run(_measure(store, urls, args.requests, args.warmup, args.sign_in))
+    store: Path | str = args.store
+    pg: tuple[str, str] | None = None
+    if args.pg_schema is not None:
+        pg = (args.pg_schema[0], args.pg_schema[1])
+        # The bench's agent binds to the served PostgreSQL store (bench/agents.py).
+        os.environ["LOCALUI_BENCH_PG_DSN"] = args.store
+        os.environ["LOCALUI_BENCH_PG_SCHEMA"] = pg[0]
+    else:
+        store = Path(args.store).resolve()
+        os.environ["FASTAIAGENT_LOCAL_DB"] = str(store)
+    results = asyncio.run(_measure(store, urls, args.requests, args.warmup, args.sign_in, pg))
     print(json.dumps(results))
     return 0
 

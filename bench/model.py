@@ -93,6 +93,8 @@ class ServerRun:
     startup_warm_s: float | None = None
     #: Cold start to the runs list answering from the complete runs index.
     indexed_s: float | None = None
+    #: On PostgreSQL, cold start to the trigram index for text search (made after).
+    search_indexed_s: float | None = None
     memory_kb: dict[str, int] = field(default_factory=dict)
     #: VmRSS of a bare Python that imports the same agent module: the agents' own cost.
     agent_alone_kb: int | None = None
@@ -112,7 +114,22 @@ class ServerRun:
 
 
 @dataclass
+class FleetRun:
+    """Two localui processes on one PostgreSQL store while a third process writes runs."""
+
+    #: The runs list on each process (``a``, ``b``) while the writer writes.
+    timings: dict[str, Timing] = field(default_factory=dict)
+    rate_asked: float = 0.0
+    runs_written: int = 0
+    runs_completed: int = 0
+    write_seconds: float = 0.0
+    load: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
 class StoreRun:
     store: BuiltStore
     localui: ServerRun
     sdk: ServerRun | None
+    fleet: FleetRun | None = None

@@ -10,6 +10,7 @@ way (``initdb`` in a temp dir, fsync off, a free loopback port).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sqlite3
@@ -36,34 +37,58 @@ def _bin_dir() -> Path:
 
 
 @contextmanager
-def server(log: Log) -> Iterator[str]:
-    """A PostgreSQL server's DSN, for the length of the block."""
+def server(log: Log, data: Path | None = None) -> Iterator[str]:
+    """A PostgreSQL server's DSN, for the length of the block.
+
+    ``data``: the cluster's directory, kept after the block (the stores copied
+    into it are reused by the next run); None for a throwaway cluster."""
     dsn = os.environ.get("LOCALUI_TEST_PG_DSN", "")
     if dsn:
         yield dsn
         return
     bin_dir = _bin_dir()
-    data = Path(tempfile.mkdtemp(prefix="localui-bench-pg-"))
+    keep = data is not None
     run_as: list[str] = []
     if os.geteuid() == 0:
-        shutil.chown(data, "postgres")
         run_as = ["runuser", "-u", "postgres", "--"]
+    if data is None:
+        data = Path(tempfile.mkdtemp(prefix="localui-bench-pg-"))
+    elif run_as and not _reachable(data.parent, run_as):
+        # The postgres user cannot reach --workdir (/tmp closed to other users, say).
+        digest = hashlib.sha256(str(data).encode()).hexdigest()[:8]
+        data = Path("/var/tmp") / f"localui-bench-postgres-{digest}"
+    data.mkdir(parents=True, exist_ok=True)
+    if run_as:
+        shutil.chown(data, "postgres")
 
     def as_owner(*command: str) -> None:
         subprocess.run([*run_as, *command], cwd=data, check=True, capture_output=True, timeout=120)
 
-    as_owner(
-        str(bin_dir / "initdb"),
-        "-D",
-        f"{data}/data",
-        "-A",
-        "trust",
-        "-U",
-        "postgres",
-        "--encoding=UTF8",
-        "--locale=C",
-        "--no-sync",
-    )
+    fresh = not (data / "data" / "PG_VERSION").is_file()
+    if fresh:
+        shutil.rmtree(data / "data", ignore_errors=True)
+        as_owner(
+            str(bin_dir / "initdb"),
+            "-D",
+            f"{data}/data",
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
+    else:
+        # A cluster an earlier run left running (it was killed): stop it first.
+        if (data / "data" / "postmaster.pid").is_file():
+            subprocess.run(
+                [*run_as, str(bin_dir / "pg_ctl"), "-D", f"{data}/data", "-m", "fast", "stop"],
+                cwd=data,
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
     port = free_port()
     as_owner(
         str(bin_dir / "pg_ctl"),
@@ -72,35 +97,59 @@ def server(log: Log) -> Iterator[str]:
         "-l",
         f"{data}/server.log",
         "-w",
+        "-t",
+        "300",
         "-o",
         f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c fsync=off",
         "start",
     )
     try:
-        subprocess.run(
-            [
-                str(bin_dir / "createdb"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "-U",
-                "postgres",
-                "localui_bench",
-            ],
-            check=True,
-            timeout=60,
-        )
+        if fresh:
+            subprocess.run(
+                [
+                    str(bin_dir / "createdb"),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-U",
+                    "postgres",
+                    "localui_bench",
+                ],
+                check=True,
+                timeout=60,
+            )
         dsn = f"postgresql://postgres@127.0.0.1:{port}/localui_bench"
-        log(f"PostgreSQL started at {dsn}")
+        log(f"PostgreSQL {'started' if fresh else 'started again'} at {dsn} ({data})")
         yield dsn
     finally:
-        as_owner(str(bin_dir / "pg_ctl"), "-D", f"{data}/data", "-m", "immediate", "-w", "stop")
-        shutil.rmtree(data, ignore_errors=True)
+        # A clean stop: the next run finds its stores without crash recovery.
+        as_owner(str(bin_dir / "pg_ctl"), "-D", f"{data}/data", "-m", "fast", "-w", "stop")
+        if not keep:
+            shutil.rmtree(data, ignore_errors=True)
 
 
-def copy_store(sqlite_path: Path, dsn: str, schema: str) -> float:
-    """The SDK's tables of ``sqlite_path`` into a new ``schema``; seconds it took."""
+def _reachable(directory: Path, run_as: list[str]) -> bool:
+    directory.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([*run_as, "test", "-x", str(directory)], check=False, timeout=30)
+    return done.returncode == 0
+
+
+def copied_key(dsn: str, schema: str) -> str | None:
+    """The key a finished copy left on ``schema`` (its comment), or None."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s",
+            (schema,),
+        ).fetchone()
+    return str(row[0]) if row is not None and row[0] is not None else None
+
+
+def copy_store(sqlite_path: Path, dsn: str, schema: str, key: str = "") -> float:
+    """The SDK's tables of ``sqlite_path`` into a new ``schema``; seconds it took.
+    ``key`` is left as the schema's comment, in the copy's own transaction."""
     import psycopg
     from fastaiagent.checkpointers.postgres import PostgresCheckpointer
 
@@ -117,7 +166,12 @@ def copy_store(sqlite_path: Path, dsn: str, schema: str) -> float:
         with psycopg.connect(dsn) as dst:
             for table in TABLES:
                 _copy_table(src, dst, schema, table)
-            dst.execute(f"ANALYZE {schema}.checkpoints")
+            if key:
+                dst.execute(f"COMMENT ON SCHEMA {schema} IS {_literal(key)}")
+        with psycopg.connect(dsn, autocommit=True) as dst:
+            # Outside the copy's transaction, as autovacuum would do later: the planner's
+            # statistics, and a visibility map so readers of the index skip the heap.
+            dst.execute(f"VACUUM (ANALYZE) {schema}.checkpoints")
     finally:
         src.close()
     return time.perf_counter() - started
@@ -144,6 +198,10 @@ def _copy_table(src: sqlite3.Connection, dst: object, schema: str, table: str) -
                 if values[i] is not None:
                     values[i] = bool(values[i])
             copy.write_row(values)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def drop_schema(dsn: str, schema: str) -> None:

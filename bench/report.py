@@ -18,6 +18,7 @@ from bench.model import (
     LOCALUI_PAGES,
     SDK_METRICS,
     SDK_PAGES,
+    FleetRun,
     ServerRun,
     StoreRun,
 )
@@ -57,6 +58,13 @@ def budget_figures(run: StoreRun) -> dict[str, float]:
         figures["js_css_kb"] = max(w.js_css_body for w in weights) / 1000
         figures["js_css_wire_kb"] = max(w.js_css_wire for w in weights) / 1000
     return figures
+
+
+def _search_indexed(server: ServerRun) -> str:
+    """On PostgreSQL, when the trigram index for text search followed."""
+    if server.search_indexed_s is None:
+        return ""
+    return f" (trigram index {server.search_indexed_s:.1f} s)"
 
 
 def _ms(value: float) -> str:
@@ -225,6 +233,41 @@ def markdown(
             add(f"| {label} | " + " | ".join(cells) + " |")
         add("")
 
+    fleet_runs = [r for r in runs if r.fleet is not None]
+    if fleet_runs:
+        add("### Fleet: two localui processes on one PostgreSQL store while a third writes")
+        add("")
+        add(
+            "Both serve the same store and share its runs index; `bench.fleet_writer` starts"
+            " runs through the SDK at the rate asked, and the runs list's first page (HTML) is"
+            " timed on one process, then the other, while it writes (so each request finds"
+            " new rows to bring into the index, or the other process doing it)."
+        )
+        add("")
+        add(
+            "| store | process A runs list | process B runs list | runs written"
+            " (asked / done) | load average |"
+        )
+        add("|---|---|---|---|---|")
+        for r in fleet_runs:
+            f = r.fleet
+            assert f is not None
+            cells = []
+            for name in ("a", "b"):
+                timing = f.timings.get(name)
+                if timing is None or not timing.ok:
+                    cells.append("error" if timing is not None else "–")
+                    continue
+                cpu = f" ({_ms(timing.cpu_ms)})" if timing.cpu_ms is not None else ""
+                cells.append(f"{_ms(timing.p50)} / {_ms(timing.p95)}{cpu}")
+            rate = f.runs_written / f.write_seconds if f.write_seconds else 0.0
+            load = " → ".join(f"{x:.1f}" for x in f.load)
+            add(
+                f"| {r.store.label} | {cells[0]} | {cells[1]} | {f.rate_asked:g}/s /"
+                f" {rate:.1f}/s ({f.runs_completed:,} of {f.runs_written:,} completed) | {load} |"
+            )
+        add("")
+
     sdk_runs = [r for r in runs if r.sdk is not None]
     add("## SDK UI latency (ms, loopback p50 / p95 (server CPU per request))")
     add("")
@@ -364,7 +407,8 @@ def markdown(
             add(
                 f"| {name} | {r.store.label} |"
                 f" {_startup(server.startup_cold_s, server.startup_cpu.get('cold'))} |"
-                f" {_num(server.indexed_s)}{' s' if server.indexed_s is not None else ''} |"
+                f" {_num(server.indexed_s)}{' s' if server.indexed_s is not None else ''}"
+                f"{_search_indexed(server)} |"
                 f" {_startup(server.startup_warm_s, server.startup_cpu.get('warm'))} |"
                 f" {_num(server.memory_kb.get('VmRSS'), 1024 / 1e6)} MB |"
                 f" {_num(server.memory_kb.get('VmHWM'), 1024 / 1e6)} MB |"
@@ -416,6 +460,7 @@ def _server_json(server: ServerRun | None) -> Mapping[str, Any] | None:
         "startup_cold_s": server.startup_cold_s,
         "startup_warm_s": server.startup_warm_s,
         "indexed_s": server.indexed_s,
+        "search_indexed_s": server.search_indexed_s,
         "memory_kb": server.memory_kb,
         "agent_alone_kb": server.agent_alone_kb,
         "viewer_startup_s": server.viewer_startup_s,
@@ -465,8 +510,23 @@ def as_json(
                 "build_s": r.store.seconds,
                 "localui": _server_json(r.localui),
                 "sdk_ui": _server_json(r.sdk),
+                "fleet": _fleet_json(r.fleet),
             }
             for r in runs
         ],
         "errors": list(errors),
+    }
+
+
+def _fleet_json(fleet: FleetRun | None) -> dict[str, Any] | None:
+    if fleet is None:
+        return None
+    return {
+        "timings": {k: t.as_json() for k, t in fleet.timings.items()},
+        "rate_asked": fleet.rate_asked,
+        "runs_written": fleet.runs_written,
+        "runs_completed": fleet.runs_completed,
+        "write_seconds": fleet.write_seconds,
+        "load": fleet.load,
+        "errors": fleet.errors,
     }

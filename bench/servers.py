@@ -26,6 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 AGENTS_SPEC = f"{REPO / 'bench' / 'agents.py'}:refund_bot"
 #: A server that has not answered 200 by then has failed to start.
 START_TIMEOUT_S = 180.0
+#: A first start on a million runs indexes them in the background: waited for this long.
+INDEX_TIMEOUT_S = 600.0
 
 
 def free_port() -> int:
@@ -127,12 +129,29 @@ def _start(
 def wait_until_indexed(server: Server) -> float:
     """Seconds from ``server``'s start until its runs list answers from the complete
     runs index (a large store's first start indexes it in the background)."""
-    deadline = time.perf_counter() + START_TIMEOUT_S
+    deadline = time.perf_counter() + INDEX_TIMEOUT_S
     with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
         while client.get("/runs.json").json().get("indexing") is not None:
             if time.perf_counter() > deadline:
-                raise RuntimeError(f"the runs index was not ready within {START_TIMEOUT_S:.0f} s")
+                raise RuntimeError(f"the runs index was not ready within {INDEX_TIMEOUT_S:.0f} s")
             time.sleep(0.02)
+    return time.perf_counter() - server.started_at
+
+
+def wait_until_search_indexed(server: Server, pg: PgTarget) -> float:
+    """Seconds from ``server``'s start until the runs index's trigram index is made (a
+    first build in chunks makes it once the runs list is complete)."""
+    import psycopg
+
+    from localui.backends.postgres.index.schema import Tables
+
+    meta = Tables(app_schema=pg.app_schema, store_schema=pg.schema).meta
+    deadline = time.perf_counter() + INDEX_TIMEOUT_S
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        while conn.execute(f"SELECT 1 FROM {meta} WHERE key = 'search_index_pending'").fetchone():
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"no trigram index within {INDEX_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)
     return time.perf_counter() - server.started_at
 
 
@@ -156,13 +175,21 @@ with open("/proc/self/status") as status:
 """
 
 
-def agent_alone_rss_kb(store: Path, *, app_path: Path | None = None) -> int:
+def agent_alone_rss_kb(
+    store: Path, *, app_path: Path | None = None, pg: PgTarget | None = None
+) -> int:
     """VmRSS of a bare Python holding only the agent module localui is started with:
-    what the agents cost in any process, so localui's share is its RSS minus this."""
+    what the agents cost in any process, so localui's share is its RSS minus this.
+    With ``pg``, the agent is built as localui builds it there: on the SDK's
+    PostgreSQL checkpointer (whose driver and pool it imports)."""
+    extra = {}
+    if pg is not None:
+        extra = {"LOCALUI_BENCH_PG_DSN": pg.dsn, "LOCALUI_BENCH_PG_SCHEMA": pg.schema}
     env = clean_env(
         FASTAIAGENT_LOCAL_DB=str(store),
         FASTAIAGENT_TRACE_ENABLED="false",
         PYTHONPATH=pythonpath(app_path),
+        **extra,
     )
     workdir = Path(tempfile.mkdtemp(prefix="localui-bench-agent-"))
     done = subprocess.run(

@@ -268,3 +268,127 @@ def test_a_large_store_answers_its_first_page_at_once_then_fills_in(pg_store: An
         other.close()
         store.close()
         plain.close()
+
+
+_BUILD_IN_CHUNKS = """
+import sys
+from localui.backends.postgres.store import PostgresStore
+dsn, schema, app_schema = sys.argv[1:4]
+store = PostgresStore(
+    dsn, schema=schema, app_schema=app_schema,
+    index_background_from_rows=0, index_chunk_rows=1,
+)
+store.runs_index.complete()
+store.close()
+"""
+
+
+def kill_a_build_mid_way(pg_store: Any, attempts: int = 5) -> str:
+    """Start a build of a run per chunk in a child process and kill it once some
+    chunks have committed and others have not; the build's cursor then."""
+    import psycopg
+
+    probe = open_store(pg_store, index_background_from_rows=10**9)
+    assert probe.runs_index is not None
+    t = probe.runs_index.tables
+    probe.close()
+    with psycopg.connect(pg_store.dsn, autocommit=True) as watcher:
+        for _ in range(attempts):
+            watcher.execute(f"DELETE FROM {t.meta} WHERE key <> 'version'")
+            watcher.execute(f"TRUNCATE {t.runs}, {t.counts}, {t.seen}")
+            child = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    _BUILD_IN_CHUNKS,
+                    pg_store.dsn,
+                    pg_store.schema,
+                    pg_store.app_schema,
+                ]
+            )
+            try:
+                while child.poll() is None:
+                    meta = dict(watcher.execute(f"SELECT key, value FROM {t.meta}").fetchall())
+                    if meta.get("build_after"):
+                        break
+                # Between two of its chunks: the child waits for this lock, then dies.
+                watcher.execute("SELECT pg_advisory_lock(hashtext(%s))", (t.lock_key,))
+                try:
+                    meta = dict(watcher.execute(f"SELECT key, value FROM {t.meta}").fetchall())
+                    child.kill()
+                    child.wait(timeout=30)
+                finally:
+                    watcher.execute("SELECT pg_advisory_unlock(hashtext(%s))", (t.lock_key,))
+            finally:
+                child.kill()
+                child.wait(timeout=30)
+            if meta.get("build_after") and meta.get("built") != "1":
+                folded = watcher.execute(f"SELECT COUNT(*) FROM {t.runs}").fetchone()
+                assert folded is not None and folded[0] > 0
+                return meta["build_after"]
+    raise AssertionError(f"the build was never caught mid-way in {attempts} attempts")
+
+
+def test_a_build_cut_short_is_finished_by_the_next_start(pg_store: Any) -> None:
+    """A large store is built a chunk of runs per transaction. The process building
+    it is killed between two chunks; the next start goes on from the build's cursor
+    and leaves an index equal to one built alone, in another schema."""
+    cursor = kill_a_build_mid_way(pg_store)
+    runs = [
+        r["execution_id"] for r in pg_store.raw.query("SELECT execution_id FROM {s}.checkpoints")
+    ]
+    assert min(runs) <= cursor < max(runs)
+    resumed = open_store(pg_store, index_background_from_rows=0, index_chunk_rows=3)
+    assert resumed.runs_index is not None
+    folded_sql = (
+        f"SELECT execution_id, xmin::text AS version FROM {resumed.runs_index.tables.runs}"
+        " WHERE execution_id <= %s ORDER BY execution_id"
+    )
+    folded_before = pg_store.raw.query(folded_sql, (cursor,))
+    assert folded_before
+    alone_schema = pg_store.app_schema + "_alone"
+    alone = PostgresStore(pg_store.dsn, schema=pg_store.schema, app_schema=alone_schema)
+    try:
+        resumed.runs_index.complete()
+        # Went on from the cursor: the runs folded before the kill were not folded again.
+        assert pg_store.raw.query(folded_sql, (cursor,)) == folded_before
+        alone.list_runs(RunQuery())
+        assert index_rows(pg_store, resumed) == index_rows(pg_store, alone)
+        assert len(index_rows(pg_store, resumed)[0]) == len(set(runs))
+        plain = open_store(pg_store, runs_index=False)
+        try:
+            assert resumed.list_runs(RunQuery(limit=1000)) == plain.list_runs(RunQuery(limit=1000))
+        finally:
+            plain.close()
+        search_index = f"{pg_store.app_schema}.{resumed.runs_index.tables.index('search')}"
+    finally:
+        resumed.close()
+        alone.close()
+        pg_store.raw.execute(f"DROP SCHEMA IF EXISTS {alone_schema} CASCADE")
+    # Once every run is folded, the trigram index is made (closing waits for it).
+    [made] = pg_store.raw.query("SELECT to_regclass(%s) IS NOT NULL AS made", (search_index,))
+    assert made["made"]
+
+
+def test_a_prune_after_a_build_cut_short_leaves_the_index_right(pg_store: Any) -> None:
+    """Rows deleted (a prune) while a build is under way: runs already folded may be
+    gone. The next start folds every range again and the index is the store's."""
+    kill_a_build_mid_way(pg_store)
+    assert PostgresPrune(pg_store.dsn, schema=pg_store.schema).prune(timedelta(0)) > 0
+    resumed = open_store(pg_store, index_background_from_rows=0, index_chunk_rows=3)
+    plain = open_store(pg_store, runs_index=False)
+    try:
+        assert resumed.runs_index is not None
+        expected = plain.list_runs(RunQuery(limit=1000))
+        # The server publishes the deletes count when the pruning session ends.
+        deadline = time.monotonic() + 15
+        while True:
+            resumed.runs_index.complete()
+            if resumed.list_runs(RunQuery(limit=1000)) == expected:
+                break
+            assert time.monotonic() < deadline, "the index never caught up with the prune"
+            time.sleep(0.2)
+        assert resumed.totals() == plain.totals()
+    finally:
+        resumed.close()
+        plain.close()

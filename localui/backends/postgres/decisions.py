@@ -22,7 +22,7 @@ from localui.backends.decisions import (
     TABLE,
     decision_from_row,
 )
-from localui.backends.postgres.pool import Pool, identifier, iso
+from localui.backends.postgres.pool import Pool, StaleConnection, identifier, iso
 from localui.errors import Unavailable
 from localui.records import Claim, Decision
 
@@ -47,26 +47,35 @@ class PostgresDecisionLog:
         self.table = f"{self.schema}.{TABLE}"
         self._table = sql.Identifier(self.schema, TABLE)
         self.writable = writable
+        privileges = (
+            f"localui keeps its decisions in {self.table}: it needs CREATE on the database"
+            f" or on schema {self.schema}, or that table made for it with SELECT, INSERT,"
+            " UPDATE and DELETE"
+            if writable
+            else f"a read-only localui shows decisions with USAGE on schema {self.schema}"
+            f" and SELECT on {self.table}"
+        )
         #: Whether the table is known to exist (a writable log makes it now).
         self._has_table = writable
         self._pool = Pool(
+            dsn, name="localui-decisions", read_only=not writable, privileges=privileges
+        )
+        # Reads of a run's decisions come on every run page: one round trip each, on
+        # connections not checked when borrowed (a read may simply be tried again).
+        self._reads = Pool(
             dsn,
-            name="localui-decisions",
-            read_only=not writable,
-            privileges=(
-                f"localui keeps its decisions in {self.table}: it needs CREATE on the database"
-                f" or on schema {self.schema}, or that table made for it with SELECT, INSERT,"
-                " UPDATE and DELETE"
-                if writable
-                else f"a read-only localui shows decisions with USAGE on schema {self.schema}"
-                f" and SELECT on {self.table}"
-            ),
+            name="localui-decisions-read",
+            read_only=True,
+            max_size=2,
+            privileges=privileges,
+            check_on_borrow=False,
         )
         if writable:
             try:
                 self._create()
             except BaseException:
                 self._pool.close()
+                self._reads.close()
                 raise
 
     def _sql(self, text: str) -> sql.Composed:
@@ -199,9 +208,22 @@ class PostgresDecisionLog:
         return self._has_table
 
     def list_for_run(self, execution_id: str) -> tuple[Decision, ...]:
+        import psycopg
+
+        try:
+            return self._list_for_run(execution_id)
+        except StaleConnection:
+            # The pool has dropped its dead connections: once more on a fresh one.
+            return self._list_for_run(execution_id)
+        except psycopg.errors.UndefinedTable:
+            # Dropped since it was seen: nothing decided here, until it is made again.
+            self._has_table = False
+            return ()
+
+    def _list_for_run(self, execution_id: str) -> tuple[Decision, ...]:
         from psycopg.rows import dict_row
 
-        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        with self._reads.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             if not self._table_exists(cur):
                 return ()  # read-only and never written: nothing decided here yet
             rows = cur.execute(
@@ -233,4 +255,5 @@ class PostgresDecisionLog:
         return {str(r["execution_id"]): _decision(r) for r in rows}
 
     def close(self) -> None:
+        self._reads.close()
         self._pool.close()

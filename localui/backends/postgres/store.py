@@ -25,7 +25,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from localui.backends import shared
-from localui.backends.postgres.index import BACKGROUND_FROM_ROWS, PgRunIndex, StoreSql
+from localui.backends.postgres.index import (
+    BACKGROUND_FROM_ROWS,
+    BUILD_CHUNK_ROWS,
+    PgRunIndex,
+    StoreSql,
+)
 from localui.backends.postgres.pool import (
     Pool,
     StaleConnection,
@@ -118,6 +123,7 @@ class PostgresStore:
         wait_timeout: float = 2.0,
         runs_index: bool = True,
         index_background_from_rows: int = BACKGROUND_FROM_ROWS,
+        index_chunk_rows: int = BUILD_CHUNK_ROWS,
     ) -> None:
         """``runs_index``: keep the runs index in ``app_schema`` (the runs list reads
         the SDK's tables directly when False, or when the role may not create it)."""
@@ -169,6 +175,7 @@ class PostgresStore:
                     app_schema=self.app_schema,
                     store_sql=self._index_sql,
                     background_from_rows=index_background_from_rows,
+                    chunk_rows=index_chunk_rows,
                 )
             except Unavailable:
                 # No privilege to create it: every read goes to the SDK's tables.

@@ -22,10 +22,15 @@ from collections.abc import Callable
 
 from localui.backends.postgres.index import query
 from localui.backends.postgres.index.schema import Tables
-from localui.backends.postgres.index.sync import BACKGROUND_FROM_ROWS, IndexSync, StoreSql
+from localui.backends.postgres.index.sync import (
+    BACKGROUND_FROM_ROWS,
+    BUILD_CHUNK_ROWS,
+    IndexSync,
+    StoreSql,
+)
 from localui.records import IndexProgress, RunFactsPage, RunQuery
 
-__all__ = ["BACKGROUND_FROM_ROWS", "PgRunIndex", "StoreSql"]
+__all__ = ["BACKGROUND_FROM_ROWS", "BUILD_CHUNK_ROWS", "PgRunIndex", "StoreSql"]
 
 
 class PgRunIndex:
@@ -39,10 +44,15 @@ class PgRunIndex:
         app_schema: str,
         store_sql: Callable[[], StoreSql | None],
         background_from_rows: int = BACKGROUND_FROM_ROWS,
+        chunk_rows: int = BUILD_CHUNK_ROWS,
     ) -> None:
         self.tables = Tables(app_schema=app_schema, store_schema=store_schema)
         self._sync = IndexSync(
-            dsn, self.tables, store_sql, background_from_rows=background_from_rows
+            dsn,
+            self.tables,
+            store_sql,
+            background_from_rows=background_from_rows,
+            chunk_rows=chunk_rows,
         )
 
     @property

@@ -6,8 +6,10 @@ deleted from ``checkpoints`` and which table that is. When the gate has not
 moved, nothing is read. Otherwise, under a transaction-level advisory lock:
 
 * no finished build of this version for this table, or rows deleted since
-  (a prune): the index is built anew, in one ``INSERT … SELECT`` of the store's
-  own facts query (on a large store, in a thread; the app answers meanwhile);
+  (a prune): the index is built anew from the store's own facts query. A small
+  store is folded in one ``INSERT … SELECT``; a large one in a thread, in chunks
+  of runs by ``execution_id`` range, each chunk its own short transaction (the
+  app answers meanwhile, see below);
 * otherwise the runs to fold again are those with rows the index has not seen
   among the newest (the change feed's window over ``created_at``), those whose
   pending interrupt came, went or changed, and those whose rows the outbox
@@ -19,6 +21,18 @@ different snapshot and the older could land last, or move the cursors past
 rows the other had not folded. With the lock they take turns; a process that
 finds the lock taken does not wait, it reads the index as it is (the other is
 bringing it up to date) and looks again on its next read.
+
+Why chunks: a single statement over a million runs reads the SDK's table for
+minutes, and holds its lock on it all that time. That lock alone blocks no one,
+but the SDK's ``PostgresCheckpointer.setup()`` (run once by each process that
+writes, before its first write) issues ``ALTER TABLE … ADD COLUMN IF NOT
+EXISTS``, which asks for an ACCESS EXCLUSIVE lock even when the columns exist:
+it waits behind the long read, and every reader and writer that comes after
+queues behind it. A chunk reads for a fraction of a second, so that queue lasts
+no longer. The build's cursor (the last ``execution_id`` folded) moves in the
+chunk's own transaction: a build cut short (the process killed) is finished by
+the next process that looks, from there, and two processes building at once take
+the chunks in turns.
 
 The facts (state included) come from the store's facts query, the SQL the
 plain runs list runs over the SDK's rows, whose state rules are
@@ -46,6 +60,18 @@ _BEFORE_ANY_ROW = datetime(1, 1, 2, tzinfo=UTC)
 #: A store with at least this many checkpoint rows (the planner's estimate) is
 #: indexed in the background; a smaller one before the first answer.
 BACKGROUND_FROM_ROWS = 20_000
+
+#: Rows of the SDK's table folded per transaction of a background build: a chunk
+#: takes a fraction of a second, so whatever queues behind its read waits no longer.
+BUILD_CHUNK_ROWS = 20_000
+
+#: Meta keys of a build under way: the last ``execution_id`` folded ("" before the
+#: first chunk), and whether it is a first build (the index was empty).
+_BUILD_AFTER = "build_after"
+_BUILD_FIRST = "build_first"
+#: Set when a first build in chunks has folded every run and the trigram index is
+#: still to be made (text search scans the index's rows until it is).
+_SEARCH_PENDING = "search_index_pending"
 
 #: Rows are new when unseen within this many seconds of the newest row's time
 #: (writers whose clocks lag, commits that land late), as in the change feed.
@@ -75,11 +101,13 @@ class IndexSync:
         store_sql: Callable[[], StoreSql | None],
         *,
         background_from_rows: int = BACKGROUND_FROM_ROWS,
+        chunk_rows: int = BUILD_CHUNK_ROWS,
     ) -> None:
         self.dsn = dsn
         self.t = tables
         self.store_sql = store_sql
         self._background_from_rows = background_from_rows
+        self._chunk_rows = max(1, chunk_rows)
         self.pool = Pool(
             dsn,
             name="localui-runs-index",
@@ -92,6 +120,9 @@ class IndexSync:
         self.lock = threading.Lock()
         self._gate: tuple[Any, ...] | None = None
         self._builder: threading.Thread | None = None
+        #: Whether reads may use the index while the builder runs: a rebuild (after a
+        #: prune) leaves the index readable as it is, a first build does not.
+        self._readable_while_building = False
         self._progress = IndexProgress(0, 0)
         self._failure: BaseException | None = None
         try:
@@ -152,10 +183,10 @@ class IndexSync:
             return self._progress if self._builder is not None else None
 
     def refresh(self) -> bool:
-        """Bring the index up to date; False while it is being built in the background."""
+        """Bring the index up to date; False while it is first built in the background."""
         with self.lock:
             if self._builder is not None:
-                return False
+                return self._readable_while_building
             failure, self._failure = self._failure, None
             if failure is not None:
                 raise Unavailable(
@@ -176,24 +207,24 @@ class IndexSync:
                     # when built, and look again next time.
                     if meta.get("built") == "1":
                         return True
-                    self._start_builder(store, rows=0)
+                    # A build under way elsewhere: take chunks in turns with it.
+                    self._start_builder(rows=self._store_rows(cur, store), readable=False)
                     return False
                 if store is None:
                     self._clear(cur, gate)
                 elif self._needs_build(meta, gate):
-                    rows = int(
-                        cur.execute(
-                            "SELECT GREATEST(reltuples, 0)::bigint FROM pg_class"
-                            " WHERE oid = to_regclass(%s)",
-                            (store.checkpoints,),
-                        ).fetchone()[0]
-                        or 0
-                    )
+                    rows = self._store_rows(cur, store)
                     if rows >= self._background_from_rows:
                         conn.rollback()
-                        self._start_builder(store, rows=rows)
-                        return False
+                        readable = meta.get("built") == "1"
+                        self._start_builder(rows=rows, readable=readable)
+                        return readable
                     self._build(cur, store, gate, first=meta.get("built") != "1")
+                elif _SEARCH_PENDING in meta:
+                    # Left by a build in chunks (here or in a process since gone).
+                    conn.rollback()
+                    self._start_builder(rows=0, readable=True)
+                    return True
                 else:
                     self._catch_up(cur, store, meta)
             self._gate = gate
@@ -206,6 +237,17 @@ class IndexSync:
                 builder = self._builder
             if builder is not None:
                 builder.join()
+
+    @staticmethod
+    def _store_rows(cur: Any, store: StoreSql | None) -> int:
+        """The planner's estimate of the SDK's rows (no count of a million rows)."""
+        if store is None:
+            return 0
+        row = cur.execute(
+            "SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)",
+            (store.checkpoints,),
+        ).fetchone()
+        return int(row[0] or 0) if row is not None else 0
 
     def _read_gate(self, cur: Any, store: StoreSql | None) -> tuple[Any, ...]:
         if store is None:
@@ -225,6 +267,7 @@ class IndexSync:
         return (
             meta.get("version") != schema.VERSION
             or meta.get("built") != "1"
+            or _BUILD_AFTER in meta
             or meta.get("table") != str(gate[2])
             or meta.get("deleted") != str(gate[1])
         )
@@ -242,8 +285,9 @@ class IndexSync:
 
     # --- the background build -------------------------------------------
 
-    def _start_builder(self, store: StoreSql | None, *, rows: int) -> None:
+    def _start_builder(self, *, rows: int, readable: bool) -> None:
         self._progress = IndexProgress(0, rows)
+        self._readable_while_building = readable
         self._builder = threading.Thread(
             target=self._build_in_background, name="localui-pg-runs-index", daemon=True
         )
@@ -254,21 +298,17 @@ class IndexSync:
 
         failure: BaseException | None = None
         try:
-            with psycopg.connect(self.dsn, connect_timeout=3) as conn, conn.cursor() as cur:
+            with (
+                psycopg.connect(self.dsn, connect_timeout=3, autocommit=True) as conn,
+                conn.cursor() as cur,
+            ):
                 cur.execute("SET TIME ZONE 'UTC'")
-                # A build of a million runs takes longer than any read may.
+                # Chunks are short; the trigram index over a million runs, at the end, is not.
                 cur.execute("SET statement_timeout = 0")
-                # Waits for a build another process is running, then looks for itself.
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.t.lock_key,))
-                store = self.store_sql()
-                gate = self._read_gate(cur, store)
-                meta = self._meta(cur)
-                if store is None:
-                    self._clear(cur, gate)
-                elif self._needs_build(meta, gate):
-                    self._build(cur, store, gate, first=meta.get("built") != "1")
-                else:
-                    self._catch_up(cur, store, meta)
+                # A chunk's sorts in memory, not spilled to disk.
+                cur.execute("SET work_mem = '64MB'")
+                while not self._build_step(conn, cur):
+                    pass
         except Exception as exc:
             failure = exc
         with self.lock:
@@ -277,6 +317,125 @@ class IndexSync:
             self._builder = None
             self._gate = None
             self._failure = failure
+
+    def _build_step(self, conn: Any, cur: Any) -> bool:
+        """One transaction of a background build: start it, fold a chunk, or (when
+        the index needs no build any more) catch up. True when nothing is left."""
+        with conn.transaction():
+            # Waits at most for a chunk another process is folding.
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.t.lock_key,))
+            store = self.store_sql()
+            gate = self._read_gate(cur, store)
+            meta = self._meta(cur)
+            if meta.get("built") == "1":
+                with self.lock:
+                    # Every run is folded (committed): read the index while the rest,
+                    # the trigram index, is made.
+                    self._readable_while_building = True
+            if store is None:
+                self._clear(cur, gate)
+                return True
+            if not self._needs_build(meta, gate):
+                if _SEARCH_PENDING in meta:
+                    self._make_search_index(cur)
+                    return False
+                self._catch_up(cur, store, meta)
+                return True
+            if _BUILD_AFTER not in meta or meta.get("table") != str(gate[2]):
+                self._start_build(cur, store, gate, first=meta.get("built") != "1")
+                return False
+            if meta.get("deleted") != str(gate[1]):
+                # Rows were deleted (a prune) while building: the ranges folded so far
+                # may hold runs that are gone, so every range is folded again (each
+                # chunk deletes its range first). The catch-up cursors stay: older
+                # cursors only fold more again.
+                self._set_meta(cur, {_BUILD_AFTER: "", "deleted": str(gate[1])})
+                meta = self._meta(cur)
+            return self._fold_chunk(cur, store, meta)
+
+    def _start_build(
+        self, cur: Any, store: StoreSql, gate: tuple[Any, ...], *, first: bool
+    ) -> None:
+        """Begin a chunked build: the catch-up cursors, then the cursor of the build."""
+        t = self.t
+        # As in _build: cursors first, so whatever they count as folded is.
+        newest = self._newest(cur, store)
+        synced = self._newest_synced(cur, store)
+        if first:
+            cur.execute(f"TRUNCATE {t.runs}, {t.counts}, {t.seen}")
+            cur.execute(f"UPDATE {t.totals} SET rows = 0, waiting = 0, quarantined = 0")
+            cur.execute(f"DROP INDEX IF EXISTS {t.app_schema}.{t.index('search')}")
+        else:
+            # A rebuild: the runs stay readable, each range replaced as it is folded.
+            cur.execute(f"DELETE FROM {t.seen}")
+        if newest is not None:
+            self._see_window(cur, store, newest)
+        self._set_meta(
+            cur,
+            {
+                _BUILD_AFTER: "",
+                _BUILD_FIRST: "1" if first else "0",
+                "table": str(gate[2]),
+                "deleted": str(gate[1]),
+                "newest": newest.isoformat() if newest is not None else None,
+                "synced_at": synced[0].isoformat() if synced else None,
+                "synced_id": synced[1] if synced else None,
+            },
+        )
+
+    def _fold_chunk(self, cur: Any, store: StoreSql, meta: dict[str, str]) -> bool:
+        """Fold the runs after the build's cursor, up to about ``chunk_rows`` rows of
+        them, and move the cursor; on the last chunk, finish. True when finished."""
+        t = self.t
+        after = meta[_BUILD_AFTER]
+        params: dict[str, Any] = {"after": after, "rows": self._chunk_rows}
+        lower = "execution_id > %(after)s" if after else "true"
+        # The run of the row ``chunk_rows`` rows on (a walk of the SDK's execution_id
+        # index); every row of it is in this chunk.
+        found = cur.execute(
+            f"SELECT execution_id FROM {store.checkpoints} WHERE {lower}"
+            " ORDER BY execution_id OFFSET %(rows)s LIMIT 1",
+            params,
+        ).fetchone()
+        upper = "true"
+        if found is not None:
+            params["upto"] = str(found[0])
+            upper = "execution_id <= %(upto)s"
+        where = f"{lower} AND {upper}"
+        cur.execute(f"DELETE FROM {t.runs} WHERE {where}", params)
+        cur.execute(
+            f"INSERT INTO {t.runs} ({schema.COLUMNS}) {store.facts(f'WHERE {where}')}"
+            f" SELECT {schema.FROM_FACTS} FROM r",
+            params,
+        )
+        with self.lock:
+            done, total = self._progress.rows_read, self._progress.rows_total
+            self._progress = IndexProgress(min(done + self._chunk_rows, total), total)
+        if found is not None:
+            self._set_meta(cur, {_BUILD_AFTER: str(found[0])})
+            return False
+        # Complete: the runs list, its filters and counts read the index from now on.
+        # On a first build the trigram index comes next, in a transaction of its own
+        # (far faster than kept up chunk by chunk, and a million runs take it tens of
+        # seconds: text search scans the index's rows meanwhile).
+        search_pending = meta.get(_BUILD_FIRST) == "1" and self.has_trigrams
+        self._set_meta(
+            cur,
+            {
+                "built": "1",
+                _BUILD_AFTER: None,
+                _BUILD_FIRST: None,
+                _SEARCH_PENDING: "1" if search_pending else None,
+            },
+        )
+        return not search_pending
+
+    def _make_search_index(self, cur: Any) -> None:
+        """The trigram index a first build in chunks left to make."""
+        trgm = schema.trigram_schema(cur)
+        if trgm is not None:
+            cur.execute(schema.trigram_index(self.t, trgm))
+        self._set_meta(cur, {_SEARCH_PENDING: None})
 
     # --- folding --------------------------------------------------------
 
@@ -341,6 +500,9 @@ class IndexSync:
             cur,
             {
                 "built": "1",
+                _BUILD_AFTER: None,
+                _BUILD_FIRST: None,
+                _SEARCH_PENDING: None,
                 "table": str(gate[2]),
                 "deleted": str(gate[1]),
                 "newest": newest.isoformat() if newest is not None else None,
