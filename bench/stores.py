@@ -534,6 +534,8 @@ def build_store(templates: Templates, path: Path, *, runs: int, pending: int) ->
                 long_ids.append(
                     _long_run(writer, templates.runs["completed"], start=start, rows=LONG_RUNS[k])
                 )
+                # Traced too, so the run page with trace is timed on a long run.
+                manifest.append(RunCopy(long_ids[-1], "A-1001", "completed", start))
             else:
                 # Two rows of one conversation, then one row of another.
                 rows, seed = (2, 7) if not big else (1, 8)

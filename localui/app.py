@@ -21,6 +21,7 @@ from localui.actions import ActionService
 from localui.auth import Authenticator, AuthMiddleware, template_values
 from localui.backends import open_backend
 from localui.backends.base import Backend
+from localui.backends.traces import SpanIndex
 from localui.backends.users import new_token
 from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed
@@ -31,6 +32,7 @@ from localui.settings import Settings
 from localui.signing import Signer
 from localui.views import actions as action_views
 from localui.views import approvals as approval_views
+from localui.views import bundle as bundle_views
 from localui.views import cache as cache_views
 from localui.views import diff as diff_views
 from localui.views import live as live_views
@@ -39,6 +41,7 @@ from localui.views import run as run_views
 from localui.views import runs as runs_views
 from localui.views import signin as signin_views
 from localui.views.common import AppState, error_response
+from localui.views.markup import code_spans
 from localui.views.statics import PrecompressedStatics
 from localui.views.urls import dom_id
 
@@ -76,6 +79,7 @@ def build_routes() -> list[Route | Mount]:
         ),
         *page_routes("/runs/{execution_id:localui_id}/diff", diff_views.run_diff, "run_diff"),
         *page_routes("/diff", diff_views.rows_diff, "diff"),
+        Route("/runs/{execution_id:localui_id}/bundle", bundle_views.run_bundle, name="run_bundle"),
         *page_routes("/runs/{execution_id:localui_id}", run_views.run_page, "run"),
         Route(
             "/runs/{execution_id:localui_id}/resume",
@@ -168,6 +172,15 @@ def lifespan_of(app: Starlette) -> AbstractAsyncContextManager[Any]:
     return app.router.lifespan_context(app)
 
 
+def trace_index(settings: Settings, backend: Backend) -> SpanIndex | None:
+    """The spans of ``--traces``, else of a SQLite store's own file (the SDK traces
+    into the same ``local.db``); a PostgreSQL store has no file of its own to look in."""
+    path = settings.traces or (
+        str(backend.target.sqlite_path) if backend.target.sqlite_path is not None else None
+    )
+    return SpanIndex(path) if path is not None else None
+
+
 def create_app(
     settings: Settings,
     *,
@@ -181,6 +194,7 @@ def create_app(
         directory=str(templates_dir()), context_processors=[template_values]
     )
     templates.env.filters["dom_id"] = dom_id
+    templates.env.filters["code_spans"] = code_spans
     auth = Authenticator(
         settings.sign_in, port=settings.port, token=settings.sign_in.token or new_token()
     )
@@ -203,6 +217,7 @@ def create_app(
             make_checkpointer=opened.checkpointer,
         )
         feed = ChangeFeed(opened.change_source(), interval=settings.poll_interval)
+        traces = trace_index(settings, opened)
         app.state.localui = AppState(
             settings=settings,
             backend=opened,
@@ -210,6 +225,7 @@ def create_app(
             registry=registry,
             actions=actions,
             feed=feed,
+            traces=traces,
             auth=auth,
             signer=Signer(),
         )
@@ -220,6 +236,8 @@ def create_app(
             # Ends every open live stream with the app.
             await feed.stop()
             decisions.close()
+            if traces is not None:
+                traces.close()
             if auth.users is not None:
                 auth.users.close()
                 auth.users = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import signal
@@ -117,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
         "created on first use (default: localui).",
     )
     serve.add_argument(
+        "--traces",
+        default=None,
+        metavar="PATH",
+        help="The SQLite file the SDK traced into (default: a SQLite store's own file). "
+        "With a postgresql:// store, name the local.db the agents wrote their spans to.",
+    )
+    serve.add_argument(
         "--agents",
         action="extend",
         nargs="+",
@@ -138,6 +146,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_server_options(demo)
 
+    export = sub.add_parser(
+        "export", help="Write one run (rows, pause, cache, decisions, forks, spans) to a file."
+    )
+    export.add_argument("execution_id", metavar="RUN_ID")
+    export.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="FILE",
+        help="Where to write it (default: RUN_ID.localui.gz here).",
+    )
+    export.add_argument("--store", default=None, help="The store, as for serve.")
+    export.add_argument("--pg-schema", default="fastaiagent", metavar="SCHEMA")
+    export.add_argument("--pg-app-schema", default="localui", metavar="SCHEMA")
+    export.add_argument(
+        "--traces",
+        default=None,
+        metavar="PATH",
+        help="The SQLite file the SDK traced into, as for serve.",
+    )
+    export.add_argument(
+        "--redact",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="Replace the values of this key everywhere in the file (repeatable).",
+    )
+
+    opened = sub.add_parser("open", help="Serve exported runs read-only, with the same pages.")
+    opened.add_argument("files", nargs="+", metavar="FILE")
+    _add_server_options(opened)
     users = sub.add_parser(
         "users", help="The people who may sign in to a store's servers, and their roles."
     )
@@ -312,6 +351,7 @@ def _settings(args: argparse.Namespace, store: str) -> Settings:
         pg_schema=getattr(args, "pg_schema", "fastaiagent"),
         pg_app_schema=getattr(args, "pg_app_schema", "localui"),
         root_path=normal_root_path(args.root_path),
+        traces=getattr(args, "traces", None),
         sign_in=SignIn(
             required=not args.no_auth,
             token=new_token(),
@@ -354,7 +394,9 @@ def run_demo(args: argparse.Namespace) -> int:
         temp_dir = tempfile.mkdtemp(prefix="localui-demo-")
         store = Path(temp_dir) / "local.db"
     os.environ["FASTAIAGENT_LOCAL_DB"] = str(store)
-    os.environ["FASTAIAGENT_TRACE_ENABLED"] = "false"
+    # The demo's runs are traced into the store, so run pages show their spans;
+    # the served agent (approvals, resumes) traces there too.
+    os.environ["FASTAIAGENT_TRACE_ENABLED"] = "true"
 
     from localui.demo.scenarios import ALL_SCENARIOS, SeedError, seed
 
@@ -390,6 +432,63 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from localui.app import trace_index
+    from localui.backends import open_backend
+    from localui.bundle import build_bundle
+
+    settings = Settings(
+        store=args.store or default_store(),
+        pg_schema=args.pg_schema,
+        pg_app_schema=args.pg_app_schema,
+        traces=args.traces,
+    )
+    try:
+        backend = open_backend(settings)
+    except LocalUIError as exc:
+        return fail(str(exc))
+    traces = trace_index(settings, backend)
+    decisions = backend.decision_log(writable=False)
+    try:
+        data = build_bundle(
+            backend.store,
+            [args.execution_id],
+            decisions=decisions,
+            traces=traces,
+            redact_keys=args.redact,
+        )
+    except LocalUIError as exc:
+        return fail(str(exc))
+    finally:
+        decisions.close()
+        if traces is not None:
+            traces.close()
+        backend.close()
+    target = Path(args.output or f"{args.execution_id}.localui.gz")
+    try:
+        target.write_bytes(data)
+    except OSError as exc:
+        return fail(f"cannot write {target}: {exc}")
+    print(f"localui: wrote run {args.execution_id} to {target}")
+    return 0
+
+
+def run_open(args: argparse.Namespace) -> int:
+    from localui.bundle import BundleError, load_bundles, read_bundle
+
+    temp_dir = tempfile.mkdtemp(prefix="localui-open-")
+    try:
+        store = Path(temp_dir) / "local.db"
+        try:
+            load_bundles([read_bundle(Path(f)) for f in args.files], store)
+        except BundleError as exc:
+            return fail(str(exc))
+        settings = dataclasses.replace(_settings(args, str(store)), read_only=True)
+        return serve(settings)
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def run_users(args: argparse.Namespace) -> int:
@@ -440,6 +539,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return run_serve(args)
+    if args.command == "export":
+        return run_export(args)
+    if args.command == "open":
+        return run_open(args)
     if args.command == "users":
         return run_users(args)
     return run_demo(args)

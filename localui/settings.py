@@ -64,6 +64,9 @@ class Settings:
     #: links and redirects put it back. Mounted in a parent app, the mount sets it.
     root_path: str = ""
     sign_in: SignIn = SignIn()
+    #: The SQLite file the SDK traced into (``--traces``); by default a SQLite
+    #: store's own file, where the SDK writes its spans.
+    traces: str | None = None
 
     @property
     def host_names(self) -> frozenset[str]:

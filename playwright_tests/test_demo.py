@@ -86,3 +86,17 @@ def test_runs_json_and_page_agree(
 def test_demo_writes_nothing_into_its_working_directory(demo_workdir: Path) -> None:
     # The SDK writes traces into ./.fastaiagent of the working directory unless told not to.
     assert list(demo_workdir.iterdir()) == []
+
+
+def test_a_runs_short_id_copies_as_the_full_id(page: Page, page_errors: list[str]) -> None:
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.goto("/")
+    row = page.locator("table.runs tbody tr").first
+    full_id = (row.get_attribute("id") or "").removeprefix("run-")
+    expect(row.locator("code.short-id")).to_have_text(full_id[:8])
+    copy = row.get_by_role("button", name=f"Copy the id of run {full_id[:8]}")
+    copy.click()
+    expect(copy).to_have_text("copied")
+    assert page.evaluate("navigator.clipboard.readText()") == full_id
+    expect(copy).to_have_text("copy", timeout=5_000)
+    assert page_errors == []

@@ -30,6 +30,8 @@ from localui.views.urls import dom_id
 HERE = Path(__file__).resolve().parent
 PREFIX = "/ops/localui"
 LIVE_TIMEOUT_MS = 10_000
+#: How long the approvals queue ignores clicks after its cards move (static/desk.js).
+DESK_GUARD_MS = 300
 START_TIMEOUT_S = 120.0
 #: A run id chosen by the SDK's caller that once made Approve send a real prune.
 ODD_ID = "../../prune?older_than=0s&x=/王#1"
@@ -108,7 +110,7 @@ def mounted_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mounted
             text=True,
         )
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + START_TIMEOUT_S
             while not answers(f"{origin}/"):  # the parent answers once the lifespans ran
                 if process.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(
@@ -223,6 +225,9 @@ def test_a_person_uses_every_part_of_localui_mounted_in_another_app(
 
         # Approve it: the decision goes to the mounted app, the outcome links under it.
         expect(card).to_contain_text("Mounted Owner")  # signed in: no name to type
+        # For 300 ms after cards move the queue ignores clicks (desk.js's pointer rule);
+        # a person takes longer than that to aim, and so does this test.
+        page.wait_for_timeout(DESK_GUARD_MS + 200)
         card.get_by_role("button", name="Approve").click()
         outcome = page.locator(f"#approval-{dom_id(new_run)}-result")
         expect(outcome).to_contain_text("the run completed", timeout=LIVE_TIMEOUT_MS)

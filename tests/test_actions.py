@@ -685,7 +685,7 @@ def test_an_orphaned_pause_is_explained_and_offers_no_resume_or_approve(
     page = desk.client.get(f"/runs/{run}.json").json()
     assert (page["state"], page["resume"]) == ("orphaned", None)
     html = desk.client.get(f"/runs/{run}").text
-    assert page_text(html, "verdict").startswith("Orphaned pause at `turn:0/tool:refund`")
+    assert page_text(html, "verdict").startswith("Orphaned pause at turn:0/tool:refund")
     assert "No resume: The run paused, and its pending approval was claimed" in page_text(
         html, "actions"
     )

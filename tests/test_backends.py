@@ -660,9 +660,9 @@ def test_verdict_of_a_run_that_died_in_its_tool(
 ) -> None:
     html = backend.client().get(f"/runs/{backend.seeded.id('crashed-in-tool')}").text
     banner = page_text(html, "verdict")
-    assert "No end marker: still running, or its process died inside tool `refund`" in banner
+    assert "No end marker: still running, or its process died inside tool refund" in banner
     assert (
-        'Resume: Resume re-invokes `refund` with the saved arguments {"amount": 80.0, '
+        'Resume: Resume re-invokes refund with the saved arguments {"amount": 80.0, '
         '"order_id": "A-1006"}; the model is not called again.' in banner
     )
 
@@ -747,9 +747,14 @@ def test_a_decided_run_says_who_decided_in_the_list_and_on_its_page(
     assert backend.seeded.id("completed") in listed
     assert listed[backend.seeded.id("completed")]["decided"] is None
     html = desk.client.get("/").text
-    assert page_text(html, f"run-{rejected}").startswith(
-        "completed · rejected by Ann Approver: too large "
+    # The list says it once, as the run's outcome, beside its state.
+    row = page_text(html, f"run-{rejected}")
+    assert row.startswith("completed ") and row.count("rejected by Ann Approver: too large") == 1
+    outcome = re.search(
+        r'<td class="run-outcome"><span class="decided">(.*?)</span></td>',
+        html.split(f'id="run-{rejected}"')[1],
     )
+    assert outcome is not None and outcome.group(1) == "rejected by Ann Approver: too large"
     state_line = page_text(desk.client.get(f"/runs/{rejected}").text, "run-state")
     assert state_line.startswith("completed · rejected by Ann Approver: too large · "), state_line
     assert desk.client.get(f"/runs/{approved}.json").json()["decided"] == "approved by Ann Approver"

@@ -166,7 +166,7 @@ def test_a_corrupt_snapshot_renders_as_unreadable(
 
     page = client.get(f"/runs/{run}")
     assert page.status_code == 200
-    assert "inside tool `refund`" in page_text(page.text, "verdict")
+    assert "inside tool refund" in page_text(page.text, "verdict")
     listed = {r["execution_id"]: r for r in client.get("/runs.json").json()["runs"]}
     assert listed[run]["state"] == "unfinished"
 

@@ -279,18 +279,18 @@ def test_fork_and_source_link_each_other(client: TestClient, seeded: Seeded) -> 
 
 VERDICTS = {
     "crashed-in-tool": [
-        "No end marker: still running, or its process died inside tool `refund`",
-        'Resume: Resume re-invokes `refund` with the saved arguments {"amount": 80.0, '
+        "No end marker: still running, or its process died inside tool refund",
+        'Resume: Resume re-invokes refund with the saved arguments {"amount": 80.0, '
         '"order_id": "A-1006"}; the model is not called again.',
     ],
     "failed": [
         ": RuntimeError: model provider returned 503.",
-        "Resume: Resume re-issues the model call of turn 0 (`turn:0`).",
+        "Resume: Resume re-issues the model call of turn 0 ( turn:0 ).",
     ],
     "paused-2": [
-        "Paused for `manager_approval` at `turn:0/tool:refund`",
+        "Paused for manager_approval at turn:0/tool:refund",
         "waiting for a person.",
-        "Resume: Approve or reject to resume: the paused tool `refund` runs again",
+        "Resume: Approve or reject to resume: the paused tool refund runs again",
     ],
     "completed": [
         "the run wrote its end marker.",

@@ -47,6 +47,7 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "diff_json": (("a", "b"), ()),
     "run": (("from", "rows"), ()),
     "run_json": (("from", "rows"), ()),
+    "run_bundle": (("redact",), ()),
     "resume_run": ((), ("checkpoint_id", "actor", "confirm")),
     "fork_run": ((), ("checkpoint_id", "input")),
     "approvals": (QUEUE, ()),

@@ -321,6 +321,11 @@ def key_paths(value: Any, prefix: str = "") -> set[str]:
     return paths
 
 
+def untraced(paths: set[str]) -> set[str]:
+    """Key paths of a run page as a store without spans gives them."""
+    return {p for p in paths if not p.startswith((".trace.attempts[]", ".rows[].calls[]"))}
+
+
 @pytest.fixture
 def pg_client(make_pg_client: Callable[..., TestClient], pg_store: PgStore) -> TestClient:
     return make_pg_client(pg_store)
@@ -336,7 +341,8 @@ def test_pages_answer_with_the_keys_sqlite_gives(
     for name in SCENARIO_NAMES:
         pg_run = pg_client.get(f"/runs/{pg_seeded.id(name)}.json").json()
         sqlite_run = client.get(f"/runs/{seeded.id(name)}.json").json()
-        assert key_paths(pg_run) == key_paths(sqlite_run), name
+        # The PostgreSQL store is served without --traces, so it has no spans to show.
+        assert key_paths(pg_run) == untraced(key_paths(sqlite_run)), name
         assert (pg_run["state"], pg_run["resume"] and pg_run["resume"]["shape"]) == (
             sqlite_run["state"],
             sqlite_run["resume"] and sqlite_run["resume"]["shape"],

@@ -52,6 +52,29 @@ def test_element_ids_are_safe_in_selectors_and_never_collide() -> None:
     assert all(re.fullmatch(r"[A-Za-z0-9_-]+", m) for m in made)
 
 
+def test_links_come_from_each_apps_own_routes_including_ones_added_later() -> None:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import NoMatchFound, Route
+
+    from localui.views.urls import ID, Urls
+
+    def page(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("")
+
+    app = Starlette(routes=[Route(f"/runs/{{run:{ID}}}", page, name="run")])
+    urls = Urls(router=app.router)
+    assert urls.path("run", run="a/b") == "/runs/a~2Fb"
+    with pytest.raises(NoMatchFound):
+        urls.path("run", other="x")
+    app.router.routes.append(Route("/later", page, name="later"))
+    assert urls.path("later") == "/later"
+    other = Starlette(routes=[Route(f"/elsewhere/{{run:{ID}}}", page, name="run")])
+    assert Urls(router=other.router, prefix="/p").path("run", run="x") == "/p/elsewhere/x"
+    assert urls.path("run", run="x") == "/runs/x"
+
+
 # --- runs under odd ids, on both stores ----------------------------------------------
 
 

@@ -182,7 +182,9 @@ def seed(
         target.parent.mkdir(parents=True, exist_ok=True)
     ledger = ledger.resolve() if ledger is not None else None
     env = dict(os.environ)
-    env["FASTAIAGENT_TRACE_ENABLED"] = "false"
+    # Traced, as a user's agents are by default: the spans land in the same file
+    # (for PostgreSQL, in the throwaway directory's local.db).
+    env["FASTAIAGENT_TRACE_ENABLED"] = "true"
     runs: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="localui-seed-") as workdir:
         # With a PostgreSQL store the SDK's other files (its config, traces)

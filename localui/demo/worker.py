@@ -35,9 +35,10 @@ _APPROVE_ATTEMPTS = 8
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # The SDK caches its configuration on first use, so these go in before
-    # anything imports it: no traces, and nothing defaults to ./.fastaiagent
-    # (for a PostgreSQL store the caller points FASTAIAGENT_LOCAL_DB elsewhere).
-    os.environ["FASTAIAGENT_TRACE_ENABLED"] = "false"
+    # anything imports it: traced as the caller says (the demo traces into the
+    # store), and nothing defaults to ./.fastaiagent (for a PostgreSQL store the
+    # caller points FASTAIAGENT_LOCAL_DB elsewhere).
+    os.environ.setdefault("FASTAIAGENT_TRACE_ENABLED", "false")
     if not is_postgres_url(args.store):
         os.environ["FASTAIAGENT_LOCAL_DB"] = args.store
 

@@ -26,6 +26,7 @@ from starlette.templating import Jinja2Templates
 from localui.actions import ActionService
 from localui.auth import Authenticator
 from localui.backends.base import Backend, Store
+from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, LifespanNotRun, LocalUIError
 from localui.live import ChangeFeed
 from localui.records import Unreadable
@@ -66,6 +67,9 @@ class AppState:
     auth: Authenticator
     #: Signs the values a page hands out to be posted back unchanged (the prune cutoff).
     signer: Signer
+    #: Where the run pages find the SDK's trace spans; None for a PostgreSQL
+    #: store served without ``--traces``.
+    traces: SpanIndex | None = None
     #: The live pages' shared renders, made with the first stream (``views.live``).
     live_renders: LiveRenders | None = None
 

@@ -159,6 +159,7 @@ class RunsView:
             self.after,
             ctx.settings.page_size,
             self.urls,
+            ctx.traces,
         )
         html = render_partial(ctx, "partials/_runs_table.html", self.urls, page=page, live=True)
         return Rendered(fragments=(Fragment("runs-table", html),))
@@ -183,7 +184,9 @@ class RunView:
         return changes.touches(self.execution_id)
 
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
-        page = build_run_page(ctx.store, self.execution_id, self.urls, ctx.actions)
+        page = build_run_page(
+            ctx.store, self.execution_id, self.urls, ctx.actions, traces=ctx.traces
+        )
         page = replace(page, approver=self.approver)
         parts = (
             ("run-state", "partials/_verdict.html"),

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from localui import runs
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
 from localui.backends.base import Store
+from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, NotFound
 from localui.records import (
     APPROVAL,
@@ -38,6 +39,13 @@ from localui.views.approvals import (
 from localui.views.common import context, html_only, off_loop, pretty_json, respond
 from localui.views.params import parse_count
 from localui.views.row import jsonable
+from localui.views.trace import (
+    StepView,
+    TraceSection,
+    reentries,
+    steps_by_row,
+    trace_section,
+)
 from localui.views.urls import Urls, dom_id, urls_of
 
 #: How many forks of forks the lineage walks before it stops listing.
@@ -81,6 +89,10 @@ class RowView:
     detail_url: str
     kind: str = html_only("")
     ago: str = html_only("")
+    #: The model and tool calls the trace places on this row.
+    calls: tuple[StepView, ...] = ()
+    #: A resume or fork re-entered the run here: which attempt, and who resumed it.
+    reentry: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +180,8 @@ class RunPage:
     #: Approvals, rejections and resumes recorded by localui for this run.
     decisions: tuple[DecisionView, ...]
     outbox: OutboxSummary
+    #: The SDK's spans of each attempt, the run's input and final answer.
+    trace: TraceSection
     #: Who decided the pause the run answered, and why ("rejected by Ada: over budget").
     decided: str | None = None
     groups: tuple[GroupView, ...] = html_only(())
@@ -182,7 +196,14 @@ class RunPage:
     approver: str = html_only("")
 
 
-def row_view(execution_id: str, row: RowHeader, now: datetime, urls: Urls) -> RowView:
+def row_view(
+    execution_id: str,
+    row: RowHeader,
+    now: datetime,
+    urls: Urls,
+    calls: tuple[StepView, ...] = (),
+    reentry: str | None = None,
+) -> RowView:
     return RowView(
         checkpoint_id=row.checkpoint_id,
         node_id=row.node_id,
@@ -197,6 +218,8 @@ def row_view(execution_id: str, row: RowHeader, now: datetime, urls: Urls) -> Ro
         detail_url=urls.row(execution_id, row.checkpoint_id),
         kind=row_kind(row),
         ago=runs.age_words(row.created_at, now),
+        calls=calls,
+        reentry=reentry,
     )
 
 
@@ -325,10 +348,19 @@ def timeline_section(
     size: int,
     now: datetime,
     urls: Urls,
+    calls: dict[str, tuple[StepView, ...]] | None = None,
+    marks: dict[str, str] | None = None,
 ) -> Timeline:
     shown = row_window(execution_id, len(headers), start, size, urls)
     visible = headers[shown.start : shown.start + shown.count]
-    rows = tuple(row_view(execution_id, h, now, urls) for h in visible)
+    calls = calls or {}
+    marks = marks or {}
+    rows = tuple(
+        row_view(
+            execution_id, h, now, urls, calls.get(h.checkpoint_id, ()), marks.get(h.checkpoint_id)
+        )
+        for h in visible
+    )
     by_id = {r.checkpoint_id: r for r in rows}
     groups = tuple(
         GroupView(title=g.title, rows=tuple(by_id[h.checkpoint_id] for h in g.rows))
@@ -419,6 +451,7 @@ def build_run_page(
     *,
     start: int | None = None,
     window: int = TIMELINE_ROWS,
+    traces: SpanIndex | None = None,
 ) -> RunPage:
     facts = store.get_run(execution_id)
     if facts is None:
@@ -447,7 +480,17 @@ def build_run_page(
         run_error=run_error,
         cached_calls=len(cache),
     )
-    timeline = timeline_section(execution_id, headers, start, window, now, urls)
+    trace = trace_section(traces, execution_id, headers)
+    timeline = timeline_section(
+        execution_id,
+        headers,
+        start,
+        window,
+        now,
+        urls,
+        steps_by_row(trace),
+        reentries(trace, headers),
+    )
     origin = store.get_fork_origin(execution_id)
     acting = actions_section(actions, execution_id, owner, plan, pending, now, urls)
     age = seconds_since(last.created_at)
@@ -468,6 +511,7 @@ def build_run_page(
         window=timeline.window,
         decisions=acting.decisions,
         outbox=outbox_summary(headers),
+        trace=trace,
         decided=runs.decision_line(state, acting.last_approval),
         groups=timeline.groups,
         resume_problem=acting.resume_problem,
@@ -495,7 +539,13 @@ async def run_page(request: Request) -> Response:
     urls = urls_of(request)
     page = await off_loop(
         lambda: build_run_page(
-            ctx.store, execution_id, urls, ctx.actions, start=start, window=window
+            ctx.store,
+            execution_id,
+            urls,
+            ctx.actions,
+            start=start,
+            window=window,
+            traces=ctx.traces,
         )
     )
     page = dataclasses.replace(page, approver=approver_of(request))

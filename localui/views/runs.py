@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from localui import runs
 from localui.backends.base import STATES, DecisionLog, Store
+from localui.backends.traces import RunSummary, SpanIndex
 from localui.errors import BadRequest
 from localui.records import APPROVAL, Decision, IndexProgress, RunFacts, RunQuery, StoreTotals
 from localui.views.common import (
@@ -21,6 +22,7 @@ from localui.views.common import (
     off_loop,
     respond,
 )
+from localui.views.trace import duration_words
 from localui.views.urls import Urls, urls_of
 
 OUTBOX_FILTERS = ("waiting", "quarantined")
@@ -43,9 +45,23 @@ class RunRow:
     rows_waiting: int
     rows_quarantined: int
     url: str
+    #: The run's input, first line, shortened (from its trace; null without one).
+    input: str | None = None
+    #: How it ended, in words: the answer's first line, the error, the pause reason.
+    outcome: str | None = None
+    #: From the first row to the last, in milliseconds.
+    duration_ms: int | None = None
     #: Who decided the pause the run answered, and why ("rejected by Ada: over budget").
     decided: str | None = None
     last_ago: str = html_only("")
+    short_id: str = html_only("")
+    first_local: str = html_only("")
+    last_local: str = html_only("")
+    duration: str = html_only("")
+    #: A paused run's approval card.
+    card_url: str | None = html_only(None)
+    #: What the outcome says after ``decided`` (" — the answer"), shown beside it.
+    outcome_after_decided: str = html_only("")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,15 +112,65 @@ class RunsPage:
     live_url: str = html_only("")
 
 
+#: The runs list shows this much of an input or an outcome; the run page has the rest.
+LINE_CHARS = 72
+
+
+def first_line(text: str | None) -> str | None:
+    """The first non-empty line of ``text``, shortened to ``LINE_CHARS`` with an ellipsis."""
+    if not text:
+        return None
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    if not line:
+        return None
+    return line if len(line) <= LINE_CHARS else line[: LINE_CHARS - 1].rstrip() + "…"
+
+
+def local_time(value: str) -> str:
+    """``Nov 30 19:44:01`` in this machine's time zone (localui runs where its user is)."""
+    at = runs.parse_time(value)
+    if at is None:
+        return value
+    return at.astimezone().strftime("%b %d %H:%M:%S")
+
+
+def outcome_of(
+    state: str, facts: RunFacts, summary: RunSummary | None, decided: str | None
+) -> str | None:
+    """The runs list's outcome: the pause reason, the error, or who decided the pause
+    (from the decision record) followed by the answer's first line."""
+    if state == runs.PAUSED and facts.pending_reason:
+        return f"waiting for approval: {facts.pending_reason}"
+    if summary is not None and state == runs.FAILED and summary.error:
+        return first_line(f"error: {summary.error}")
+    answer = first_line(summary.answer) if summary is not None else None
+    if state != runs.COMPLETED:
+        answer = None
+    if decided and answer:
+        return f"{decided} — {answer}"
+    return decided or answer
+
+
 def run_state(facts: RunFacts) -> str:
     return runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
 
 
-def run_row(facts: RunFacts, now: datetime, urls: Urls, decision: Decision | None = None) -> RunRow:
+def run_row(
+    facts: RunFacts,
+    now: datetime,
+    urls: Urls,
+    summary: RunSummary | None = None,
+    decision: Decision | None = None,
+) -> RunRow:
     state = run_state(facts)
+    decided = runs.decision_line(state, decision)
     stopped_at = None
     if state == runs.UNFINISHED:
         stopped_at = runs.stopped_at(facts.last_node_id, facts.last_step_type)
+    outcome = outcome_of(state, facts, summary, decided)
+    after_decided = outcome.removeprefix(decided) if decided and outcome else ""
+    first, last = runs.parse_time(facts.first_at), runs.parse_time(facts.last_at)
+    duration_ms = max(0, round((last - first).total_seconds() * 1000)) if first and last else None
     return RunRow(
         execution_id=facts.execution_id,
         state=state,
@@ -119,8 +185,17 @@ def run_row(facts: RunFacts, now: datetime, urls: Urls, decision: Decision | Non
         rows_waiting=facts.rows_waiting,
         rows_quarantined=facts.rows_quarantined,
         url=urls.run(facts.execution_id),
-        decided=runs.decision_line(state, decision),
+        input=first_line(summary.input) if summary is not None else None,
+        outcome=outcome,
+        duration_ms=duration_ms,
+        decided=decided,
         last_ago=runs.age_words(facts.last_at, now),
+        short_id=facts.execution_id[:8],
+        first_local=local_time(facts.first_at),
+        last_local=local_time(facts.last_at),
+        duration=duration_words(duration_ms) if duration_ms is not None else "",
+        card_url=urls.approval(facts.execution_id) if state == runs.PAUSED else None,
+        outcome_after_decided=after_decided,
     )
 
 
@@ -148,6 +223,7 @@ def build_runs_page(
     after: tuple[str, str] | None,
     limit: int,
     urls: Urls,
+    traces: SpanIndex | None = None,
 ) -> RunsPage:
     query = RunQuery(
         state=filters.state,
@@ -170,6 +246,11 @@ def build_runs_page(
     if next_cursor:
         next_url = urls.runs(filters.params(after=next_cursor))
     counts = {state: page.counts.get(state, 0) for state in STATES}
+    summaries = (
+        (traces.summaries([f.execution_id for f in page.runs]) or {})
+        if traces is not None and page.runs
+        else {}
+    )
     known = page.indexing is None
     tabs = [
         StateTab(
@@ -191,7 +272,10 @@ def build_runs_page(
         for state in STATES
     )
     return RunsPage(
-        runs=tuple(run_row(f, now, urls, decided.get(f.execution_id)) for f in page.runs),
+        runs=tuple(
+            run_row(f, now, urls, summaries.get(f.execution_id), decided.get(f.execution_id))
+            for f in page.runs
+        ),
         next=next_cursor,
         next_url=next_url,
         counts=counts if known else {},
@@ -216,5 +300,6 @@ async def runs_list(request: Request) -> Response:
         after,
         ctx.settings.page_size,
         urls_of(request),
+        ctx.traces,
     )
     return await respond(request, "pages/runs.html", page, partial="partials/_runs_table.html")

@@ -1,0 +1,342 @@
+"""The span index's file and its catch-up: which agent spans belong to which run."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from localui.backends.traces.spans import (
+    Attempt,
+    Span,
+    attempts_of,
+    decode_attributes,
+    first_exception,
+)
+
+#: Bump when the index's tables change: an index of another version is rebuilt.
+VERSION = "4"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS attempts (
+    execution_id TEXT NOT NULL,
+    trace_id     TEXT NOT NULL,
+    span_id      TEXT NOT NULL,
+    -- What the runs list shows of a run, kept here so a page of 50 runs is one query.
+    started_at   TEXT,
+    ended_at     TEXT,
+    input        TEXT,
+    output       TEXT,
+    error        TEXT,
+    PRIMARY KEY (execution_id, span_id)
+) WITHOUT ROWID;
+"""
+
+#: Of a summary's texts, the runs list needs a first line: keep this much.
+_SUMMARY_CHARS = 400
+
+#: The run an agent span belongs to: its own id, or the run it resumed or forked.
+#: ``json_valid`` first: one malformed row must not stop the whole fold.
+_RUN_OF = """CASE WHEN json_valid(attributes) THEN COALESCE(
+    json_extract(attributes, '$."agent.execution_id"'),
+    json_extract(attributes, '$."agent.resumed_execution_id"'),
+    json_extract(attributes, '$."agent.forked_execution_id"')) END"""
+
+#: A text attribute of an agent span, or null (malformed JSON, or not text).
+_TEXT_OF = """CASE WHEN json_valid(attributes)
+    AND json_type(attributes, '$."{key}"') = 'text'
+    THEN json_extract(attributes, '$."{key}"') END"""
+#: The first exception's message on an agent span that ended in error.
+_ERROR_OF = """CASE WHEN status = 'ERROR' AND json_valid(events)
+    THEN json_extract(events, '$[0].attributes."exception.message"') END"""
+
+#: A backlog of more span rowids than this is folded in a thread: a first look at a
+#: large traced store must not hold its first page for seconds.
+BACKGROUND_FROM = 20_000
+#: What :meth:`SpanIndex.refresh` says.
+READY, OFF, INDEXING = "ready", "off", "indexing"
+
+#: Spans folded per transaction while catching up, so a large first fold
+#: holds the index's write lock only briefly at a time.
+_BATCH = 10_000
+
+
+def _index_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    for candidate in (Path(base) / "localui", Path(tempfile.gettempdir()) / "localui"):
+        try:
+            candidate.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(candidate, os.W_OK):
+            return candidate
+    return Path(tempfile.mkdtemp(prefix="localui-spans-"))
+
+
+def _identity(path: Path) -> str:
+    """Which file is at ``path`` (device and inode): a replaced trace file differs."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "missing"
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A run as its agent spans sum it up: first input, last answer, last error."""
+
+    input: str | None
+    answer: str | None
+    error: str | None
+    started_at: str | None
+    ended_at: str | None
+
+
+class SpanIndex:
+    """Finds a run's spans in one SQLite file the SDK traced into."""
+
+    def __init__(
+        self,
+        traces_path: str | Path,
+        *,
+        index_dir: Path | None = None,
+        background_from: int = BACKGROUND_FROM,
+    ) -> None:
+        self.background_from = background_from
+        self.traces_path = Path(traces_path).resolve()
+        name = hashlib.sha256(str(self.traces_path).encode()).hexdigest()[:24]
+        self.path = (index_dir or _index_dir()) / f"spans-{name}.sqlite"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.lock = threading.Lock()
+        self._conn = sqlite3.connect(
+            f"file:{quote(str(self.path))}",
+            uri=True,
+            timeout=10.0,
+            check_same_thread=False,
+            isolation_level=None,
+        )
+        self._conn.execute("PRAGMA journal_mode = WAL")
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        # A run page reads a few pages of each file: a small cache keeps the server lean.
+        self._conn.execute("PRAGMA cache_size = -512")
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+        )
+        if self._meta("version") != VERSION:
+            # Another version's tables: start again (the spans are all still there).
+            self._conn.executescript("DROP TABLE IF EXISTS attempts; DELETE FROM meta;")
+            self._set_meta("version", VERSION)
+        self._conn.executescript(_SCHEMA)
+        #: The identity of the trace file attached as ``t``, or empty.
+        self._attached = ""
+        self._builder: threading.Thread | None = None
+        self._closed = False
+
+    def close(self) -> None:
+        with self.lock:
+            self._closed = True
+        self.wait(timeout=10)
+        with self.lock:
+            self._conn.close()
+
+    def _attach(self) -> bool:
+        """The trace file, read-only, as schema ``t``; False while it does not exist.
+        A file replaced at the same path (a new store) is attached again."""
+        identity = _identity(self.traces_path)
+        if self._attached == identity:
+            return True
+        if self._attached:
+            self._conn.execute("DETACH DATABASE t")
+            self._attached = ""
+        if identity == "missing":
+            return False
+        self._conn.execute(
+            "ATTACH DATABASE ? AS t", (f"file:{quote(str(self.traces_path))}?mode=ro",)
+        )
+        self._conn.execute("PRAGMA t.cache_size = -512")
+        self._attached = identity
+        return True
+
+    def _has_spans(self) -> bool:
+        # A file this process cannot read (a WAL store in a read-only directory
+        # has no -shm to open) shows no spans rather than breaking the page.
+        try:
+            if not self._attach():
+                return False
+            found = self._conn.execute(
+                "SELECT 1 FROM t.sqlite_master WHERE type = 'table' AND name = 'spans'"
+            ).fetchone()
+        except sqlite3.OperationalError:
+            return False
+        return found is not None
+
+    def _meta(self, key: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return str(row[0]) if row else None
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def _refresh(self) -> str:
+        """Fold in the spans written since the last call: ``ready``, ``off`` (no
+        ``spans`` table: tracing was off) or ``indexing`` (a large backlog is being
+        folded in a thread; pages answer without spans until it is done).
+
+        The SDK writes spans with ``INSERT OR REPLACE``, so a written or rewritten
+        span always gets a rowid above every earlier one: the rowid is the mark.
+        A file that was replaced, or whose rowids went below the mark (pruned and
+        vacuumed), is indexed again from the start.
+        """
+        if self._builder is not None:
+            if self._builder.is_alive():
+                return INDEXING
+            self._builder = None
+        if not self._has_spans():
+            return OFF
+        newest = self._conn.execute("SELECT max(rowid) FROM t.spans").fetchone()[0] or 0
+        identity = f"{VERSION}/{_identity(self.traces_path)}"
+        mark = int(self._meta("mark") or 0)
+        if self._meta("identity") != identity or newest < mark:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("DELETE FROM attempts")
+            self._set_meta("identity", identity)
+            self._set_meta("mark", "0")
+            self._conn.execute("COMMIT")
+            mark = 0
+        if newest - mark > self.background_from:
+            self._builder = threading.Thread(
+                target=self._fold_in_background, args=(newest,), name="localui-spans", daemon=True
+            )
+            self._builder.start()
+            return INDEXING
+        while mark < newest:
+            upto = min(newest, mark + _BATCH)
+            self._fold(mark, upto)
+            mark = upto
+        return READY
+
+    def _fold_in_background(self, newest: int) -> None:
+        """Fold up to ``newest`` a batch at a time, letting requests in between."""
+        try:
+            while True:
+                with self.lock:
+                    if self._closed:
+                        return
+                    mark = int(self._meta("mark") or 0)
+                    if mark >= newest:
+                        return
+                    self._fold(mark, min(newest, mark + _BATCH))
+        except sqlite3.Error:
+            # The next request starts again from the mark the last batch left.
+            return
+
+    def _fold(self, mark: int, upto: int) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._conn.execute(
+                f"""INSERT OR IGNORE INTO attempts
+                    SELECT run_id, trace_id, span_id, start_time, end_time,
+                           substr(input, 1, {_SUMMARY_CHARS}),
+                           substr(output, 1, {_SUMMARY_CHARS}),
+                           substr(error, 1, {_SUMMARY_CHARS}) FROM (
+                        SELECT {_RUN_OF} AS run_id, trace_id, span_id, start_time, end_time,
+                               {_TEXT_OF.format(key="agent.input")} AS input,
+                               {_TEXT_OF.format(key="agent.output")} AS output,
+                               {_ERROR_OF} AS error
+                        FROM t.spans
+                        WHERE rowid > ? AND rowid <= ? AND name LIKE 'agent.%'
+                    ) WHERE run_id IS NOT NULL AND typeof(run_id) = 'text'""",
+                (mark, upto),
+            )
+            self._set_meta("mark", str(upto))
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+
+    @property
+    def indexing(self) -> bool:
+        """A large backlog of spans is being folded in: pages show none until it is."""
+        builder = self._builder
+        return builder is not None and builder.is_alive()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until a background fold, if any, has finished (for tests and scripts)."""
+        builder = self._builder
+        if builder is not None:
+            builder.join(timeout)
+
+    def summaries(self, execution_ids: Sequence[str]) -> dict[str, RunSummary] | None:
+        """What the runs list shows of each run that left spans; None without a
+        ``spans`` table."""
+        with self.lock:
+            state = self._refresh()
+            if state != READY:
+                return None if state == OFF else {}
+            marks = ", ".join("?" for _ in execution_ids)
+            rows = self._conn.execute(
+                f"""SELECT execution_id, started_at, ended_at, input, output, error
+                    FROM attempts WHERE execution_id IN ({marks})
+                    ORDER BY execution_id, started_at""",
+                tuple(execution_ids),
+            ).fetchall()
+        found: dict[str, RunSummary] = {}
+        for execution_id, started, ended, text_in, text_out, error in rows:
+            before = found.get(execution_id)
+            found[execution_id] = RunSummary(
+                input=before.input if before is not None and before.input else text_in,
+                answer=text_out or (before.answer if before is not None else None),
+                error=error,
+                started_at=before.started_at if before is not None else started,
+                ended_at=ended,
+            )
+        return found
+
+    def attempts(self, execution_id: str) -> tuple[Attempt, ...] | None:
+        """The run's attempts with their spans, oldest first; None without a ``spans``
+        table (tracing was off), empty when tracing was on but the run left no span."""
+        with self.lock:
+            state = self._refresh()
+            if state != READY:
+                return None if state == OFF else ()
+            found = self._conn.execute(
+                "SELECT trace_id, span_id FROM attempts WHERE execution_id = ?", (execution_id,)
+            ).fetchall()
+            traces = sorted({str(r[0]) for r in found})
+            spans: list[Span] = []
+            for trace_id in traces:
+                rows = self._conn.execute(
+                    """SELECT span_id, trace_id, parent_span_id, name, start_time, end_time,
+                              status, attributes, events
+                       FROM t.spans WHERE trace_id = ?""",
+                    (trace_id,),
+                ).fetchall()
+                spans.extend(_span(row) for row in rows)
+        return attempts_of(spans, {str(r[1]) for r in found})
+
+
+def _span(row: tuple[object, ...]) -> Span:
+    span_id, trace_id, parent, name, start, end, status, attributes, events = row
+    decoded, unreadable = decode_attributes(attributes if isinstance(attributes, str) else None)
+    return Span(
+        span_id=str(span_id),
+        trace_id=str(trace_id),
+        parent_span_id=str(parent) if parent else None,
+        name=str(name or ""),
+        start_time=str(start) if start else None,
+        end_time=str(end) if end else None,
+        status=str(status or "UNSET"),
+        attributes=decoded,
+        unreadable=unreadable,
+        error=first_exception(events if isinstance(events, str) else None),
+        raw_attributes=attributes if isinstance(attributes, str) else None,
+        raw_events=events if isinstance(events, str) else None,
+    )
