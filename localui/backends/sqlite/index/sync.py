@@ -441,11 +441,18 @@ class IndexSync:
         # Separate statements, so each can use the SDK's own indexes.
         top = int(conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM s.checkpoints").fetchone()[0])
         total = int(conn.execute("SELECT COUNT(*) FROM s.checkpoints").fetchone()[0])
-        waiting = int(
-            conn.execute(
-                f"SELECT COUNT(*) FROM s.checkpoints WHERE {columns.synced} = 0"
-            ).fetchone()[0]
+        # Rows waiting for the plane are usually nearly all of them (nothing drains the
+        # outbox without a platform), so count the few that are not, each part a range
+        # of the SDK's (synced, created_at) index, rather than every waiting row.
+        marked = sum(
+            int(conn.execute(f"SELECT COUNT(*) FROM s.checkpoints WHERE {test}").fetchone()[0])
+            for test in (
+                f"{columns.synced} IS NULL",
+                f"{columns.synced} < 0",
+                f"{columns.synced} > 0",
+            )
         )
+        waiting = total - marked
         added = {
             r[0]
             for r in conn.execute(
