@@ -9,6 +9,7 @@ from typing import Any
 from bench.browser import PageWeight
 from bench.latency import Timing
 from bench.stores import BuiltStore
+from localui.views.approvals import QUEUE_PAGE
 
 #: Pages followed through ``next`` before the deep page is timed.
 DEEP_PAGES = 20
@@ -36,6 +37,7 @@ SDK_METRICS: Mapping[str, str] = {
     "sdk_run50": "/api/executions/{id}, 50 rows",
     "sdk_run2000": "/api/executions/{id}, 2,000 rows (it returns the first 500)",
     "sdk_pending": "/api/pending-interrupts?limit=100 (what its queue asks for)",
+    "sdk_pending_page": f"/api/pending-interrupts?limit={QUEUE_PAGE} (our queue page's count)",
 }
 LOCALUI_PAGES: Mapping[str, str] = {
     "runs": "runs list /",
@@ -80,6 +82,7 @@ def sdk_urls(store: BuiltStore) -> dict[str, str]:
         "sdk_run50": f"/api/executions/{store.run_50}",
         "sdk_run2000": f"/api/executions/{store.run_2000}",
         "sdk_pending": "/api/pending-interrupts?limit=100",
+        "sdk_pending_page": f"/api/pending-interrupts?limit={QUEUE_PAGE}",
     }
 
 

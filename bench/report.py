@@ -298,6 +298,16 @@ def markdown(
         ("run page, 2,000 rows: our JSON vs its /api/executions", "run2000_json", "sdk_run2000"),
         ("approvals: our HTML vs its /api/pending-interrupts", "approvals_html", "sdk_pending"),
         ("approvals: our JSON vs its /api/pending-interrupts", "approvals_json", "sdk_pending"),
+        (
+            "approvals: our HTML vs its /api/pending-interrupts, as many items",
+            "approvals_html",
+            "sdk_pending_page",
+        ),
+        (
+            "approvals: our JSON vs its /api/pending-interrupts, as many items",
+            "approvals_json",
+            "sdk_pending_page",
+        ),
     )
     for r in sdk_runs:
         assert r.sdk is not None
