@@ -96,6 +96,15 @@ def test_a_runs_short_id_copies_as_the_full_id(page: Page, page_errors: list[str
     expect(row.locator("code.short-id")).to_have_text(full_id[:8])
     copy = row.get_by_role("button", name=f"Copy the id of run {full_id[:8]}")
     copy.click()
+    # A live update may redraw the table as the server renders it (every button "copy")
+    # right after the click: the note stays on the redrawn button until its moment ends.
+    page.evaluate(
+        """() => {
+            const table = document.querySelector('#runs-table');
+            const fresh = table.outerHTML.replaceAll('>copied<', '>copy<');
+            htmx.swap(table, fresh, {swapStyle: 'outerHTML'});
+        }"""
+    )
     expect(copy).to_have_text("copied")
     assert page.evaluate("navigator.clipboard.readText()") == full_id
     expect(copy).to_have_text("copy", timeout=5_000)
