@@ -193,6 +193,9 @@ def create_app(
     templates = Jinja2Templates(
         directory=str(templates_dir()), context_processors=[template_values]
     )
+    # The templates ship with the package and do not change under a running app;
+    # checking each one's file on every render cost a dozen stat calls per page.
+    templates.env.auto_reload = False
     templates.env.filters["dom_id"] = dom_id
     templates.env.filters["code_spans"] = code_spans
     auth = Authenticator(
