@@ -392,3 +392,35 @@ def test_a_prune_after_a_build_cut_short_leaves_the_index_right(pg_store: Any) -
     finally:
         resumed.close()
         plain.close()
+
+
+def analyzed_by_localui(pg_store: Any, store: PostgresStore) -> bool:
+    """Whether the runs table has statistics from an ``ANALYZE`` this app ran (autovacuum's
+    own, perhaps a minute later, are counted apart, in ``last_autoanalyze``)."""
+    assert store.runs_index is not None
+    [row] = pg_store.raw.query(
+        "SELECT last_analyze IS NOT NULL AS analyzed FROM pg_stat_user_tables"
+        " WHERE relid = to_regclass(%s)",
+        (store.runs_index.tables.runs,),
+    )
+    return bool(row["analyzed"])
+
+
+@pytest.mark.parametrize("in_chunks", [False, True], ids=["at-once", "in-chunks"])
+def test_a_build_leaves_the_planner_its_statistics(pg_store: Any, in_chunks: bool) -> None:
+    """A fresh index has statistics as soon as it is built, at once or in chunks: without
+    them a run page's lookup of its forks scanned every run until autovacuum came by."""
+    options = {"index_background_from_rows": 0, "index_chunk_rows": 3} if in_chunks else {}
+    store = open_store(pg_store, **options)
+    try:
+        assert store.runs_index is not None
+        assert not analyzed_by_localui(pg_store, store)
+        store.runs_index.complete()
+        assert analyzed_by_localui(pg_store, store)
+        [stats] = pg_store.raw.query(
+            "SELECT COUNT(*) AS n FROM pg_stats WHERE schemaname = %s AND attname = 'fork_parent'",
+            (pg_store.app_schema,),
+        )
+        assert stats["n"] == 1
+    finally:
+        store.close()
