@@ -430,3 +430,41 @@ def test_a_build_leaves_the_planner_its_statistics(pg_store: Any, in_chunks: boo
         assert stats["n"] == 1
     finally:
         store.close()
+
+
+def test_closing_during_a_build_stops_it_between_chunks(pg_store: Any) -> None:
+    """Closing the store (the app shutting down) while a large store is first indexed
+    does not wait for the whole build: it stops after the chunk under way, and the
+    next start goes on from its cursor to an index equal to the store's runs."""
+    import threading
+
+    import psycopg
+
+    store = open_store(pg_store, index_background_from_rows=0, index_chunk_rows=1)
+    assert store.runs_index is not None
+    t = store.runs_index.tables
+    other = psycopg.connect(pg_store.dsn, autocommit=True)
+    # Held as while another process folds a chunk: the build waits before its first.
+    other.execute("SELECT pg_advisory_lock(hashtext(%s))", (t.lock_key,))
+    closing = threading.Thread(target=store.close)
+    try:
+        assert store.list_runs(RunQuery(limit=4)).indexing is not None
+        closing.start()
+        while not store.runs_index._sync._closing:
+            time.sleep(0.01)
+    finally:
+        other.close()
+    closing.join(timeout=60)
+    assert not closing.is_alive()
+    meta = {r["key"]: r["value"] for r in pg_store.raw.query(f"SELECT key, value FROM {t.meta}")}
+    assert meta.get("built") != "1"
+    assert "build_upto" in meta
+    resumed = open_store(pg_store, index_background_from_rows=0, index_chunk_rows=1)
+    plain = open_store(pg_store, runs_index=False)
+    try:
+        assert resumed.runs_index is not None
+        resumed.runs_index.complete()
+        assert resumed.list_runs(RunQuery(limit=1000)) == plain.list_runs(RunQuery(limit=1000))
+    finally:
+        resumed.close()
+        plain.close()

@@ -144,6 +144,9 @@ class IndexSync:
         self._readable_while_building = False
         self._progress = IndexProgress(0, 0)
         self._failure: BaseException | None = None
+        #: Set by :meth:`close`: a background build stops after the chunk it is folding
+        #: (the next process to look goes on from its cursor).
+        self._closing = False
         try:
             self.has_trigrams = self._create()
         except BaseException:
@@ -190,6 +193,7 @@ class IndexSync:
 
     def close(self) -> None:
         with self.lock:
+            self._closing = True
             builder = self._builder
         if builder is not None:
             builder.join()
@@ -331,7 +335,7 @@ class IndexSync:
                 # Compiling a chunk's plan took longer than the time it saved (17 ms
                 # of the 150 a chunk takes).
                 cur.execute("SET jit = off")
-                while not self._build_step(conn, cur):
+                while not self._closing and not self._build_step(conn, cur):
                     pass
         except Exception as exc:
             failure = exc
