@@ -449,6 +449,11 @@ def test_closing_during_a_build_stops_it_between_chunks(pg_store: Any) -> None:
     closing = threading.Thread(target=store.close)
     try:
         assert store.list_runs(RunQuery(limit=4)).indexing is not None
+        # The build is waiting for the lock (its first step, before anything is done).
+        while not other.execute(
+            "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ).fetchone():
+            time.sleep(0.01)
         closing.start()
         while not store.runs_index._sync._closing:
             time.sleep(0.01)
