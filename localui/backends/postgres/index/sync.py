@@ -86,8 +86,17 @@ _BUILD_UPTO = "build_upto"
 _BUILD_STEP = "build_step"
 _BUILD_FIRST = "build_first"
 _BUILD_SWEEP = "build_sweep"
+#: The last run of the index the sweep has looked at, once the walk is done.
+_BUILD_SWEPT = "build_swept"
 #: Every key of a build under way, cleared when it is done.
-_BUILD_KEYS = (_BUILD_AFTER, _BUILD_UPTO, _BUILD_STEP, _BUILD_FIRST, _BUILD_SWEEP)
+_BUILD_KEYS = (
+    _BUILD_AFTER,
+    _BUILD_UPTO,
+    _BUILD_STEP,
+    _BUILD_FIRST,
+    _BUILD_SWEEP,
+    _BUILD_SWEPT,
+)
 #: Set when a first build in chunks has folded every run and the trigram index is
 #: still to be made (text search scans the index's rows until it is).
 _SEARCH_PENDING = "search_index_pending"
@@ -378,7 +387,15 @@ class IndexSync:
                 # have lost rows, so the walk starts again, and runs left without any
                 # are swept out at the end. The catch-up cursors stay: older cursors
                 # only fold more again.
-                self._set_meta(cur, {_BUILD_AFTER: "", _BUILD_SWEEP: "1", "deleted": str(gate[1])})
+                self._set_meta(
+                    cur,
+                    {
+                        _BUILD_AFTER: "",
+                        _BUILD_SWEEP: "1",
+                        _BUILD_SWEPT: None,
+                        "deleted": str(gate[1]),
+                    },
+                )
                 meta = self._meta(cur)
             return self._fold_chunk(cur, store, meta)
 
@@ -460,15 +477,12 @@ class IndexSync:
         if end < upto:
             self._set_meta(cur, {_BUILD_AFTER: str(end)})
             return False
+        if meta.get(_BUILD_SWEEP) == "1" and not self._sweep_chunk(cur, store, meta):
+            self._set_meta(cur, {_BUILD_AFTER: str(end)})
+            return False
         if first:
             for statement in schema.secondary_indexes(t):
                 cur.execute(statement)
-        if meta.get(_BUILD_SWEEP) == "1":
-            # Runs whose rows were all deleted (a prune) are met by no walk.
-            cur.execute(
-                f"DELETE FROM {t.runs} r WHERE NOT EXISTS"
-                f" (SELECT 1 FROM {store.checkpoints} c WHERE c.execution_id = r.execution_id)"
-            )
         self._analyze(cur)
         # Complete: the runs list, its filters and counts read the index from now on.
         # On a first build the trigram index comes next, in a transaction of its own
@@ -484,6 +498,33 @@ class IndexSync:
             },
         )
         return not search_pending
+
+    def _sweep_chunk(self, cur: Any, store: StoreSql, meta: dict[str, str]) -> bool:
+        """Drop the runs left without rows (a prune) among the index's next
+        ``chunk_rows`` runs: no walk of the SDK's blocks meets them. True when swept
+        to the end. In chunks, as the walk: over a million runs, one statement would
+        read the SDK's table for seconds."""
+        after = meta.get(_BUILD_SWEPT, "")
+        lower = "execution_id > %(after)s" if after else "true"
+        params: dict[str, Any] = {"after": after, "rows": self._chunk_rows}
+        found = cur.execute(
+            f"SELECT execution_id FROM {self.t.runs} WHERE {lower}"
+            " ORDER BY execution_id OFFSET %(rows)s LIMIT 1",
+            params,
+        ).fetchone()
+        upper = ""
+        if found is not None:
+            params["upto"] = str(found[0])
+            upper = " AND execution_id <= %(upto)s"
+        cur.execute(
+            f"DELETE FROM {self.t.runs} r WHERE {lower}{upper} AND NOT EXISTS"
+            f" (SELECT 1 FROM {store.checkpoints} c WHERE c.execution_id = r.execution_id)",
+            params,
+        )
+        if found is None:
+            return True
+        self._set_meta(cur, {_BUILD_SWEPT: str(found[0])})
+        return False
 
     def _make_search_index(self, cur: Any) -> None:
         """The trigram index a first build in chunks left to make."""
