@@ -347,6 +347,11 @@ class IndexSync:
                 cur.execute("SET jit = off")
                 while not self._closing and not self._build_step(conn, cur):
                     pass
+                if not self._closing:
+                    # Outside any transaction, once every run is in: the visibility map
+                    # (index-only scans) and hint bits now, rather than by autovacuum
+                    # a minute later, in the middle of someone's pages.
+                    cur.execute(f"VACUUM {self.t.runs}")
         except Exception as exc:
             failure = exc
         with self.lock:
