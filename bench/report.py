@@ -61,7 +61,7 @@ def budget_figures(run: StoreRun) -> dict[str, float]:
 
 
 def _search_indexed(server: ServerRun) -> str:
-    """On PostgreSQL, when the trigram index for text search followed."""
+    """When the trigram index for text search followed the runs list."""
     if server.search_indexed_s is None:
         return ""
     return f" (trigram index {server.search_indexed_s:.1f} s)"

@@ -11,8 +11,9 @@ build thread.
 
 A whole build reads every checkpoint (about 3 s at 400,000 rows). On a store that
 large it runs in a thread of its own, and :meth:`IndexSync.refresh` says False
-until it is done. State comes from ``localui.runs.run_state``, the one place the
-rules live.
+until it is done; the trigram index for text search is filled after that, by
+another thread in short steps, while the runs list answers from the index. State
+comes from ``localui.runs.run_state``, the one place the rules live.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from localui import runs
-from localui.backends.sqlite.errors import is_undecodable_text
+from localui.backends.sqlite.errors import is_busy, is_undecodable_text
 from localui.backends.sqlite.files import decode_text
 from localui.backends.sqlite.index import schema
 from localui.errors import Unavailable
@@ -241,6 +242,13 @@ class IndexSync:
         self._failed: tuple[int, BaseException] | None = None
         self._progress = IndexProgress(0, 0)
         self._closing = False
+        # The thread filling the trigram index after a background build, when one runs.
+        self._filler: threading.Thread | None = None
+        self._fill_conn: sqlite3.Connection | None = None
+        if self.has_text_index and not schema.is_stale(self.conn, self._identity()):
+            # A fill that an earlier process left unfinished.
+            with self.lock:
+                self._start_filling()
 
     def _identity(self) -> str:
         return schema.store_identity(self.store_path)
@@ -261,10 +269,13 @@ class IndexSync:
         with self.lock:
             self._closing = True
             builder, build_conn = self._builder, self._build_conn
-        if build_conn is not None:
-            build_conn.interrupt()
-        if builder is not None:
-            builder.join()
+            filler, fill_conn = self._filler, self._fill_conn
+        for conn in (build_conn, fill_conn):
+            if conn is not None:
+                conn.interrupt()
+        for thread in (builder, filler):
+            if thread is not None:
+                thread.join()
         with self.lock:
             self.conn.close()
 
@@ -308,6 +319,8 @@ class IndexSync:
                     schema.clear(
                         conn, has_text_index=self.has_text_index, identity=self._identity()
                     )
+                    if self.has_text_index:
+                        schema.fill_text_index(conn)
                 elif not self._catch_up(conn, columns):
                     raise _Rebuild
             return True
@@ -324,6 +337,8 @@ class IndexSync:
         if rows < self._background_from_rows:
             with schema.write(self.conn) as conn:
                 self._rebuild(conn, columns, self._identity())
+                if self.has_text_index:
+                    schema.fill_text_index(conn)
             return True
         self._progress = IndexProgress(0, rows)
         self._build_number = next(self._builds)
@@ -363,6 +378,59 @@ class IndexSync:
             self._seen_version = None  # the reading connection catches up from here
             if failure is not None and not isinstance(failure, _Closing):
                 self._failed = (number, failure)
+            elif failure is None and self.has_text_index:
+                self._start_filling()
+
+    # --- the trigram index, filled after a background build --------------
+
+    def text_complete(self) -> bool:
+        """Whether text search can use the trigram index (else it scans ``runs``).
+        Called with the lock held."""
+        return self.has_text_index and schema.text_complete(self.conn)
+
+    def _start_filling(self) -> None:
+        """Fill the trigram index in a thread, unless it is complete or a thread of
+        this process fills it already. Called with the lock held."""
+        if self._filler is not None or self._closing or schema.text_complete(self.conn):
+            return
+        self._filler = threading.Thread(
+            target=self._fill_text, name="localui-runs-text-index", daemon=True
+        )
+        self._filler.start()
+
+    def _fill_text(self) -> None:
+        """Steps of the fill, each its own short transaction, so that a catch-up (or
+        another process filling the same index) waits for one step at most."""
+        try:
+            conn = schema.connect(self.path, self._busy_timeout)
+        except sqlite3.Error:
+            with self.lock:
+                self._filler = None  # tried again on the next start
+            return
+        try:
+            with self.lock:
+                self._fill_conn = conn
+            while not self._closing:
+                try:
+                    with schema.write(conn):
+                        complete = schema.fill_text_step(conn)
+                except sqlite3.OperationalError as exc:
+                    if is_busy(exc):
+                        continue  # a build holds the file: the fill goes on after it
+                    raise
+                if complete:
+                    with self.lock:
+                        # A rebuild may have emptied it again since that step: go on.
+                        if schema.text_complete(conn):
+                            return
+        except sqlite3.Error:
+            # Interrupted by ``close``, or the file is unusable: search scans ``runs``
+            # meanwhile, and the next start tries again.
+            return
+        finally:
+            with self.lock:
+                self._filler = self._fill_conn = None
+            conn.close()
 
     def _build_on(self, conn: sqlite3.Connection, columns: StoreColumns, identity: str) -> None:
         with schema.write(conn):
@@ -408,8 +476,6 @@ class IndexSync:
         )
         for folded in _fold_in_order(self._counted(rows, high_water)):
             self._insert(conn, folded, pending)
-        if self.has_text_index:
-            schema.fill_text_index(conn)
         conn.execute("INSERT INTO state_counts SELECT state, COUNT(*) FROM runs GROUP BY state")
         conn.execute(
             "UPDATE totals SET (rows, waiting, quarantined) = (SELECT COALESCE(SUM(row_count), 0),"
