@@ -492,7 +492,11 @@ def _main(
         runs.append(StoreRun(store=store, localui=local, sdk=sdk, fleet=fleet))
 
     judged = {r.store.label: report.budget_figures(r) for r in runs if r.store.runs == largest}
-    verdicts = judge(judged)
+    verdicts = judge(
+        judged,
+        runs=largest,
+        with_sdk_ui=any(r.sdk is not None for r in runs if r.store.runs == largest),
+    )
     errors = [e for r in runs for s in (r.localui, r.sdk) if s is not None for e in s.errors]
     errors += [e for r in runs if r.fleet is not None for e in r.fleet.errors]
     errors += [
