@@ -27,7 +27,7 @@ from localui.backends.sqlite.files import read_uri
 from localui.errors import Unavailable
 
 #: Bump when the index's tables change: an index of another version is rebuilt.
-VERSION = "4"
+VERSION = "5"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

@@ -58,6 +58,7 @@ FOLD_COLUMNS = (
     "synced",
     "sync_error",
     "tool_args",
+    "agent_path",
 )
 
 
@@ -80,10 +81,18 @@ class StoreColumns:
 
 
 class _Summary:
-    """One run folded from its rows (:data:`FOLD_COLUMNS` tuples), in any order."""
+    """One run folded from its rows (:data:`FOLD_COLUMNS` tuples), in any order.
+
+    ``agent`` is the run's owner, as ``localui.runs.run_owner`` says: the top of the
+    first ``agent_path`` that names one (a Supervisor or Swarm, not the member whose
+    row is newest), else the first row's agent.
+    """
 
     __slots__ = (
         "agent",
+        "owner",
+        "owner_key",
+        "first_key",
         "cid",
         "node",
         "step",
@@ -99,8 +108,13 @@ class _Summary:
     )
 
     def __init__(self, row: tuple[Any, ...]) -> None:
-        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args = row
+        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args, path = row
         self.agent, self.cid, self.node, self.step = agent or "", cid or "", node or "", step
+        self.first_key: tuple[str, int] = (at or "", rowid)
+        owner = runs.path_owner_name(path)
+        # Where the owner was read: the earliest row whose path names one wins.
+        self.owner_key: tuple[str, int] | None = self.first_key if owner is not None else None
+        self.owner = owner or ""
         self.status, self.at, self.rowid = status or "completed", at or "", rowid
         self.count, self.first = 1, at or ""
         self.fork_parent = parent if node == FORK_ORIGIN_NODE else None
@@ -108,13 +122,25 @@ class _Summary:
         self.quarantined = 1 if error is not None else 0
         self.args: set[str] = {args} if args else set()
 
+    @property
+    def run_agent(self) -> str:
+        """Whose run this is, by name (the owner's, else the first row's agent)."""
+        return self.owner if self.owner_key is not None else self.agent
+
     def add(self, row: tuple[Any, ...]) -> None:
-        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args = row
+        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args, path = row
         at = at or ""
         self.count += 1
+        key = (at, rowid)
+        if key < self.first_key:
+            self.first_key, self.agent = key, agent or ""
+        if path and (self.owner_key is None or key < self.owner_key):
+            owner = runs.path_owner_name(path)
+            if owner is not None:
+                self.owner, self.owner_key = owner, key
         # The SDK's newest row: created_at, then insertion order (get_last).
-        if (at, rowid) > (self.at, self.rowid):
-            self.agent, self.cid, self.node, self.step = agent or "", cid or "", node or "", step
+        if key > (self.at, self.rowid):
+            self.cid, self.node, self.step = cid or "", node or "", step
             self.status, self.at, self.rowid = status or "completed", at, rowid
         if at < self.first:
             self.first = at
@@ -136,7 +162,7 @@ def facts(eid: str, s: _Summary, pending: Mapping[str, str]) -> RunFacts:
     """A folded run as the records carry it."""
     return RunFacts(
         execution_id=eid,
-        agent=s.agent,
+        agent=s.run_agent,
         row_count=s.count,
         first_at=s.first,
         last_at=s.at,
@@ -586,7 +612,7 @@ class IndexSync:
             (
                 (  # in schema.RUN_COLUMNS order
                     eid,  # execution_id
-                    s.agent,  # agent
+                    s.run_agent,  # agent
                     s.count,  # row_count
                     s.first,  # first_at
                     s.at,  # last_at
