@@ -52,6 +52,7 @@ from bench.servers import (
     start_sdk_ui,
     wait_until_indexed,
     wait_until_search_indexed,
+    wait_until_sqlite_search_indexed,
 )
 from bench.stores import BuiltStore, Templates, add_spans, build_store, make_templates
 
@@ -142,10 +143,14 @@ def measure_localui(store: BuiltStore, options: Options, log: Log) -> ServerRun:
         try:
             result.indexed_s = wait_until_indexed(server)
             log(f"  runs index complete {result.indexed_s:.2f} s after start")
+            # Text search is timed with its trigram index, as a later start has it.
             if options.pg is not None:
-                # Text search is timed with its trigram index, as a later start has it.
                 result.search_indexed_s = wait_until_search_indexed(server, options.pg)
-                log(f"  trigram index made {result.search_indexed_s:.2f} s after start")
+            else:
+                result.search_indexed_s = wait_until_sqlite_search_indexed(
+                    server, store.path, cache
+                )
+            log(f"  trigram index made {result.search_indexed_s:.2f} s after start")
             with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
                 cursor, result.deep_page = follow_next(client, "/runs.json", pages=DEEP_PAGES)
             if cursor is None:
@@ -487,7 +492,11 @@ def _main(
         runs.append(StoreRun(store=store, localui=local, sdk=sdk, fleet=fleet))
 
     judged = {r.store.label: report.budget_figures(r) for r in runs if r.store.runs == largest}
-    verdicts = judge(judged)
+    verdicts = judge(
+        judged,
+        runs=largest,
+        with_sdk_ui=any(r.sdk is not None for r in runs if r.store.runs == largest),
+    )
     errors = [e for r in runs for s in (r.localui, r.sdk) if s is not None for e in s.errors]
     errors += [e for r in runs if r.fleet is not None for e in r.fleet.errors]
     errors += [

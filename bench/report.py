@@ -49,7 +49,10 @@ def budget_figures(run: StoreRun) -> dict[str, float]:
         figures["rss_mb"] = (local.memory_kb["VmRSS"] - alone) * 1024 / 1e6
     if "VmRSS" in local.viewer_memory_kb:
         figures["rss_viewer_mb"] = local.viewer_memory_kb["VmRSS"] * 1024 / 1e6
-    for key in ("startup_cold_s", "startup_warm_s", "viewer_startup_s"):
+    sdk_pending = run.sdk.timings.get("sdk_pending") if run.sdk is not None else None
+    if "approvals_html" in figures and sdk_pending is not None and sdk_pending.ok:
+        figures["approvals_vs_sdk_ui"] = figures["approvals_html"] / sdk_pending.p50
+    for key in ("startup_cold_s", "startup_warm_s", "viewer_startup_s", "indexed_s"):
         value = getattr(local, key)
         if value is not None:
             figures[key.replace("viewer_startup_s", "startup_viewer_s")] = value
@@ -61,7 +64,7 @@ def budget_figures(run: StoreRun) -> dict[str, float]:
 
 
 def _search_indexed(server: ServerRun) -> str:
-    """On PostgreSQL, when the trigram index for text search followed."""
+    """When the trigram index for text search followed the runs list."""
     if server.search_indexed_s is None:
         return ""
     return f" (trigram index {server.search_indexed_s:.1f} s)"
@@ -166,6 +169,8 @@ def markdown(
     for v in verdicts:
         b = v.budget
         measured = "not measured" if math.isnan(v.worst) else f"{v.worst:,.4g} {b.unit}"
+        if b.unit == "×":
+            measured = "not measured" if math.isnan(v.worst) else f"{v.worst:.2f}×"
         if v.missing:
             measured += f" (missing: {', '.join(v.missing)})"
         cpu = "–"
@@ -174,7 +179,8 @@ def markdown(
         if timing is not None and timing.cpu_ms is not None:
             cpu = f"{timing.cpu_ms:,.1f} ms"
         result = "pass" if v.passed else "**MISSED**"
-        add(f"| {b.what} | ≤ {b.limit:g} {b.unit} | {measured} | {v.where} | {cpu} | {result} |")
+        limit = f"≤ {b.limit:g}×" if b.unit == "×" else f"≤ {b.limit:g} {b.unit}"
+        add(f"| {b.what} | {limit} | {measured} | {v.where} | {cpu} | {result} |")
     add("")
 
     add("## Stores")

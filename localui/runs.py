@@ -129,6 +129,13 @@ def _path_owner(agent_path: str | None) -> Owner | None:
     return None
 
 
+def path_owner_name(agent_path: str | None) -> str | None:
+    """The owner named at the top of an ``agent_path`` (``supervisor:desk/worker:w`` ->
+    ``desk``), or None when it names none: the runs index names runs by it."""
+    owner = _path_owner(agent_path)
+    return owner.name if owner is not None else None
+
+
 def pause_owner(agent_path: str | None, agent: str, node_id: str) -> Owner:
     """The owner as a pending approval's own row says (the queue reads no run rows)."""
     owner = _path_owner(agent_path)

@@ -115,6 +115,19 @@ def test_approve_in_two_tabs(browser: Browser, approvals_server: str) -> None:
         expect(tab2.locator("#decisions")).to_contain_text("within policy")
         expect(tab2.locator("#nav-pending")).to_have_text(str(DEMO_PAUSES - 1))
         shoot(tab2, "4-decided")
+
+        # Reject posts to its own URL (the button's formaction), not the form's Approve.
+        tab1.goto("/approvals")
+        other = tab1.locator("article.approval").first
+        other_id = other.get_attribute("id")
+        assert other_id is not None and other_id != card_id
+        other.get_by_label("Approver").fill("Ada Manager")
+        other.get_by_label("Reason").fill("over budget")
+        other.get_by_role("button", name="Reject").click()
+        expect(tab1.locator(f"#{other_id}-result")).to_contain_text(
+            re.compile(r"Ada Manager rejected it at \S+: the run completed\."), timeout=15_000
+        )
+        expect(tab1.locator("#nav-pending")).to_have_text(str(DEMO_PAUSES - 2))
         assert errors == []
     finally:
         context.close()

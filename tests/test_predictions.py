@@ -340,3 +340,20 @@ def test_a_crashed_team_or_chain_is_resumed_through_its_owner(copy: Copy, name: 
         page["resume"]["shape"]
         == {"chain": "node", "supervisor": "team", "swarm": "turn"}[name.split("-")[0]]
     )
+
+
+def test_the_runs_list_names_each_run_by_its_owner(copy: Copy) -> None:
+    """A team's run is listed under its Supervisor or Swarm, as its page says, not under
+    the member whose row is newest; the agent filter finds each run by that name."""
+    from localui.records import RunQuery
+
+    listed = copy.store.list_runs(RunQuery(limit=500)).runs
+    owners = {f.execution_id: runs.run_owner(copy.store.list_rows(f.execution_id)) for f in listed}
+    assert {f.execution_id: f.agent for f in listed} == {e: o.name for e, o in owners.items()}
+    kinds = {o.kind for o in owners.values()}
+    assert {runs.SUPERVISOR, runs.SWARM, runs.AGENT, runs.CHAIN} <= kinds
+    for name in {o.name for o in owners.values()}:
+        found = copy.store.list_runs(RunQuery(agent=name, limit=500)).runs
+        assert {f.execution_id for f in found} == {e for e, o in owners.items() if o.name == name}
+        for f in found:
+            assert copy.store.get_run(f.execution_id) == f

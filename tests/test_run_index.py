@@ -395,23 +395,21 @@ def test_the_runs_page_says_it_is_indexing_and_asks_again(
     store.close()
 
 
-def test_text_search_finds_exactly_the_runs_holding_the_text(
-    store_copy: Path, tmp_path: Path, raw: Any
-) -> None:
-    """Trigram lookups (3 characters or more) and the scan of shorter texts agree
-    with a plain substring test over each run's id, agent, pause reason and tool
-    arguments, ignoring ASCII case."""
-    store = SQLiteStore(store_copy, index_dir=tmp_path / "index")
+def _searched_fields(raw: Any, path: Path) -> dict[str, list[str]]:
+    """What text search looks in, per run, straight from the SDK's rows."""
     fields: dict[str, list[str]] = {}
-    for eid, agent, node, node_input in raw(store_copy).query(
+    for eid, agent, node, node_input in raw(path).query(
         "SELECT execution_id, chain_name, node_id, node_input FROM checkpoints"
     ):
         run = fields.setdefault(eid, [eid, agent])
         if "/tool:" in node and node_input:
             run.append(node_input)
-    for eid, reason in raw(store_copy).query("SELECT execution_id, reason FROM pending_interrupts"):
+    for eid, reason in raw(path).query("SELECT execution_id, reason FROM pending_interrupts"):
         fields[eid].append(reason or "")
+    return fields
 
+
+def _assert_search_agrees(store: SQLiteStore, fields: dict[str, list[str]]) -> None:
     texts = {"zz", "-", "A-", '"', '"order_id"', "NO-SUCH-TEXT", "Bot", "refund-BOT"}
     for run in fields.values():
         for field in run:
@@ -423,4 +421,83 @@ def test_text_search_finds_exactly_the_runs_holding_the_text(
         page = store.list_runs(RunQuery(text=text, limit=1000))
         assert {f.execution_id for f in page.runs} == expected, text
         assert sum(page.counts.values()) == len(expected), text
+
+
+def test_text_search_finds_exactly_the_runs_holding_the_text(
+    store_copy: Path, tmp_path: Path, raw: Any
+) -> None:
+    """Trigram lookups (3 characters or more) and the scan of shorter texts agree
+    with a plain substring test over each run's id, agent, pause reason and tool
+    arguments, ignoring ASCII case."""
+    store = SQLiteStore(store_copy, index_dir=tmp_path / "index")
+    _assert_search_agrees(store, _searched_fields(raw, store_copy))
+    store.close()
+
+
+def test_the_trigram_index_is_filled_after_a_build_and_search_is_right_meanwhile(
+    store_copy: Path, tmp_path: Path, raw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large store's build loads the runs and fills the trigram index after, in
+    steps: a fill cut short is finished by the next start; until it is complete,
+    search scans the runs and answers the same; runs folded in meanwhile (above and
+    below where the fill has got) are found once it is."""
+    from localui.backends.sqlite.index import schema
+    from localui.backends.sqlite.index.sync import IndexSync
+
+    index_dir = tmp_path / "index"
+    store = SQLiteStore(store_copy, index_dir=index_dir, background_index_from_rows=0)
+    store.totals()  # waits for the build
+    filler = store._index._sync._filler
+    if filler is not None:
+        filler.join(30)
+    index_file = store._index.path
+    with sqlite3.connect(index_file) as conn:
+        assert schema.text_complete(conn)
+        runs = conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    _assert_search_agrees(store, _searched_fields(raw, store_copy))
+    store.close()
+
+    # The process was killed one step into a fill of a few runs per step.
+    monkeypatch.setattr(schema, "TEXT_STEP_RUNS", max(1, runs // 3))
+    conn = sqlite3.connect(index_file, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("INSERT INTO run_text (run_text) VALUES ('delete-all')")
+    conn.execute("UPDATE text_filled SET upto = 0, merged = 0")
+    assert not schema.fill_text_step(conn)
+    conn.execute("COMMIT")
+    conn.close()
+
+    # The next start, its fill held back: search is right without the trigram index.
+    starts: list[IndexSync] = []
+    monkeypatch.setattr(IndexSync, "_start_filling", lambda self: starts.append(self))
+    store = SQLiteStore(store_copy, index_dir=index_dir, background_index_from_rows=0)
+    assert starts, "an unfinished fill is taken up on start"
+    fields = _searched_fields(raw, store_copy)
+    _assert_search_agrees(store, fields)
+    # A new run is folded in meanwhile (above where the fill has got).
+    env = {**os.environ, "FASTAIAGENT_TRACE_ENABLED": "false"}
+    subprocess.run(
+        [sys.executable, "-m", "localui.demo.worker", "--store", str(store_copy)]
+        + ["--scenario", "paused-1"],
+        cwd=tmp_path,
+        env={**env, "FASTAIAGENT_LOCAL_DB": str(store_copy)},
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
+    fields = _searched_fields(raw, store_copy)
+    _assert_search_agrees(store, fields)
+
+    monkeypatch.undo()
+    sync = store._index._sync
+    with sync.lock:
+        sync._start_filling()
+        filler = sync._filler
+    assert filler is not None
+    filler.join(30)
+    with sqlite3.connect(index_file) as conn:
+        assert schema.text_complete(conn)
+        filled = conn.execute("SELECT COUNT(*) FROM run_text_docsize").fetchone()[0]
+    assert filled == runs + 1
+    _assert_search_agrees(store, fields)
     store.close()

@@ -133,3 +133,30 @@ def test_only_get_and_head(tmp_path: Path) -> None:
     answer = _app(tmp_path).post("/s/a.css")
     assert answer.status_code == 405
     assert answer.headers["allow"] == "GET, HEAD"
+
+
+def test_pages_are_gzipped_for_another_machine_and_sent_as_they_are_on_this_one(
+    app_store: Path,
+) -> None:
+    """Over loopback compressing a page only spends the server's CPU; a client on
+    another machine gets it gzipped (level 1, made per request)."""
+    from helpers import LOOPBACK_CLIENT, NO_SIGN_IN
+
+    from localui.app import create_app
+    from localui.settings import Settings
+
+    app = create_app(
+        Settings(store=str(app_store), sign_in=NO_SIGN_IN, allowed_hosts=("desk.example",))
+    )
+    bodies = {}
+    for name, address in (("here", LOOPBACK_CLIENT), ("elsewhere", ("192.0.2.10", 40000))):
+        with TestClient(app, base_url="http://desk.example:8765", client=address) as client:
+            with client.stream("GET", "/approvals", headers=GZIP) as answer:
+                assert answer.status_code == 200
+                wire = b"".join(answer.iter_raw())
+                bodies[name] = (answer.headers.get("content-encoding"), wire)
+    here, elsewhere = bodies["here"], bodies["elsewhere"]
+    assert here[0] is None and elsewhere[0] == "gzip"
+    page = gzip.decompress(elsewhere[1])
+    assert b'id="approvals-queue"' in page and b'id="approvals-queue"' in here[1]
+    assert len(elsewhere[1]) < len(page) / 3

@@ -194,8 +194,11 @@ def test_each_card_decides_its_own_run_and_nothing_else(odd: OddStore) -> None:
         card_id = f"approval-{dom_id(execution_id)}"
         card = re.search(rf'<article class="approval" id="{card_id}">.*?</article>', html, re.S)
         assert card is not None, execution_id
+        # The form posts to Approve, for htmx and without it; Reject names its own URL.
         (approve,) = attr(card.group(0), "hx-post", r"/approve$")
-        assert attr(card.group(0), "formaction", r"/approve$") == [approve]
+        assert attr(card.group(0), " action", r"/approve$") == [approve]
+        (reject,) = attr(card.group(0), "formaction", r"/reject$")
+        assert reject == approve.removesuffix("/approve") + "/reject"
         (target,) = attr(card.group(0), "hx-target", r"^#")
         assert target == f"#{card_id}-result"
         (checkpoint_id,) = re.findall(r'name="checkpoint_id" value="([^"]*)"', card.group(0))

@@ -29,7 +29,7 @@ from urllib.parse import quote, unquote, urlencode
 
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import HTTPConnection
-from starlette.routing import Route, Router
+from starlette.routing import Mount, Route, Router
 from starlette.types import Scope
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
@@ -97,7 +97,7 @@ class RoutePath:
     convertors: Mapping[str, Convertor[Any]]
 
     @classmethod
-    def of(cls, route: Route) -> RoutePath:
+    def of(cls, route: Route | Mount) -> RoutePath:
         return cls(tuple(_PARAM.split(route.path_format)), route.param_convertors)
 
     def build(self, params: Mapping[str, str]) -> str | None:
@@ -136,11 +136,12 @@ class Urls:
         """The path of route ``name`` with its ``params`` encoded, then ``?query`` (None
         values left out) and ``#fragment`` (an element id, see :func:`dom_id`)."""
         if not self._paths:
-            self._paths.update(
-                (r.name, RoutePath.of(r))
-                for r in reversed(self.router.routes)
-                if isinstance(r, Route)
-            )
+            # Routes, and mounts of a bare app (``static``): a mount of routes names
+            # its own routes, which the router finds.
+            for r in reversed(self.router.routes):
+                if isinstance(r, Route) or (isinstance(r, Mount) and not r.routes):
+                    if r.name is not None:
+                        self._paths[r.name] = RoutePath.of(r)
         known = self._paths.get(name)
         built = known.build(params) if known is not None else None
         url = self.prefix + (

@@ -293,6 +293,18 @@ class PostgresStore:
             if "parent_checkpoint_id" in s.checkpoint_columns
             else "NULL"
         )
+        # Whose run it is, as ``localui.runs.run_owner`` says: the owner at the top of the
+        # first ``agent_path`` naming one (a team, not the member of its newest row),
+        # else the first row's agent.
+        owner = "NULL"
+        if "agent_path" in s.checkpoint_columns:
+            top = "split_part(agent_path, '/', 1)"
+            name = f"substr({top}, strpos({top}, ':') + 1)"
+            owner = (
+                f"(array_agg({name} ORDER BY {OLDEST_FIRST}) FILTER (WHERE"
+                f" split_part({top}, ':', 1) IN ('agent', 'supervisor', 'swarm')"
+                f" AND strpos({top}, ':') > 0 AND {name} <> ''))[1]"
+            )
         where = "WHERE execution_id = %(run)s" if one_run else runs_where
         # What the SQLite index keeps of a run's tool arguments: each distinct one, in
         # order, at most MAX_TOOL_ARGS characters in all.
@@ -310,6 +322,8 @@ class PostgresStore:
                        MIN(created_at) AS first_at,
                        MAX(created_at) AS last_at,
                        {fork_parent} AS fork_parent,
+                       COALESCE({owner},
+                                (array_agg(chain_name ORDER BY {OLDEST_FIRST}))[1]) AS agent,
                        {waiting} AS rows_waiting,
                        {args}
                        {quarantined} AS rows_quarantined
@@ -318,13 +332,13 @@ class PostgresStore:
             ),
             l AS (
                 SELECT DISTINCT ON (execution_id)
-                       execution_id, checkpoint_id AS last_cid, chain_name AS agent,
+                       execution_id, checkpoint_id AS last_cid,
                        node_id AS last_node_id, {s.col("step_type")} AS step_type, status
                 FROM {cp} {where}
                 ORDER BY execution_id, {NEWEST_FIRST}
             ),
             r AS (
-                SELECT a.*, l.agent, l.last_cid, l.last_node_id, l.step_type AS last_step_type,
+                SELECT a.*, l.last_cid, l.last_node_id, l.step_type AS last_step_type,
                        COALESCE(l.status, 'completed') AS last_status,
                        p.execution_id IS NOT NULL AS has_pending, p.reason AS pending_reason,
                        {STATE_SQL} AS state

@@ -267,6 +267,8 @@ class SQLiteStore:
                 "sync_error": s.col("sync_error"),
                 # A tool's arguments, which the runs list searches (turn rows have none).
                 "tool_args": "CASE WHEN node_id LIKE '%/tool:%' THEN node_input END",
+                # Who owns the run (a team's rows nest their members' under it).
+                "agent_path": s.col("agent_path"),
             },
             synced=s.col("synced"),
             sync_error=s.col("sync_error"),

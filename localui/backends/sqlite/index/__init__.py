@@ -90,7 +90,7 @@ class RunIndex:
                 return RunFactsPage(runs=tuple(found), next_key=None, counts={}, indexing=progress)
             sync.complete()
         with sync.lock:
-            return query.list_runs(sync.conn, runs_query, has_text_index=sync.has_text_index)
+            return query.list_runs(sync.conn, runs_query, has_text_index=sync.text_complete())
 
     def resumable_cache_before(self, cutoff: str) -> dict[str, int]:
         """Cache entries older than ``cutoff`` of runs that can still resume, per run."""

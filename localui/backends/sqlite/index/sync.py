@@ -11,8 +11,9 @@ build thread.
 
 A whole build reads every checkpoint (about 3 s at 400,000 rows). On a store that
 large it runs in a thread of its own, and :meth:`IndexSync.refresh` says False
-until it is done. State comes from ``localui.runs.run_state``, the one place the
-rules live.
+until it is done; the trigram index for text search is filled after that, by
+another thread in short steps, while the runs list answers from the index. State
+comes from ``localui.runs.run_state``, the one place the rules live.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from localui import runs
-from localui.backends.sqlite.errors import is_undecodable_text
+from localui.backends.sqlite.errors import is_busy, is_undecodable_text
 from localui.backends.sqlite.files import decode_text
 from localui.backends.sqlite.index import schema
 from localui.errors import Unavailable
@@ -57,6 +58,7 @@ FOLD_COLUMNS = (
     "synced",
     "sync_error",
     "tool_args",
+    "agent_path",
 )
 
 
@@ -79,10 +81,18 @@ class StoreColumns:
 
 
 class _Summary:
-    """One run folded from its rows (:data:`FOLD_COLUMNS` tuples), in any order."""
+    """One run folded from its rows (:data:`FOLD_COLUMNS` tuples), in any order.
+
+    ``agent`` is the run's owner, as ``localui.runs.run_owner`` says: the top of the
+    first ``agent_path`` that names one (a Supervisor or Swarm, not the member whose
+    row is newest), else the first row's agent.
+    """
 
     __slots__ = (
         "agent",
+        "owner",
+        "owner_key",
+        "first_key",
         "cid",
         "node",
         "step",
@@ -98,8 +108,13 @@ class _Summary:
     )
 
     def __init__(self, row: tuple[Any, ...]) -> None:
-        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args = row
+        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args, path = row
         self.agent, self.cid, self.node, self.step = agent or "", cid or "", node or "", step
+        self.first_key: tuple[str, int] = (at or "", rowid)
+        owner = runs.path_owner_name(path)
+        # Where the owner was read: the earliest row whose path names one wins.
+        self.owner_key: tuple[str, int] | None = self.first_key if owner is not None else None
+        self.owner = owner or ""
         self.status, self.at, self.rowid = status or "completed", at or "", rowid
         self.count, self.first = 1, at or ""
         self.fork_parent = parent if node == FORK_ORIGIN_NODE else None
@@ -107,13 +122,25 @@ class _Summary:
         self.quarantined = 1 if error is not None else 0
         self.args: set[str] = {args} if args else set()
 
+    @property
+    def run_agent(self) -> str:
+        """Whose run this is, by name (the owner's, else the first row's agent)."""
+        return self.owner if self.owner_key is not None else self.agent
+
     def add(self, row: tuple[Any, ...]) -> None:
-        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args = row
+        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args, path = row
         at = at or ""
         self.count += 1
+        key = (at, rowid)
+        if key < self.first_key:
+            self.first_key, self.agent = key, agent or ""
+        if path and (self.owner_key is None or key < self.owner_key):
+            owner = runs.path_owner_name(path)
+            if owner is not None:
+                self.owner, self.owner_key = owner, key
         # The SDK's newest row: created_at, then insertion order (get_last).
-        if (at, rowid) > (self.at, self.rowid):
-            self.agent, self.cid, self.node, self.step = agent or "", cid or "", node or "", step
+        if key > (self.at, self.rowid):
+            self.cid, self.node, self.step = cid or "", node or "", step
             self.status, self.at, self.rowid = status or "completed", at, rowid
         if at < self.first:
             self.first = at
@@ -135,7 +162,7 @@ def facts(eid: str, s: _Summary, pending: Mapping[str, str]) -> RunFacts:
     """A folded run as the records carry it."""
     return RunFacts(
         execution_id=eid,
-        agent=s.agent,
+        agent=s.run_agent,
         row_count=s.count,
         first_at=s.first,
         last_at=s.at,
@@ -241,6 +268,13 @@ class IndexSync:
         self._failed: tuple[int, BaseException] | None = None
         self._progress = IndexProgress(0, 0)
         self._closing = False
+        # The thread filling the trigram index after a background build, when one runs.
+        self._filler: threading.Thread | None = None
+        self._fill_conn: sqlite3.Connection | None = None
+        if self.has_text_index and not schema.is_stale(self.conn, self._identity()):
+            # A fill that an earlier process left unfinished.
+            with self.lock:
+                self._start_filling()
 
     def _identity(self) -> str:
         return schema.store_identity(self.store_path)
@@ -261,10 +295,13 @@ class IndexSync:
         with self.lock:
             self._closing = True
             builder, build_conn = self._builder, self._build_conn
-        if build_conn is not None:
-            build_conn.interrupt()
-        if builder is not None:
-            builder.join()
+            filler, fill_conn = self._filler, self._fill_conn
+        for conn in (build_conn, fill_conn):
+            if conn is not None:
+                conn.interrupt()
+        for thread in (builder, filler):
+            if thread is not None:
+                thread.join()
         with self.lock:
             self.conn.close()
 
@@ -308,6 +345,8 @@ class IndexSync:
                     schema.clear(
                         conn, has_text_index=self.has_text_index, identity=self._identity()
                     )
+                    if self.has_text_index:
+                        schema.fill_text_index(conn)
                 elif not self._catch_up(conn, columns):
                     raise _Rebuild
             return True
@@ -324,6 +363,8 @@ class IndexSync:
         if rows < self._background_from_rows:
             with schema.write(self.conn) as conn:
                 self._rebuild(conn, columns, self._identity())
+                if self.has_text_index:
+                    schema.fill_text_index(conn)
             return True
         self._progress = IndexProgress(0, rows)
         self._build_number = next(self._builds)
@@ -363,6 +404,59 @@ class IndexSync:
             self._seen_version = None  # the reading connection catches up from here
             if failure is not None and not isinstance(failure, _Closing):
                 self._failed = (number, failure)
+            elif failure is None and self.has_text_index:
+                self._start_filling()
+
+    # --- the trigram index, filled after a background build --------------
+
+    def text_complete(self) -> bool:
+        """Whether text search can use the trigram index (else it scans ``runs``).
+        Called with the lock held."""
+        return self.has_text_index and schema.text_complete(self.conn)
+
+    def _start_filling(self) -> None:
+        """Fill the trigram index in a thread, unless it is complete or a thread of
+        this process fills it already. Called with the lock held."""
+        if self._filler is not None or self._closing or schema.text_complete(self.conn):
+            return
+        self._filler = threading.Thread(
+            target=self._fill_text, name="localui-runs-text-index", daemon=True
+        )
+        self._filler.start()
+
+    def _fill_text(self) -> None:
+        """Steps of the fill, each its own short transaction, so that a catch-up (or
+        another process filling the same index) waits for one step at most."""
+        try:
+            conn = schema.connect(self.path, self._busy_timeout)
+        except sqlite3.Error:
+            with self.lock:
+                self._filler = None  # tried again on the next start
+            return
+        try:
+            with self.lock:
+                self._fill_conn = conn
+            while not self._closing:
+                try:
+                    with schema.write(conn):
+                        complete = schema.fill_text_step(conn)
+                except sqlite3.OperationalError as exc:
+                    if is_busy(exc):
+                        continue  # a build holds the file: the fill goes on after it
+                    raise
+                if complete:
+                    with self.lock:
+                        # A rebuild may have emptied it again since that step: go on.
+                        if schema.text_complete(conn):
+                            return
+        except sqlite3.Error:
+            # Interrupted by ``close``, or the file is unusable: search scans ``runs``
+            # meanwhile, and the next start tries again.
+            return
+        finally:
+            with self.lock:
+                self._filler = self._fill_conn = None
+            conn.close()
 
     def _build_on(self, conn: sqlite3.Connection, columns: StoreColumns, identity: str) -> None:
         with schema.write(conn):
@@ -408,8 +502,6 @@ class IndexSync:
         )
         for folded in _fold_in_order(self._counted(rows, high_water)):
             self._insert(conn, folded, pending)
-        if self.has_text_index:
-            schema.fill_text_index(conn)
         conn.execute("INSERT INTO state_counts SELECT state, COUNT(*) FROM runs GROUP BY state")
         conn.execute(
             "UPDATE totals SET (rows, waiting, quarantined) = (SELECT COALESCE(SUM(row_count), 0),"
@@ -520,7 +612,7 @@ class IndexSync:
             (
                 (  # in schema.RUN_COLUMNS order
                     eid,  # execution_id
-                    s.agent,  # agent
+                    s.run_agent,  # agent
                     s.count,  # row_count
                     s.first,  # first_at
                     s.at,  # last_at
