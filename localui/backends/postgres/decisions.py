@@ -69,6 +69,8 @@ class PostgresDecisionLog:
             max_size=2,
             privileges=privileges,
             check_on_borrow=False,
+            # The pool above has just reached the server.
+            probe=False,
         )
         if writable:
             try:

@@ -112,7 +112,9 @@ class Pool:
     connection works in UTC (so timestamps read back in the SDK's SQLite shape)
     under a statement timeout. Opening checks the server once, directly, so a
     server that cannot be reached at start-up is a one-line :class:`StoreMissing`
-    rather than a pool retrying in the background.
+    rather than a pool retrying in the background; ``probe=False`` skips that for a
+    second pool on a server the caller has just reached (a connection less on the
+    way to a first page).
     """
 
     def __init__(
@@ -127,6 +129,7 @@ class Pool:
         max_size: int = 4,
         privileges: str = "",
         check_on_borrow: bool = True,
+        probe: bool = True,
     ) -> None:
         from psycopg.conninfo import conninfo_to_dict
         from psycopg_pool import ConnectionPool
@@ -149,7 +152,8 @@ class Pool:
             ) from exc
         if "connect_timeout" not in params:
             self._kwargs["connect_timeout"] = max(2, int(connect_timeout))
-        self.probe()
+        if probe:
+            self.probe()
         self._pool: Any = ConnectionPool(
             dsn,
             kwargs=self._kwargs,

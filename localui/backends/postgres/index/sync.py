@@ -148,6 +148,8 @@ class IndexSync:
             max_size=4,
             privileges=f"localui keeps its runs index in schema {tables.app_schema}: it needs"
             f" CREATE on the database or on schema {tables.app_schema}",
+            # The store that opens the index has just read from the server.
+            probe=False,
         )
         self.lock = threading.Lock()
         self._gate: tuple[Any, ...] | None = None
