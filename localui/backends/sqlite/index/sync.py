@@ -91,8 +91,9 @@ class _Summary:
     __slots__ = (
         "agent",
         "owner",
-        "owner_key",
-        "first_key",
+        "owner_at",
+        "owner_rowid",
+        "first_rowid",
         "cid",
         "node",
         "step",
@@ -110,13 +111,13 @@ class _Summary:
     def __init__(self, row: tuple[Any, ...]) -> None:
         rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args, path = row
         self.agent, self.cid, self.node, self.step = agent or "", cid or "", node or "", step
-        self.first_key: tuple[str, int] = (at or "", rowid)
-        owner = runs.path_owner_name(path)
-        # Where the owner was read: the earliest row whose path names one wins.
-        self.owner_key: tuple[str, int] | None = self.first_key if owner is not None else None
-        self.owner = owner or ""
         self.status, self.at, self.rowid = status or "completed", at or "", rowid
-        self.count, self.first = 1, at or ""
+        self.count, self.first, self.first_rowid = 1, at or "", rowid
+        # The owner, and the row it was read from: the earliest whose path names one.
+        owner = runs.path_owner_name(path)
+        self.owner = owner or ""
+        self.owner_at: str = self.first if owner is not None else ""
+        self.owner_rowid: int = rowid if owner is not None else -1  # -1: no owner yet
         self.fork_parent = parent if node == FORK_ORIGIN_NODE else None
         self.waiting = 1 if synced == 0 else 0
         self.quarantined = 1 if error is not None else 0
@@ -125,25 +126,28 @@ class _Summary:
     @property
     def run_agent(self) -> str:
         """Whose run this is, by name (the owner's, else the first row's agent)."""
-        return self.owner if self.owner_key is not None else self.agent
+        return self.owner if self.owner_rowid >= 0 else self.agent
 
     def add(self, row: tuple[Any, ...]) -> None:
         rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args, path = row
         at = at or ""
         self.count += 1
-        key = (at, rowid)
-        if key < self.first_key:
-            self.first_key, self.agent = key, agent or ""
-        if path and (self.owner_key is None or key < self.owner_key):
+        # Rows come in insertion order within a run, mostly: the comparisons are plain
+        # ones first, the tie-break on rowid only when the times are equal.
+        if at < self.first or (at == self.first and rowid < self.first_rowid):
+            self.first, self.first_rowid, self.agent = at, rowid, agent or ""
+        if path and (
+            self.owner_rowid < 0
+            or at < self.owner_at
+            or (at == self.owner_at and rowid < self.owner_rowid)
+        ):
             owner = runs.path_owner_name(path)
             if owner is not None:
-                self.owner, self.owner_key = owner, key
+                self.owner, self.owner_at, self.owner_rowid = owner, at, rowid
         # The SDK's newest row: created_at, then insertion order (get_last).
-        if key > (self.at, self.rowid):
+        if at > self.at or (at == self.at and rowid > self.rowid):
             self.cid, self.node, self.step = cid or "", node or "", step
             self.status, self.at, self.rowid = status or "completed", at, rowid
-        if at < self.first:
-            self.first = at
         if node == FORK_ORIGIN_NODE:
             self.fork_parent = parent
         if synced == 0:
