@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,12 @@ BACKGROUND_FROM_ROWS = 20_000
 
 #: Rows read between two progress reports (and checks for a shutdown) of a build.
 _PROGRESS_EVERY = 8192
+
+#: While rows are only being added, the store's rows are counted in full (to see rows
+#: deleted meanwhile, by a prune in another process) at most this often: a count reads
+#: an index of every row (80 ms at 3.9M rows), and a store an agent writes to changes
+#: several times a second. A change that adds no row is always counted.
+RECOUNT_EVERY_S = 10.0
 
 #: How much of a run's tool arguments the index keeps for search.
 MAX_TOOL_ARGS = 4000
@@ -272,6 +279,10 @@ class IndexSync:
         self._failed: tuple[int, BaseException] | None = None
         self._progress = IndexProgress(0, 0)
         self._closing = False
+        # When the store's rows were last counted in full (``_catch_up``), and whether a
+        # catch-up since went without (then one is made once it is due, change or not).
+        self._counted_at = float("-inf")
+        self._count_owed = False
         # The thread filling the trigram index after a background build, when one runs.
         self._filler: threading.Thread | None = None
         self._fill_conn: sqlite3.Connection | None = None
@@ -323,7 +334,7 @@ class IndexSync:
             if self._identity() != self._attached:
                 self._attach()
             version = int(self.conn.execute("PRAGMA s.data_version").fetchone()[0])
-            if version == self._seen_version:
+            if version == self._seen_version and not self._count_due():
                 return True
             try:
                 complete = self._bring_up_to_date()
@@ -337,6 +348,10 @@ class IndexSync:
             if complete:
                 self._seen_version = version
             return complete
+
+    def _count_due(self) -> bool:
+        """Whether a full count skipped while rows were being added is due now."""
+        return self._count_owed and time.monotonic() - self._counted_at >= RECOUNT_EVERY_S
 
     def _bring_up_to_date(self) -> bool:
         """``refresh`` past its quick checks. Called with the lock held."""
@@ -506,6 +521,8 @@ class IndexSync:
         )
         for folded in _fold_in_order(self._counted(rows, high_water)):
             self._insert(conn, folded, pending)
+        # Every row is counted now, as by a full count.
+        self._counted_at, self._count_owed = time.monotonic(), False
         conn.execute("INSERT INTO state_counts SELECT state, COUNT(*) FROM runs GROUP BY state")
         conn.execute(
             "UPDATE totals SET (rows, waiting, quarantined) = (SELECT COALESCE(SUM(row_count), 0),"
@@ -536,7 +553,21 @@ class IndexSync:
             return False
         # Separate statements, so each can use the SDK's own indexes.
         top = int(conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM s.checkpoints").fetchone()[0])
-        total = int(conn.execute("SELECT COUNT(*) FROM s.checkpoints").fetchone()[0])
+        added_rows = int(
+            conn.execute(
+                "SELECT COUNT(*) FROM s.checkpoints WHERE rowid > ? AND rowid <= ?",
+                (high_water, top),
+            ).fetchone()[0]
+        )
+        now = time.monotonic()
+        if added_rows and now - self._counted_at < RECOUNT_EVERY_S:
+            # Only added rows since the last full count, most likely: what the index
+            # held plus them. A prune at the same moment is seen by the next full count.
+            total = int(conn.execute("SELECT rows FROM totals").fetchone()[0]) + added_rows
+            self._count_owed = True
+        else:
+            total = int(conn.execute("SELECT COUNT(*) FROM s.checkpoints").fetchone()[0])
+            self._counted_at, self._count_owed = now, False
         # Rows waiting for the plane are usually nearly all of them (nothing drains the
         # outbox without a platform), so count the few that are not, each part a range
         # of the SDK's (synced, created_at) index, rather than every waiting row.
