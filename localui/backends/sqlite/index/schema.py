@@ -104,6 +104,8 @@ _UPKEEP = (
     "CREATE INDEX IF NOT EXISTS runs_state ON runs (state, last_at DESC, execution_id DESC)",
     "CREATE INDEX IF NOT EXISTS runs_agent ON runs (agent, last_at DESC, execution_id DESC)",
     "CREATE INDEX IF NOT EXISTS runs_fork ON runs (fork_parent) WHERE fork_parent IS NOT NULL",
+    # The runs with a pause, which each catch-up compares with the store's.
+    "CREATE INDEX IF NOT EXISTS runs_pending ON runs (execution_id) WHERE has_pending",
     """CREATE TRIGGER IF NOT EXISTS runs_ins AFTER INSERT ON runs BEGIN
         INSERT INTO state_counts VALUES (new.state, 1)
             ON CONFLICT (state) DO UPDATE SET n = n + 1;
@@ -122,6 +124,7 @@ _DROP_UPKEEP = (
     "DROP INDEX IF EXISTS runs_state",
     "DROP INDEX IF EXISTS runs_agent",
     "DROP INDEX IF EXISTS runs_fork",
+    "DROP INDEX IF EXISTS runs_pending",
     "DROP TRIGGER IF EXISTS runs_ins",
     "DROP TRIGGER IF EXISTS runs_del",
     "DROP TRIGGER IF EXISTS runs_text_ins",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,12 @@ BACKGROUND_FROM_ROWS = 20_000
 
 #: Rows read between two progress reports (and checks for a shutdown) of a build.
 _PROGRESS_EVERY = 8192
+
+#: While rows are only being added, the store's rows are counted in full (to see rows
+#: deleted meanwhile, by a prune in another process) at most this often: a count reads
+#: an index of every row (80 ms at 3.9M rows), and a store an agent writes to changes
+#: several times a second. A change that adds no row is always counted.
+RECOUNT_EVERY_S = 10.0
 
 #: How much of a run's tool arguments the index keeps for search.
 MAX_TOOL_ARGS = 4000
@@ -91,8 +98,9 @@ class _Summary:
     __slots__ = (
         "agent",
         "owner",
-        "owner_key",
-        "first_key",
+        "owner_at",
+        "owner_rowid",
+        "first_rowid",
         "cid",
         "node",
         "step",
@@ -110,13 +118,13 @@ class _Summary:
     def __init__(self, row: tuple[Any, ...]) -> None:
         rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args, path = row
         self.agent, self.cid, self.node, self.step = agent or "", cid or "", node or "", step
-        self.first_key: tuple[str, int] = (at or "", rowid)
-        owner = runs.path_owner_name(path)
-        # Where the owner was read: the earliest row whose path names one wins.
-        self.owner_key: tuple[str, int] | None = self.first_key if owner is not None else None
-        self.owner = owner or ""
         self.status, self.at, self.rowid = status or "completed", at or "", rowid
-        self.count, self.first = 1, at or ""
+        self.count, self.first, self.first_rowid = 1, at or "", rowid
+        # The owner, and the row it was read from: the earliest whose path names one.
+        owner = runs.path_owner_name(path)
+        self.owner = owner or ""
+        self.owner_at: str = self.first if owner is not None else ""
+        self.owner_rowid: int = rowid if owner is not None else -1  # -1: no owner yet
         self.fork_parent = parent if node == FORK_ORIGIN_NODE else None
         self.waiting = 1 if synced == 0 else 0
         self.quarantined = 1 if error is not None else 0
@@ -125,25 +133,28 @@ class _Summary:
     @property
     def run_agent(self) -> str:
         """Whose run this is, by name (the owner's, else the first row's agent)."""
-        return self.owner if self.owner_key is not None else self.agent
+        return self.owner if self.owner_rowid >= 0 else self.agent
 
     def add(self, row: tuple[Any, ...]) -> None:
         rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args, path = row
         at = at or ""
         self.count += 1
-        key = (at, rowid)
-        if key < self.first_key:
-            self.first_key, self.agent = key, agent or ""
-        if path and (self.owner_key is None or key < self.owner_key):
+        # Rows come in insertion order within a run, mostly: the comparisons are plain
+        # ones first, the tie-break on rowid only when the times are equal.
+        if at < self.first or (at == self.first and rowid < self.first_rowid):
+            self.first, self.first_rowid, self.agent = at, rowid, agent or ""
+        if path and (
+            self.owner_rowid < 0
+            or at < self.owner_at
+            or (at == self.owner_at and rowid < self.owner_rowid)
+        ):
             owner = runs.path_owner_name(path)
             if owner is not None:
-                self.owner, self.owner_key = owner, key
+                self.owner, self.owner_at, self.owner_rowid = owner, at, rowid
         # The SDK's newest row: created_at, then insertion order (get_last).
-        if key > (self.at, self.rowid):
+        if at > self.at or (at == self.at and rowid > self.rowid):
             self.cid, self.node, self.step = cid or "", node or "", step
             self.status, self.at, self.rowid = status or "completed", at, rowid
-        if at < self.first:
-            self.first = at
         if node == FORK_ORIGIN_NODE:
             self.fork_parent = parent
         if synced == 0:
@@ -268,6 +279,10 @@ class IndexSync:
         self._failed: tuple[int, BaseException] | None = None
         self._progress = IndexProgress(0, 0)
         self._closing = False
+        # When the store's rows were last counted in full (``_catch_up``), and whether a
+        # catch-up since went without (then one is made once it is due, change or not).
+        self._counted_at = float("-inf")
+        self._count_owed = False
         # The thread filling the trigram index after a background build, when one runs.
         self._filler: threading.Thread | None = None
         self._fill_conn: sqlite3.Connection | None = None
@@ -319,7 +334,7 @@ class IndexSync:
             if self._identity() != self._attached:
                 self._attach()
             version = int(self.conn.execute("PRAGMA s.data_version").fetchone()[0])
-            if version == self._seen_version:
+            if version == self._seen_version and not self._count_due():
                 return True
             try:
                 complete = self._bring_up_to_date()
@@ -333,6 +348,10 @@ class IndexSync:
             if complete:
                 self._seen_version = version
             return complete
+
+    def _count_due(self) -> bool:
+        """Whether a full count skipped while rows were being added is due now."""
+        return self._count_owed and time.monotonic() - self._counted_at >= RECOUNT_EVERY_S
 
     def _bring_up_to_date(self) -> bool:
         """``refresh`` past its quick checks. Called with the lock held."""
@@ -502,6 +521,8 @@ class IndexSync:
         )
         for folded in _fold_in_order(self._counted(rows, high_water)):
             self._insert(conn, folded, pending)
+        # Every row is counted now, as by a full count.
+        self._counted_at, self._count_owed = time.monotonic(), False
         conn.execute("INSERT INTO state_counts SELECT state, COUNT(*) FROM runs GROUP BY state")
         conn.execute(
             "UPDATE totals SET (rows, waiting, quarantined) = (SELECT COALESCE(SUM(row_count), 0),"
@@ -532,7 +553,21 @@ class IndexSync:
             return False
         # Separate statements, so each can use the SDK's own indexes.
         top = int(conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM s.checkpoints").fetchone()[0])
-        total = int(conn.execute("SELECT COUNT(*) FROM s.checkpoints").fetchone()[0])
+        added_rows = int(
+            conn.execute(
+                "SELECT COUNT(*) FROM s.checkpoints WHERE rowid > ? AND rowid <= ?",
+                (high_water, top),
+            ).fetchone()[0]
+        )
+        now = time.monotonic()
+        if added_rows and now - self._counted_at < RECOUNT_EVERY_S:
+            # Only added rows since the last full count, most likely: what the index
+            # held plus them. A prune at the same moment is seen by the next full count.
+            total = int(conn.execute("SELECT rows FROM totals").fetchone()[0]) + added_rows
+            self._count_owed = True
+        else:
+            total = int(conn.execute("SELECT COUNT(*) FROM s.checkpoints").fetchone()[0])
+            self._counted_at, self._count_owed = now, False
         # Rows waiting for the plane are usually nearly all of them (nothing drains the
         # outbox without a platform), so count the few that are not, each part a range
         # of the SDK's (synced, created_at) index, rather than every waiting row.
