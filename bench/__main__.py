@@ -127,6 +127,11 @@ def _inproc(store: BuiltStore, cache: Path, urls: Mapping[str, str], options: Op
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+#: Requests each server answers, in turns, for the approvals comparison: the two p50s
+#: are a few per cent apart, so more samples than the other pages get.
+SIDE_BY_SIDE_REQUESTS = 100
+
+
 def measure_side_by_side(
     store: BuiltStore, cache: Path, sdk_venv: Path, options: Options, log: Log
 ) -> dict[str, Timing]:
@@ -151,7 +156,7 @@ def measure_side_by_side(
                 error = warm_up(client, url, times=options.warmup)
                 if error is not None:
                     return {name: failed(error)}
-            timings = time_in_turns(clients, requests=max(options.requests, 50))
+            timings = time_in_turns(clients, requests=max(options.requests, SIDE_BY_SIDE_REQUESTS))
     finally:
         sdk.stop()
         local.stop()
