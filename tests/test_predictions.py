@@ -357,3 +357,20 @@ def test_the_runs_list_names_each_run_by_its_owner(copy: Copy) -> None:
         assert {f.execution_id for f in found} == {e for e, o in owners.items() if o.name == name}
         for f in found:
             assert copy.store.get_run(f.execution_id) == f
+
+
+def test_a_chain_s_card_names_its_paused_node_not_an_empty_call(copy: Copy) -> None:
+    """What paused in a chain is a node, not a tool call: the card names the node and
+    says the chain runs it again from its start, whichever way it is decided."""
+    execution_id = copy.report.run_id("chain-paused")
+    app = create_app(copy.settings)
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        pending = client.get(f"/approvals/{execution_id}.json").json()["pending"]
+        html = client.get("/approvals").text
+    node = pending["node_id"]
+    assert pending["effects"]["call"] is None and pending["effects"]["tool"] == ""
+    start = html.index(f'id="approval-{execution_id}"')
+    card = html[start : html.index("</article>", start)]
+    assert f"<code>{node}</code></h2>" in card and "()" not in card
+    assert f"the node <code>{node}</code> runs again from its start with the answer" in card
+    assert "then the chain goes on" in card and "what it does then is the chain's code" in card

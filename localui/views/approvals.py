@@ -113,8 +113,9 @@ def context_entries(value: Any, level: int = 1) -> tuple[ContextEntry, ...]:
 class Effects:
     """What a decision on a card does, read from the paused row the SDK resumes."""
 
-    #: The paused call as it is written: ``refund(order_id="A-1002", amount=250.0)``.
-    call: str
+    #: The paused call as it is written: ``refund(order_id="A-1002", amount=250.0)``;
+    #: null when what paused is a chain's node, not a tool call (``tool`` is then "").
+    call: str | None
     tool: str
     #: Other tool calls of the same turn with no result yet: the SDK answers them
     #: "not run on resume" instead of running them.
@@ -168,7 +169,7 @@ def effects_of(pending: Pending, paused: PausedCall | None) -> Effects | None:
             elif call.get("id") not in answered:
                 skipped.append(str(call.get("name")))
     return Effects(
-        call=call_text(tool, arguments),
+        call=call_text(tool, arguments) if tool else None,
         tool=tool,
         skipped=tuple(skipped),
         reused=paused.cached_results,
