@@ -233,6 +233,9 @@ class ApprovalItem:
     #: First-level keys of the context, which a light card names in its disclosure.
     context_keys: int = html_only(0)
     effects: Effects | None = None
+    #: What kind of runner resumes it (``agent``, ``chain``, ``supervisor``, ``swarm``):
+    #: the card's sentences follow what each does on resume.
+    runner_kind: str = html_only("")
 
 
 def approval_item(
@@ -254,10 +257,12 @@ def approval_item(
     if isinstance(context_value, Unreadable):
         context_value = {"unreadable": context_value.error}
     entries = () if light else context_entries(context_value)
+    owner = runs.pause_owner(pending.agent_path, pending.agent, pending.node_id)
     return ApprovalItem(
         execution_id=pending.execution_id,
         agent=pending.agent,
-        runner=runs.pause_owner(pending.agent_path, pending.agent, pending.node_id).describe(),
+        runner=owner.describe(),
+        runner_kind=owner.kind,
         node_id=pending.node_id,
         checkpoint_id=pending.checkpoint_id,
         reason=pending.reason,
