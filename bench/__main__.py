@@ -37,8 +37,8 @@ from bench import pg, report, store_cache
 from bench.browser import page_weights
 from bench.budgets import all_passed, judge
 from bench.fleet import measure_fleet
-from bench.latency import Timing, failed, follow_next, time_get, warm_up
-from bench.model import DEEP_PAGES, ServerRun, StoreRun, localui_urls, sdk_urls
+from bench.latency import Timing, failed, follow_next, time_get, time_in_turns, warm_up
+from bench.model import DEEP_PAGES, SDK_QUEUE, ServerRun, StoreRun, localui_urls, sdk_urls
 from bench.pg import drop_schema
 from bench.sdk_ui import ensure_venv, installed, sdk_version
 from bench.servers import (
@@ -127,7 +127,47 @@ def _inproc(store: BuiltStore, cache: Path, urls: Mapping[str, str], options: Op
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure_localui(store: BuiltStore, options: Options, log: Log) -> ServerRun:
+#: Requests each server answers, in turns, for the approvals comparison: the two p50s
+#: are a few per cent apart, so more samples than the other pages get.
+SIDE_BY_SIDE_REQUESTS = 100
+
+
+def measure_side_by_side(
+    store: BuiltStore, cache: Path, sdk_venv: Path, options: Options, log: Log
+) -> dict[str, Timing]:
+    """Our approvals page and the SDK UI's JSON of its queue, both servers up, timed in
+    turns (a later start of localui, with what the first left in ``cache``)."""
+    local = start_localui(store.path, cache_dir=cache, app_path=options.app_path, pg=options.pg)
+    try:
+        sdk = start_sdk_ui(store.path, venv=sdk_venv)
+    except Exception:
+        local.stop()
+        raise
+    try:
+        with (
+            httpx.Client(base_url=local.base_url, timeout=300.0) as ours,
+            httpx.Client(base_url=sdk.base_url, timeout=300.0) as theirs,
+        ):
+            clients = {
+                "approvals_html": (ours, "/approvals"),
+                "sdk_pending": (theirs, SDK_QUEUE),
+            }
+            for name, (client, url) in clients.items():
+                error = warm_up(client, url, times=options.warmup)
+                if error is not None:
+                    return {name: failed(error)}
+            timings = time_in_turns(clients, requests=max(options.requests, SIDE_BY_SIDE_REQUESTS))
+    finally:
+        sdk.stop()
+        local.stop()
+    shown = ", ".join(f"{k} p50 {t.p50:.1f} ms" for k, t in timings.items() if t.ok)
+    log(f"  approvals beside the SDK UI, in turns: {shown}")
+    return timings
+
+
+def measure_localui(
+    store: BuiltStore, options: Options, log: Log, sdk_venv: Path | None = None
+) -> ServerRun:
     result = ServerRun()
     cache = Path(tempfile.mkdtemp(prefix="localui-bench-cache-"))
     try:
@@ -181,6 +221,8 @@ def measure_localui(store: BuiltStore, options: Options, log: Log) -> ServerRun:
         result.startup_cpu["warm"] = server.startup_cpu_s
         server.stop()
         log(f"  localui started (warm) in {result.startup_warm_s:.2f} s")
+        if sdk_venv is not None:
+            result.side_by_side = measure_side_by_side(store, cache, sdk_venv, options, log)
         # And as a viewer, with no agent to resume with: what the app itself costs.
         server = start_localui(
             store.path, cache_dir=cache, agents=False, app_path=options.app_path, pg=options.pg
@@ -474,7 +516,7 @@ def _main(
             pg=pg_targets.get(store.label),
         )
         log(f"measuring {store.label} (load average {os.getloadavg()[0]:.1f})")
-        local = measure_localui(store, options, log)
+        local = measure_localui(store, options, log, sdk_venv=venv)
         sdk = None
         if venv is not None and store.runs in sdk_sizes:
             sdk = measure_sdk(store, venv, options, log)

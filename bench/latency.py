@@ -113,6 +113,33 @@ def time_get(
     return Timing(samples_ms=tuple(samples), status=status, bytes=size)
 
 
+def time_in_turns(
+    clients: Mapping[str, tuple[httpx.Client, str]], *, requests: int
+) -> dict[str, Timing]:
+    """Time each named ``(client, url)`` ``requests`` times, one GET of each in turn:
+    whatever else the machine is doing falls on every URL alike, so their ratio holds
+    on a busy machine where figures taken minutes apart do not."""
+    samples: dict[str, list[float]] = {name: [] for name in clients}
+    last: dict[str, tuple[int, int]] = {}
+    for _ in range(requests):
+        for name, (client, url) in clients.items():
+            started = time.perf_counter()
+            try:
+                response = client.get(url)
+                body = response.content
+            except httpx.HTTPError as exc:
+                return {name: failed(f"GET {url}: {type(exc).__name__}: {exc}")}
+            elapsed = (time.perf_counter() - started) * 1000
+            if response.status_code != 200:
+                return {name: failed(f"GET {url} answered {response.status_code}")}
+            samples[name].append(elapsed)
+            last[name] = (response.status_code, len(body))
+    return {
+        name: Timing(samples_ms=tuple(s), status=last[name][0], bytes=last[name][1])
+        for name, s in samples.items()
+    }
+
+
 def follow_next(client: httpx.Client, first_url: str, *, pages: int) -> tuple[str | None, int]:
     """Follow ``next`` from the JSON of ``first_url`` up to ``pages`` times (fewer when the
     list ends first); return the last cursor and the number of the page it opens."""

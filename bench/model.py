@@ -76,12 +76,16 @@ def localui_urls(store: BuiltStore, deep_cursor: str | None) -> dict[str, str]:
     return {k: urls[k] for k in LOCALUI_METRICS if k in urls}
 
 
+#: What the SDK UI's own approvals queue asks for.
+SDK_QUEUE = "/api/pending-interrupts?limit=100"
+
+
 def sdk_urls(store: BuiltStore) -> dict[str, str]:
     return {
         "sdk_run_typical": f"/api/executions/{store.run_typical}",
         "sdk_run50": f"/api/executions/{store.run_50}",
         "sdk_run2000": f"/api/executions/{store.run_2000}",
-        "sdk_pending": "/api/pending-interrupts?limit=100",
+        "sdk_pending": SDK_QUEUE,
         "sdk_pending_page": f"/api/pending-interrupts?limit={QUEUE_PAGE}",
     }
 
@@ -113,6 +117,9 @@ class ServerRun:
     #: The 1-minute load average as the timed requests began and as they ended: the
     #: machine is shared, and a busy one slows every figure.
     load: list[float] = field(default_factory=list)
+    #: Our approvals page (``approvals_html``) and the SDK UI's queue JSON
+    #: (``sdk_pending``) timed in turns, both servers up at once (``bench.latency``).
+    side_by_side: dict[str, Timing] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
 

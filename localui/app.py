@@ -197,6 +197,7 @@ def create_app(
     templates.env.auto_reload = False
     templates.env.filters["dom_id"] = dom_id
     templates.env.filters["code_spans"] = code_spans
+    templates.env.globals["queue_card"] = approval_views.QueueCards().template_global()
     auth = Authenticator(
         settings.sign_in, port=settings.port, token=settings.sign_in.token or new_token()
     )

@@ -94,3 +94,34 @@ def test_a_bad_prune_age_keeps_the_form_and_says_what_it_accepts(
     )
     assert "Prune these" not in answer.text
     assert client.get("/prune.json", params={"older_than": "1 hour"}).status_code == 400
+
+
+def _cards(html: str) -> dict[str, str]:
+    return {
+        m.group(1): m.group(0)
+        for m in re.finditer(
+            r'<article class="approval" id="approval-([^"]+)">.*?</article>', html, re.S
+        )
+    }
+
+
+def test_a_queue_card_is_drawn_again_when_anything_it_shows_changes(
+    store_copy: Path, ledger: Ledger, make_acting_client: ActingClientFactory
+) -> None:
+    """Queue cards are kept once drawn (views/approvals.py, QueueCards): the first page
+    draws each with the macro and the next gives the same cards; a card whose name to
+    fill in or read-only state differs is drawn anew."""
+    client = make_acting_client(store_copy, ledger)
+    first = _cards(client.get("/approvals").text)
+    assert first and _cards(client.get("/approvals").text) == first
+    client.cookies.set("localui_approver", "Grace%20Hopper")
+    named = _cards(client.get("/approvals").text)
+    assert named.keys() == first.keys()
+    for run, drawn in named.items():
+        assert 'name="approver" value="Grace Hopper"' in drawn, run
+        assert 'name="approver" value=""' in first[run], run
+    viewer = make_acting_client(store_copy, ledger, read_only=True)
+    read_only = _cards(viewer.get("/approvals").text)
+    assert read_only.keys() == first.keys()
+    assert all("Read-only: decisions are made elsewhere." in c for c in read_only.values())
+    assert all("Read-only" not in c for c in first.values())

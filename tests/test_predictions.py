@@ -357,3 +357,44 @@ def test_the_runs_list_names_each_run_by_its_owner(copy: Copy) -> None:
         assert {f.execution_id for f in found} == {e for e, o in owners.items() if o.name == name}
         for f in found:
             assert copy.store.get_run(f.execution_id) == f
+
+
+def test_a_chain_s_card_names_its_paused_node_not_an_empty_call(copy: Copy) -> None:
+    """What paused in a chain is a node, not a tool call: the card names the node and
+    says the chain runs it again from its start, whichever way it is decided."""
+    execution_id = copy.report.run_id("chain-paused")
+    app = create_app(copy.settings)
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        pending = client.get(f"/approvals/{execution_id}.json").json()["pending"]
+        html = client.get("/approvals").text
+    node = pending["node_id"]
+    assert pending["effects"]["call"] is None and pending["effects"]["tool"] == ""
+    start = html.index(f'id="approval-{execution_id}"')
+    card = html[start : html.index("</article>", start)]
+    assert f"<code>{node}</code></h2>" in card and "()" not in card
+    assert f"the node <code>{node}</code> runs again from its start with the answer" in card
+    assert "then the chain goes on" in card and "what it does then is the chain's code" in card
+
+
+@pytest.mark.parametrize(
+    ("name", "approve"),
+    [
+        (
+            "supervisor-paused",
+            "runs its planner again from the original request (a new model call); when it"
+            " delegates to the worker, <code>refund</code> runs again with the answer",
+        ),
+        ("swarm-paused", "<code>refund</code> runs again with the answer <code>approved=true"),
+    ],
+)
+def test_a_team_s_card_says_what_its_resume_does(copy: Copy, name: str, approve: str) -> None:
+    """A Supervisor runs its planner again before its worker re-invokes the paused tool;
+    a Swarm's active agent re-invokes it: each card says so, as the run page does."""
+    execution_id = copy.report.run_id(name)
+    with TestClient(create_app(copy.settings), base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        html = client.get("/approvals").text
+    start = html.index(f'id="approval-{execution_id}"')
+    card = html[start : html.index("</article>", start)]
+    assert approve in card
+    team = "team" if name.startswith("supervisor") else "swarm"
+    assert f"then the {team} goes on" in card and "then the agent goes on" not in card

@@ -8,11 +8,17 @@ and, before anyone clicks, whether this process can carry the decision out.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, unquote
 
+from jinja2 import pass_context
+from jinja2.runtime import Context
+from markupsafe import Markup
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
@@ -113,8 +119,9 @@ def context_entries(value: Any, level: int = 1) -> tuple[ContextEntry, ...]:
 class Effects:
     """What a decision on a card does, read from the paused row the SDK resumes."""
 
-    #: The paused call as it is written: ``refund(order_id="A-1002", amount=250.0)``.
-    call: str
+    #: The paused call as it is written: ``refund(order_id="A-1002", amount=250.0)``;
+    #: null when what paused is a chain's node, not a tool call (``tool`` is then "").
+    call: str | None
     tool: str
     #: Other tool calls of the same turn with no result yet: the SDK answers them
     #: "not run on resume" instead of running them.
@@ -168,7 +175,7 @@ def effects_of(pending: Pending, paused: PausedCall | None) -> Effects | None:
             elif call.get("id") not in answered:
                 skipped.append(str(call.get("name")))
     return Effects(
-        call=call_text(tool, arguments),
+        call=call_text(tool, arguments) if tool else None,
         tool=tool,
         skipped=tuple(skipped),
         reused=paused.cached_results,
@@ -232,6 +239,9 @@ class ApprovalItem:
     #: First-level keys of the context, which a light card names in its disclosure.
     context_keys: int = html_only(0)
     effects: Effects | None = None
+    #: What kind of runner resumes it (``agent``, ``chain``, ``supervisor``, ``swarm``):
+    #: the card's sentences follow what each does on resume.
+    runner_kind: str = html_only("")
 
 
 def approval_item(
@@ -253,10 +263,12 @@ def approval_item(
     if isinstance(context_value, Unreadable):
         context_value = {"unreadable": context_value.error}
     entries = () if light else context_entries(context_value)
+    owner = runs.pause_owner(pending.agent_path, pending.agent, pending.node_id)
     return ApprovalItem(
         execution_id=pending.execution_id,
         agent=pending.agent,
-        runner=runs.pause_owner(pending.agent_path, pending.agent, pending.node_id).describe(),
+        runner=owner.describe(),
+        runner_kind=owner.kind,
         node_id=pending.node_id,
         checkpoint_id=pending.checkpoint_id,
         reason=pending.reason,
@@ -318,6 +330,71 @@ def build_approvals_page(
         order=order,
         next_url=next_url,
     )
+
+
+class QueueCards:
+    """The queue's light cards, each rendered once for what it shows.
+
+    A card is a pure function of its item, the name it offers to fill in, who is
+    looking and how (person, read-only, URL prefix): a pause's row never changes, and
+    its age text changes only every so often once it is a minute old. Reloads and live
+    updates of a queue draw the same cards again and again, so the rendered card is
+    kept, by all of that, for the next draw. ``queue_card`` in the templates.
+    """
+
+    TEMPLATE = "partials/_approval_card.html"
+
+    def __init__(self, size: int = 512) -> None:
+        self._size = size
+        self._cards: OrderedDict[Hashable, Markup] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def key(self, ctx: Context, item: ApprovalItem, approver: str) -> Hashable:
+        """Everything a light card shows or is drawn from (its context is not drawn)."""
+        return (
+            item.execution_id,
+            item.checkpoint_id,
+            item.agent,
+            item.runner,
+            item.runner_kind,
+            item.node_id,
+            item.reason,
+            item.created_at,
+            item.age,
+            item.run_url,
+            item.url,
+            item.problem,
+            item.context_keys,
+            item.effects,
+            approver,
+            ctx["person"],
+            ctx["settings"].read_only,
+            ctx["urls"].prefix,
+        )
+
+    def render(self, ctx: Context, item: ApprovalItem, approver: str) -> Markup:
+        key = self.key(ctx, item, approver)
+        with self._lock:
+            card = self._cards.get(key)
+            if card is not None:
+                self._cards.move_to_end(key)
+                return card
+        module: Any = ctx.environment.get_template(self.TEMPLATE).make_module(ctx.get_all())
+        card = Markup(module.approval_card(item, approver, bulk=True, light=True))
+        with self._lock:
+            self._cards[key] = card
+            while len(self._cards) > self._size:
+                self._cards.popitem(last=False)
+        return card
+
+    def template_global(self) -> Any:
+        """``queue_card(item, approver)`` for the templates."""
+
+        @pass_context
+        def queue_card(ctx: Context, item: ApprovalItem, approver: str) -> Markup:
+            return self.render(ctx, item, approver)
+
+        return queue_card
 
 
 def actions_of(request: Request) -> ActionService:
