@@ -447,9 +447,9 @@ def _main(
     dsn: str | None,
 ) -> int:
     if dsn is not None:
-        # Trace spans live in the SDK's SQLite trace file, and the SDK UI reads SQLite.
+        # Trace spans live in the SDK's SQLite trace file, and the SDK UI reads SQLite:
+        # it is timed only beside the approvals page, on the SQLite file of the same runs.
         args.span_sizes = []
-        args.no_sdk_ui = True
     pg_targets: dict[str, PgTarget] = {}
 
     largest = max(args.sizes)
@@ -518,7 +518,7 @@ def _main(
         log(f"measuring {store.label} (load average {os.getloadavg()[0]:.1f})")
         local = measure_localui(store, options, log, sdk_venv=venv)
         sdk = None
-        if venv is not None and store.runs in sdk_sizes:
+        if venv is not None and store.runs in sdk_sizes and options.pg is None:
             sdk = measure_sdk(store, venv, options, log)
         fleet = None
         if options.pg is not None and at_largest and not args.no_fleet:
@@ -537,7 +537,10 @@ def _main(
     verdicts = judge(
         judged,
         runs=largest,
-        with_sdk_ui=any(r.sdk is not None for r in runs if r.store.runs == largest),
+        # Judged where the SDK UI has the page, on the same store: it reads SQLite only,
+        # so on PostgreSQL the pair is reported beside its SQLite file, not judged.
+        with_sdk_ui=dsn is None
+        and any(r.localui.side_by_side for r in runs if r.store.runs == largest),
     )
     errors = [e for r in runs for s in (r.localui, r.sdk) if s is not None for e in s.errors]
     errors += [e for r in runs if r.fleet is not None for e in r.fleet.errors]

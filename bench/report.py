@@ -6,7 +6,7 @@ import math
 import os
 import platform
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -63,6 +63,17 @@ def budget_figures(run: StoreRun) -> dict[str, float]:
         figures["js_css_kb"] = max(w.js_css_body for w in weights) / 1000
         figures["js_css_wire_kb"] = max(w.js_css_wire for w in weights) / 1000
     return figures
+
+
+def _add_in_turns(add: Callable[[str], None], r: StoreRun, where: str = "") -> None:
+    """The approvals page and the SDK UI's queue JSON, both up, timed in turns."""
+    ours, theirs = (r.localui.side_by_side.get(k) for k in ("approvals_html", "sdk_pending"))
+    if ours is not None and theirs is not None and ours.ok and theirs.ok:
+        add(
+            "| approvals: our HTML vs its /api/pending-interrupts, both up, timed in turns"
+            f"{where} (p50 ms) | {r.store.label} | {_ms(ours.p50)} | {_ms(theirs.p50)} |"
+            f" {_ratio(theirs.p50, ours.p50)} | {_kb(ours.bytes)} / {_kb(theirs.bytes)} |"
+        )
 
 
 def _search_indexed(server: ServerRun) -> str:
@@ -298,6 +309,10 @@ def markdown(
     add("")
     add("| comparison | store | localui | SDK UI | ratio | response KB (localui / SDK UI) |")
     add("|---|---|---|---|---|---|")
+    for r in runs:
+        if r.sdk is None:
+            # On PostgreSQL: the SDK UI reads the SQLite file the same runs came from.
+            _add_in_turns(add, r, " (its SQLite file of the same runs)")
     pairs = (
         ("run page, 4 rows: our HTML vs its /api/executions", "run_typical", "sdk_run_typical"),
         ("run page, 50 rows: our HTML vs its /api/executions", "run50_html", "sdk_run50"),
@@ -331,14 +346,7 @@ def markdown(
                 f"| {label} (p50 ms) | {r.store.label} | {_ms(ours_ms)} | {_ms(sdk_ms)} |"
                 f" {_ratio(sdk_ms, ours_ms)} | {sizes} |"
             )
-        side = r.localui.side_by_side
-        ours, theirs = side.get("approvals_html"), side.get("sdk_pending")
-        if ours is not None and theirs is not None and ours.ok and theirs.ok:
-            add(
-                "| approvals: our HTML vs its /api/pending-interrupts, both up, timed in turns"
-                f" (p50 ms) | {r.store.label} | {_ms(ours.p50)} | {_ms(theirs.p50)} |"
-                f" {_ratio(theirs.p50, ours.p50)} | {_kb(ours.bytes)} / {_kb(theirs.bytes)} |"
-            )
+        _add_in_turns(add, r)
         ours_mem = r.localui.memory_kb.get("VmRSS")
         sdk_mem = r.sdk.memory_kb.get("VmRSS")
         add(

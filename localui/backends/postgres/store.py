@@ -581,8 +581,6 @@ class PostgresStore:
         def work(cur: Any, s: _Schema) -> tuple[list[dict[str, Any]], int]:
             if not s.has_pending or not s.has_checkpoints:
                 return [], 0
-            cur.execute(f"SELECT COUNT(*) AS n FROM {self._t['pending']}")
-            total = int(cur.fetchone()["n"])
             order = "DESC" if newest_first else "ASC"
             where = "true"
             params: dict[str, Any] = {"limit": limit + 1}
@@ -593,15 +591,23 @@ class PostgresStore:
                     f' AND p.execution_id COLLATE "C" {op} %(id)s))'
                 )
                 params.update(at=after_at, id=after[1])
+            # The page and the queue's count in one statement (one snapshot, one round
+            # trip: the queue is the page a person reloads most).
             cur.execute(
-                f"SELECT {self._pending_columns()} FROM {self._t['pending']} p WHERE {where}"
+                f"SELECT {self._pending_columns()},"
+                f" (SELECT COUNT(*) FROM {self._t['pending']}) AS queue_total"
+                f" FROM {self._t['pending']} p WHERE {where}"
                 f' ORDER BY p.created_at {order}, p.execution_id COLLATE "C" {order}'
                 " LIMIT %(limit)s",
                 params,
             )
-            return cur.fetchall(), total
+            rows: list[dict[str, Any]] = cur.fetchall()
+            if rows:
+                return rows, int(rows[0]["queue_total"])
+            cur.execute(f"SELECT COUNT(*) AS n FROM {self._t['pending']}")
+            return rows, int(cur.fetchone()["n"])
 
-        rows, total = self._run(work, statements=2)
+        rows, total = self._run(work)
         page = Page.of(rows, limit, _pending, shared.pending_key)
         return PendingPage(items=page.items, next_key=page.next_key, total=total)
 
@@ -609,38 +615,35 @@ class PostgresStore:
 
     def paused_calls(self, pending: Sequence[Pending]) -> dict[str, PausedCall]:
         checkpoint_ids = [p.checkpoint_id for p in pending if p.checkpoint_id]
-        execution_ids = sorted({p.execution_id for p in pending})
         if not checkpoint_ids:
             return {}
 
-        def work(cur: Any, s: _Schema) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:
             if not s.has_checkpoints:
-                return [], {}
+                return []
+            # Each paused row with its run's count of cached results, in one statement.
+            cached = (
+                f"(SELECT COUNT(*) FROM {self._t['cache']} c"
+                " WHERE c.execution_id = cp.execution_id)"
+                if s.has_cache
+                else "0"
+            )
             cur.execute(
                 "SELECT checkpoint_id, execution_id, state_snapshot::text AS state_snapshot,"
-                " node_input::text AS node_input"
-                f" FROM {self._t['checkpoints']} WHERE checkpoint_id = ANY(%s)",
+                f" node_input::text AS node_input, {cached} AS cached"
+                f" FROM {self._t['checkpoints']} cp WHERE checkpoint_id = ANY(%s)",
                 (checkpoint_ids,),
             )
             rows: list[dict[str, Any]] = cur.fetchall()
-            cached: dict[str, int] = {}
-            if s.has_cache:
-                cur.execute(
-                    "SELECT execution_id, COUNT(*) AS n"
-                    f" FROM {self._t['cache']} WHERE execution_id = ANY(%s)"
-                    " GROUP BY execution_id",
-                    (execution_ids,),
-                )
-                cached = {r["execution_id"]: int(r["n"]) for r in cur.fetchall()}
-            return rows, cached
+            return rows
 
-        rows, cached = self._run(work, statements=2)
+        rows = self._run(work)
         return {
             r["checkpoint_id"]: PausedCall(
                 checkpoint_id=r["checkpoint_id"],
                 state_snapshot=parse_json(r["state_snapshot"], {}),
                 node_input=parse_json(r["node_input"], {}),
-                cached_results=cached.get(r["execution_id"], 0),
+                cached_results=int(r["cached"]),
             )
             for r in rows
         }
