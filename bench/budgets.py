@@ -115,6 +115,20 @@ BUDGETS: tuple[Budget, ...] = (
         ("indexed_s",),
         min_runs=MILLION,
     ),
+    Budget(
+        "demo_first_page",
+        "localui demo: process start to first 200 on /, median of several starts",
+        3,
+        "s",
+        ("demo_first_page_s",),
+    ),
+    Budget(
+        "demo_seeded",
+        "localui demo: process start to every demo run seeded, median of several starts",
+        20,
+        "s",
+        ("demo_seeded_s",),
+    ),
     Budget("js_css", "JS + CSS per page, uncompressed", 80, "KB", ("js_css_kb",)),
     Budget("js_css_wire", "JS + CSS per page, on the wire", 30, "KB", ("js_css_wire_kb",)),
 )

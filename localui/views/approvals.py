@@ -281,7 +281,7 @@ def approval_item(
     if isinstance(context_value, Unreadable):
         context_value = {"unreadable": context_value.error}
     entries = () if light else context_entries(context_value)
-    owner = runs.pause_owner(pending.agent_path, pending.agent, pending.node_id)
+    owner = actions.pause_owner(pending)
     return ApprovalItem(
         execution_id=pending.execution_id,
         agent=pending.agent,
