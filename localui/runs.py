@@ -144,7 +144,9 @@ def owner_path(paths: Sequence[str | None]) -> str | None:
 
 
 #: The agents above an agent-as-tool in its own execution's paths: they wrote no row.
-_ENCLOSING_AGENTS = re.compile(r"^(?:agent:[^/]*/)+")
+#: Only those with a runner below them (``agent:A/tool:t`` is A's own tool row).
+ENCLOSING_AGENTS = r"^(?:agent:[^/]*/)+(?=(?:agent|supervisor|swarm):)"
+_ENCLOSING_AGENTS = re.compile(ENCLOSING_AGENTS)
 
 
 def execution_owner(shallowest_path: str | None) -> Owner | None:
@@ -197,14 +199,8 @@ def pause_owner(
         return Owner(AGENT if parse_node(node_id).turn is not None else CHAIN, agent)
     if top.kind != AGENT:
         return top
-    if run_agent is not None:
-        named = [seg.partition(":")[2] for seg in (agent_path or "").split("/")]
-        if run_agent in named:
-            owner = execution_owner(
-                "/".join((agent_path or "").split("/")[named.index(run_agent) :])
-            )
-            if owner is not None:
-                return owner
+    if run_agent is not None and f"agent:{run_agent}" in (agent_path or "").split("/"):
+        return Owner(AGENT, run_agent)
     nested = execution_owner(agent_path)
     return nested if nested is not None else top
 

@@ -411,10 +411,14 @@ def test_a_team_s_card_says_what_its_resume_does(copy: Copy, name: str, approve:
 FRONT_DESK = "front-desk"
 
 
-def build_front_desk(checkpointer: Any, refund_bot: Any, events: list[str]) -> Any:
-    """An agent whose one tool hands the request to ``refund_bot`` as a run of its own:
-    ``refund_bot.arun`` inside the tool makes a new execution id, and its rows carry
-    ``agent:front-desk/agent:refund-bot`` though front-desk writes none of them."""
+def build_front_desk(
+    checkpointer: Any, refund_bot: Any, events: list[str], *, same_execution: bool = False
+) -> Any:
+    """An agent whose one tool hands the request to ``refund_bot``: as a run of its own
+    (``refund_bot.arun`` inside the tool makes a new execution id, and its rows carry
+    ``agent:front-desk/agent:refund-bot`` though front-desk writes none of them), or,
+    ``same_execution``, inside front-desk's own run (under the id the SDK keeps for the
+    running execution)."""
     from fastaiagent import Agent, tool
     from fastaiagent.llm.message import MessageRole
     from fastaiagent.testing import FunctionModel
@@ -423,7 +427,12 @@ def build_front_desk(checkpointer: Any, refund_bot: Any, events: list[str]) -> A
     async def ask_refund_bot(request: str) -> str:
         """Hand a refund request to refund-bot."""
         events.append(f"tool:{FRONT_DESK}:ask_refund_bot")
-        result = await refund_bot.arun(request)
+        if same_execution:
+            from fastaiagent.chain.interrupt import _execution_id
+
+            result = await refund_bot.arun(request, execution_id=_execution_id.get())
+        else:
+            result = await refund_bot.arun(request)
         return f"refund-bot answered: {result.status}"
 
     def answer(messages: list[Any]) -> Any:
@@ -487,3 +496,22 @@ def test_an_agent_used_as_a_tool_owns_its_own_execution(copy: Copy) -> None:
     assert {r.agent for r in after} == {"refund-bot"}
     assert state_of(copy.store, helper_run) == runs.COMPLETED
     assert copy.store.get_run(helper_run).agent == "refund-bot"  # type: ignore[union-attr]
+
+
+@pytest.mark.postgres
+def test_an_agent_run_inside_another_agents_execution_is_the_outer_ones(copy: Copy) -> None:
+    """The same nesting of paths in one execution: front-desk wrote rows of it (and its
+    end), so the run stays front-desk's, in the rule and in the runs index."""
+    events: list[str] = []
+    refund_bot = build_agent(copy.checkpointer, events=events)
+    desk = build_front_desk(copy.checkpointer, refund_bot, events, same_execution=True)
+    outer = asyncio.run(desk.arun("Refund order A-1001 for 40.00"))
+    assert outer.status == "completed"
+    rows = copy.store.list_rows(outer.execution_id)
+    assert {r.agent_path for r in rows} >= {
+        f"agent:{FRONT_DESK}",
+        f"agent:{FRONT_DESK}/agent:refund-bot",
+    }
+    assert runs.run_owner(rows) == runs.Owner(runs.AGENT, FRONT_DESK)
+    assert copy.store.get_run(outer.execution_id).agent == FRONT_DESK  # type: ignore[union-attr]
+    assert state_of(copy.store, outer.execution_id) == runs.COMPLETED

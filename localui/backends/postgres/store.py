@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from localui import runs
 from localui.backends import shared
 from localui.backends.postgres.index import (
     BACKGROUND_FROM_ROWS,
@@ -299,7 +300,7 @@ class PostgresStore:
         # here: ``runs.execution_owner`` strips them), else the first row's agent.
         owner = "NULL"
         if "agent_path" in s.checkpoint_columns:
-            own = "regexp_replace(agent_path, '^(agent:[^/]*/)+', '')"
+            own = f"regexp_replace(agent_path, '{runs.ENCLOSING_AGENTS}', '')"
             top = f"split_part({own}, '/', 1)"
             name = f"substr({top}, strpos({top}, ':') + 1)"
             depth = "length(agent_path) - length(replace(agent_path, '/', ''))"
