@@ -567,6 +567,7 @@ def _main(
         # so on PostgreSQL the pair is reported beside its SQLite file, not judged.
         with_sdk_ui=dsn is None
         and any(r.localui.side_by_side for r in runs if r.store.runs == largest),
+        with_demo=demo is not None,
     )
     errors = [e for r in runs for s in (r.localui, r.sdk) if s is not None for e in s.errors]
     errors += [e for r in runs if r.fleet is not None for e in r.fleet.errors]
@@ -623,8 +624,8 @@ def _only_demo(args: argparse.Namespace, log: Log, app_path: Path) -> int:
     demo = measure_demo(max(1, args.demo_starts), log, app_path)
     verdicts = [
         v
-        for v in judge({"demo": demo.figures()}, runs=0, with_sdk_ui=False)
-        if v.budget.key.startswith("demo_")
+        for v in judge({"demo": demo.figures()}, runs=0, with_sdk_ui=False, with_demo=True)
+        if v.budget.needs_demo
     ]
     if args.localui_path is None:
         shutil.rmtree(app_path, ignore_errors=True)
