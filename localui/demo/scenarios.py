@@ -17,10 +17,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 from localui.backends.urls import is_postgres_url
 from localui.demo.agent import EXIT_DIED_IN_TOOL, EXIT_DIED_WAITING_ON_MODEL
@@ -381,15 +382,22 @@ def create_store(path: Path) -> None:
     names the demo's instead, for this one call.
     """
     from fastaiagent import SQLiteCheckpointer
-    from fastaiagent._internal.scope import scoped_project_id
 
-    token = scoped_project_id.set(DEMO_PROJECT)
+    scope: ContextVar[Any] | None = None
+    try:
+        from fastaiagent._internal.scope import scoped_project_id
+
+        scope = scoped_project_id
+    except ImportError:
+        pass  # an SDK from before project scoping stamps no project, and writes no file
+    token = scope.set(DEMO_PROJECT) if scope is not None else None
     try:
         checkpointer = SQLiteCheckpointer(str(path))
         checkpointer.setup()
         checkpointer.close()
     finally:
-        scoped_project_id.reset(token)
+        if scope is not None and token is not None:
+            scope.reset(token)
 
 
 def _prepare_postgres(dsn: str, schema: str) -> None:
