@@ -34,7 +34,7 @@ from localui.views.approvals import (
     DecisionView,
     approval_item,
     approver_of,
-    decision_view,
+    decision_views,
 )
 from localui.views.common import context, html_only, off_loop, pretty_json, respond
 from localui.views.params import parse_count
@@ -435,7 +435,7 @@ def actions_section(
         resume_problem = actions.plan_problem(plan)
     recorded = actions.decisions.list_for_run(execution_id)
     return ActionsSection(
-        decisions=tuple(decision_view(d) for d in recorded),
+        decisions=decision_views(actions, execution_id, recorded=recorded),
         last_approval=next((d for d in reversed(recorded) if d.kind == APPROVAL), None),
         resume_problem=resume_problem,
         fork_problem=actions.fork_problem(owner),
