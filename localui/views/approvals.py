@@ -319,10 +319,10 @@ class RuleView:
     fields: tuple[FieldView, ...] = html_only(())
 
 
-def _needed_words(remaining: int) -> str:
+def _needed_words(remaining: int, *, more: bool = True) -> str:
     if remaining == 1:
-        return "one more person needed"
-    return f"{remaining} more people needed"
+        return "one more person needed" if more else "one person needed"
+    return f"{remaining} more people needed" if more else f"{remaining} people needed"
 
 
 def rule_view(
@@ -333,7 +333,8 @@ def rule_view(
     words = f"Rule {rule.name!r}: {rule.approvals} {plural} from {rule.who}"
     if rule.approvals > 1:
         so_far = ", ".join(f"{v.actor} approved {v.age}" for v in shown) or "none yet"
-        words += f" — {so_far}; {_needed_words(max(rule.approvals - len(shown), 0))}"
+        remaining = max(rule.approvals - len(shown), 0)
+        words += f" — {so_far}; {_needed_words(remaining, more=bool(shown))}"
     if rule.reason_required == "always":
         words += "; a reason is required to approve too"
     return RuleView(

@@ -186,7 +186,12 @@ class RunView:
 
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         page = build_run_page(
-            ctx.store, self.execution_id, self.urls, ctx.actions, traces=ctx.traces
+            ctx.store,
+            self.execution_id,
+            self.urls,
+            ctx.actions,
+            traces=ctx.traces,
+            person=self.person,
         )
         page = replace(page, approver=self.approver)
         parts = (

@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from localui import runs
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
+from localui.auth import OPEN, Person, person_of
 from localui.backends.base import Store
 from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, NotFound
@@ -429,6 +430,7 @@ def actions_section(
     pending: Pending | None,
     now: datetime,
     urls: Urls,
+    person: Person = OPEN,
 ) -> ActionsSection:
     resume_problem = None
     if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
@@ -439,7 +441,9 @@ def actions_section(
         last_approval=next((d for d in reversed(recorded) if d.kind == APPROVAL), None),
         resume_problem=resume_problem,
         fork_problem=actions.fork_problem(owner),
-        approval=approval_item(actions, pending, now, urls) if pending is not None else None,
+        approval=approval_item(actions, pending, now, urls, person=person)
+        if pending is not None
+        else None,
     )
 
 
@@ -452,7 +456,9 @@ def build_run_page(
     start: int | None = None,
     window: int = TIMELINE_ROWS,
     traces: SpanIndex | None = None,
+    person: Person = OPEN,
 ) -> RunPage:
+    """The run page; ``person`` is who looks (a pause's rule may leave its card read-only)."""
     facts = store.get_run(execution_id)
     if facts is None:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
@@ -492,7 +498,7 @@ def build_run_page(
         reentries(trace, headers),
     )
     origin = store.get_fork_origin(execution_id)
-    acting = actions_section(actions, execution_id, owner, plan, pending, now, urls)
+    acting = actions_section(actions, execution_id, owner, plan, pending, now, urls, person)
     age = seconds_since(last.created_at)
     return RunPage(
         execution_id=execution_id,
@@ -546,6 +552,7 @@ async def run_page(request: Request) -> Response:
             start=start,
             window=window,
             traces=ctx.traces,
+            person=person_of(request),
         )
     )
     page = dataclasses.replace(page, approver=approver_of(request))
