@@ -316,13 +316,15 @@ class ActionService:
         person: Person | None = None,
         fields: Mapping[str, Any] | None = None,
     ) -> Outcome:
-        """Approve or reject the pause at ``checkpoint_id``. Under a rule that needs
-        several people, an approval that is not the last is recorded as a vote and the
-        run keeps waiting; the one that completes the count decides, with every
-        approver's name in the metadata the tool receives.
+        """Approve or reject the pause at ``checkpoint_id``, exactly once. Under a rule
+        that needs several people, an approval that is not the last is recorded as a
+        vote and the run keeps waiting; the one that completes the count decides, with
+        every approver's name and the typed ``fields`` in the metadata the tool receives.
 
         Every check that can refuse comes before anything is recorded: who may decide
         (403), the reason and the fields (400), whether this process can resume (422).
+        The metadata is recorded with the claim and handed to the SDK as recorded, so a
+        recovery of a crashed approval carries out the same decision.
         """
         self.ensure_writable()
         approver = approver.strip()
@@ -370,7 +372,8 @@ class ActionService:
             raise Refused(problem)
         owner = runs.run_owner(await asyncio.to_thread(self.store.list_rows, execution_id))
 
-        metadata: dict[str, Any] = {"approver": approver, "reason": reason}
+        # Exactly what the tool receives, built once: recorded with the claim below.
+        resume_metadata: dict[str, Any] = {"approver": approver, "reason": reason}
         mine: Vote | None = None
         if rule is not None:
             key = (execution_id, checkpoint_id)
@@ -416,7 +419,12 @@ class ActionService:
                 earlier = await asyncio.to_thread(self.decisions.votes_for, [key])
                 voters = [v.actor for v in earlier.get(key, ())]
             approvers = list(dict.fromkeys([*voters, approver]))
-            metadata = {"approver": approver, "approvers": approvers, "reason": reason, **typed}
+            resume_metadata = {
+                "approver": approver,
+                "approvers": approvers,
+                "reason": reason,
+                **typed,
+            }
 
         claim = await asyncio.to_thread(
             lambda: self.decisions.claim(
@@ -427,6 +435,7 @@ class ActionService:
                 actor=approver,
                 reason=reason,
                 still_pending=lambda: self.store.get_pending(execution_id) is not None,
+                metadata=resume_metadata,
             )
         )
         if not claim.won:
@@ -438,7 +447,11 @@ class ActionService:
             )
         from fastaiagent import Resume
 
-        resume_value = Resume(approved=approved, metadata=metadata)
+        # What the record now holds, as it holds it: a recovery hands the tool the same.
+        recorded = claim.decision.metadata
+        resume_value = Resume(
+            approved=approved, metadata=dict(recorded) if recorded is not None else resume_metadata
+        )
         return await self._run_resume(
             execution_id, claim.decision, "approve" if approved else "reject", resume_value, owner
         )

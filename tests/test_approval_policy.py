@@ -8,6 +8,7 @@ people sign in with personal tokens from the store's own users table.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -68,11 +69,16 @@ class Desk:
         return [r["actor"] for r in rows]
 
     def decisions(self, run: str) -> list[dict[str, Any]]:
-        return self.query(
-            "SELECT actor, approved, outcome FROM {app}localui_decisions"
+        rows = self.query(
+            "SELECT actor, approved, outcome, metadata FROM {app}localui_decisions"
             " WHERE execution_id = ? ORDER BY id",
             (run,),
         )
+        for row in rows:
+            # JSON text on SQLite, decoded JSONB on PostgreSQL.
+            if isinstance(row["metadata"], str):
+                row["metadata"] = json.loads(row["metadata"])
+        return rows
 
     def run_ends(self, run: str) -> list[str]:
         rows = self.query(
@@ -204,7 +210,15 @@ def test_two_people_approve_and_the_tool_gets_both_names_and_the_typed_amount(
     assert outcome["output"] == "Done: refunded 120.50 on A-1002, approved by ada, bob."
     assert outcome["decision"]["approver"] == "bob"
     assert desk.run_ends(run) == ["completed"]
-    assert [(d["actor"], bool(d["approved"])) for d in desk.decisions(run)] == [("bob", True)]
+    [decision] = desk.decisions(run)
+    assert (decision["actor"], bool(decision["approved"])) == ("bob", True)
+    # The record keeps exactly what the tool was handed: a recovery hands it the same.
+    assert decision["metadata"] == {
+        "approver": "bob",
+        "approvers": ["ada", "bob"],
+        "reason": "checked the order",
+        "amount": 120.5,
+    }
     assert desk.votes(run) == ["ada", "bob"]
     recorded = desk.client.get(f"/runs/{run}.json", headers=ada).json()["decisions"]
     assert [(d["kind"], d["approver"]) for d in recorded] == [("vote", "ada"), ("approval", "bob")]
@@ -228,7 +242,14 @@ def test_a_second_person_rejects_and_the_pause_ends_at_once(
     )
     assert rejected.status_code == 200, rejected.text
     assert rejected.json()["output"] == "Done: refund of 900.00 on A-1003 declined: not this month."
-    assert [(d["actor"], bool(d["approved"])) for d in desk.decisions(run)] == [("cyd", False)]
+    [decision] = desk.decisions(run)
+    assert (decision["actor"], bool(decision["approved"])) == ("cyd", False)
+    assert decision["metadata"] == {
+        "approver": "cyd",
+        "approvers": ["ada", "cyd"],
+        "reason": "not this month",
+        "amount": 900.0,
+    }
     assert desk.run_ends(run) == ["completed"]
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from localui.backends.decisions import (
     ABANDONED_AFTER_SECONDS,
@@ -36,6 +37,11 @@ CLAIM_ATTEMPTS = 5
 
 _COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in COLUMN_NAMES)
 _VOTE_COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in VOTE_COLUMN_NAMES)
+#: The same list on a table made before ``metadata`` was kept, which a read-only log
+#: may not migrate.
+_COLUMNS_BEFORE_METADATA = sql.SQL(", ").join(
+    [*(sql.Identifier(c) for c in COLUMN_NAMES[:-1]), sql.SQL("NULL AS metadata")]
+)
 
 
 def _decision(row: dict[str, Any]) -> Decision:
@@ -62,6 +68,8 @@ class PostgresDecisionLog:
         )
         #: Whether the table is known to exist (a writable log makes it now).
         self._has_table = writable
+        #: The select list the table can answer (see ``_table_exists``).
+        self._columns = _COLUMNS
         self._pool = Pool(
             dsn, name="localui-decisions", read_only=not writable, privileges=privileges
         )
@@ -89,7 +97,7 @@ class PostgresDecisionLog:
         """``text`` with ``{table}``, ``{columns}``, ``{votes}`` and ``{vote_columns}``
         filled in as quoted identifiers."""
         return sql.SQL(text).format(
-            table=self._table, columns=_COLUMNS, votes=self._votes, vote_columns=_VOTE_COLUMNS
+            table=self._table, columns=self._columns, votes=self._votes, vote_columns=_VOTE_COLUMNS
         )
 
     def _create_votes(self, conn: Any) -> None:
@@ -116,6 +124,11 @@ class PostgresDecisionLog:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
             exists = conn.execute("SELECT to_regclass(%s)", (self._regclass(),)).fetchone()[0]
             if exists is not None:
+                if not self._has_metadata(conn):
+                    # A table made before the metadata was kept: its records keep NULL.
+                    conn.execute(
+                        self._sql("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS metadata JSONB")
+                    )
                 # The votes table came later than the decisions: made beside them now.
                 self._create_votes(conn)
                 return
@@ -138,6 +151,7 @@ class PostgresDecisionLog:
                     outcome       TEXT,
                     detail        TEXT,
                     finished_at   TIMESTAMPTZ,
+                    metadata      JSONB,
                     UNIQUE (kind, execution_id, checkpoint_id)
                 )"""
                 )
@@ -148,6 +162,14 @@ class PostgresDecisionLog:
                 )
             )
             self._create_votes(conn)
+
+    def _has_metadata(self, conn: Any) -> bool:
+        found = conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attname = 'metadata' AND NOT attisdropped",
+            (self._regclass(),),
+        ).fetchone()
+        return found is not None
 
     def _regclass(self) -> str:
         """The table as ``to_regclass`` parses it: quoted, so the name is taken as is."""
@@ -163,6 +185,7 @@ class PostgresDecisionLog:
         actor: str,
         reason: str,
         still_pending: Callable[[], bool],
+        metadata: Mapping[str, Any] | None = None,
     ) -> Claim:
         from psycopg.rows import dict_row
 
@@ -187,12 +210,18 @@ class PostgresDecisionLog:
                 row = cur.execute(
                     self._sql(
                         "INSERT INTO {table}"
-                        " (kind, execution_id, checkpoint_id, approved, actor, reason)"
-                        " VALUES (%s, %s, %s, %s, %s, %s)"
+                        " (kind, execution_id, checkpoint_id, approved, actor, reason, metadata)"
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s)"
                         " ON CONFLICT (kind, execution_id, checkpoint_id) DO NOTHING"
                         " RETURNING {columns}"
                     ),
-                    (*key, approved, actor, reason),
+                    (
+                        *key,
+                        approved,
+                        actor,
+                        reason,
+                        None if metadata is None else Jsonb(dict(metadata)),
+                    ),
                 ).fetchone()
                 if row is not None:
                     return Claim(won=True, decision=_decision(row))
@@ -233,6 +262,8 @@ class PostgresDecisionLog:
     def _table_exists(self, cur: Any) -> bool:
         if not self._has_table:
             found = cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()
+            if found["t"] is not None and not self._has_metadata(cur):
+                self._columns = _COLUMNS_BEFORE_METADATA
             self._has_table = found["t"] is not None
         return self._has_table
 
