@@ -25,6 +25,7 @@ from localui import runs
 from localui.auth import Person
 from localui.backends import is_busy
 from localui.backends.base import DecisionLog, Store
+from localui.backends.decisions import ABANDONED_AFTER_SECONDS
 from localui.errors import BadRequest, Conflict, Forbidden, NotFound, ReadOnly, Refused
 from localui.policy import Rule
 from localui.records import (
@@ -388,21 +389,31 @@ class ActionService:
                         needed=rule.approvals,
                     )
                 )
-                if ballot.result == AGAIN:
+                completing = ballot.votes[: rule.approvals]
+                if ballot.result in (AGAIN, FULL) and len(completing) == rule.approvals:
+                    await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
+                    last = completing[-1]
+                    age = seconds_since(last.voted_at)
+                    if age is None or age <= ABANDONED_AFTER_SECONDS:
+                        raise AlreadyDecided(
+                            f"This pause already has its {rule.approvals} approvals: the last"
+                            f" was {last.actor}'s at {last.voted_at}, and it is being carried"
+                            " out.",
+                            None,
+                        )
+                    # The approval that completed the count was never claimed: its process
+                    # died between the two. It is carried out as it was cast, by its name,
+                    # with its reason and fields; this click adds nothing to it.
+                    approver, reason = last.actor, last.reason
+                    typed = json.loads(last.fields_json)
+                elif ballot.result == AGAIN:
                     first = next(v for v in ballot.votes if v.actor == approver)
                     raise Conflict(
                         f"{approver} already approved this pause at {first.voted_at}: rule"
                         f" {rule.name!r} needs {rule.approvals} different people"
                     )
-                if ballot.result == FULL:
-                    await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
-                    last = ballot.votes[-1]
-                    raise AlreadyDecided(
-                        f"This pause already has its {rule.approvals} approvals: the last"
-                        f" was {last.actor}'s at {last.voted_at}, and it is being carried out.",
-                        None,
-                    )
-                mine = ballot.votes[-1]
+                else:
+                    mine = ballot.votes[-1]
                 if len(ballot.votes) < rule.approvals:
                     return Outcome(
                         execution_id,
@@ -414,7 +425,7 @@ class ActionService:
                         votes=ballot.votes,
                         needed=rule.approvals,
                     )
-                voters = [v.actor for v in ballot.votes]
+                voters = [v.actor for v in completing]
             else:
                 earlier = await asyncio.to_thread(self.decisions.votes_for, [key])
                 voters = [v.actor for v in earlier.get(key, ())]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +65,9 @@ class Desk:
     ids: Callable[[str], str]
     users: Any
     query: Callable[[str, tuple[Any, ...]], list[dict[str, Any]]]
+    execute: Callable[[str, tuple[Any, ...]], int]
+    #: Python that opens the served store's decision log, for a process of its own.
+    open_log: str
 
     def votes(self, run: str) -> list[str]:
         rows = self.query("SELECT actor FROM {app}localui_votes WHERE execution_id = ?", (run,))
@@ -119,6 +124,14 @@ def open_desk(request: pytest.FixtureRequest) -> Iterator[Callable[..., Desk]]:
                 rows = raw.query(sql.format(app="", sdk=""), params)
                 return [dict(zip(r.keys(), r, strict=True)) for r in rows]
 
+            def execute(sql: str, params: tuple[Any, ...]) -> int:
+                return raw.execute(sql.format(app="", sdk=""), params)
+
+            open_log = (
+                "from localui.backends.sqlite.decisions import SQLiteDecisionLog as Log;"
+                f" log = Log({str(path)!r})"
+            )
+
         else:
             from localui.backends.postgres.users import PostgresUsers
 
@@ -133,8 +146,17 @@ def open_desk(request: pytest.FixtureRequest) -> Iterator[Callable[..., Desk]]:
                 text = sql.format(app=f"{store.app_schema}.", sdk=f"{store.schema}.")
                 return store.raw.query(text.replace("?", "%s"), params)
 
+            def execute(sql: str, params: tuple[Any, ...]) -> int:
+                text = sql.format(app=f"{store.app_schema}.", sdk=f"{store.schema}.")
+                return store.raw.execute(text.replace("?", "%s"), params)
+
+            open_log = (
+                "from localui.backends.postgres.decisions import PostgresDecisionLog as Log;"
+                f" log = Log({store.dsn!r}, schema={store.app_schema!r})"
+            )
+
         closing.append(users)
-        return Desk(client, ids, users, query)
+        return Desk(client, ids, users, query, execute, open_log)
 
     yield make
     for users in closing:
@@ -349,3 +371,47 @@ def test_groups_from_a_trusted_proxy_header_decide(open_desk: Callable[..., Desk
     assert {i["execution_id"] for i in mine.json()["approvals"]} == {
         i["execution_id"] for i in items if i["execution_id"] != run
     }
+
+
+def test_an_approval_whose_process_died_before_its_claim_is_carried_out_next_time(
+    open_desk: Callable[..., Desk],
+) -> None:
+    desk = open_desk(TWO_FROM_FINANCE)
+    ada = desk.add("ada", "approver")
+    cyd = desk.add("cyd", "approver", "finance")
+    run = desk.ids("paused-1")
+    items = desk.client.get("/approvals.json", headers=ada).json()["approvals"]
+    checkpoint_id = next(i for i in items if i["execution_id"] == run)["checkpoint_id"]
+    assert approve(desk, run, checkpoint_id, ada, amount=250).json()["status"] == "voted"
+    # Bob's approval completed the count in a process that died before it claimed the
+    # pause: a process of its own casts his vote through the decision log and exits.
+    cast = (
+        f"{desk.open_log}; log.cast_vote(execution_id={run!r}, checkpoint_id="
+        f"{checkpoint_id!r}, actor='bob', reason='fine by me', fields_json="
+        "'{\"amount\": 130.0}', needed=2); log.close()"
+    )
+    subprocess.run([sys.executable, "-c", cast], check=True, timeout=60)
+    assert desk.votes(run) == ["ada", "bob"] and desk.decisions(run) == []
+
+    # Just after, the approval may still be on its way: nobody else may take it.
+    early = approve(desk, run, checkpoint_id, cyd, amount=5)
+    assert early.status_code == 409
+    assert "already has its 2 approvals: the last was bob's" in message(early)
+
+    # Once it is older than a live claim ever is (the wait is passed by moving the
+    # vote's time back, not by sleeping), the next approval carries Bob's out as cast.
+    desk.execute(
+        "UPDATE {app}localui_votes SET voted_at = ? WHERE actor = 'bob'",
+        ("2026-01-01T00:00:00+00:00",),
+    )
+    late = approve(desk, run, checkpoint_id, cyd, amount=5)
+    assert late.status_code == 200, late.text
+    assert late.json()["output"] == "Done: refunded 130.00 on A-1002, approved by ada, bob."
+    [decision] = desk.decisions(run)
+    assert decision["actor"] == "bob" and decision["metadata"] == {
+        "approver": "bob",
+        "approvers": ["ada", "bob"],
+        "reason": "fine by me",
+        "amount": 130.0,
+    }
+    assert desk.run_ends(run) == ["completed"] and desk.votes(run) == ["ada", "bob"]
