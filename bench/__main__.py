@@ -115,6 +115,7 @@ def _inproc(store: BuiltStore, cache: Path, urls: Mapping[str, str], options: Op
             str(options.requests),
             "--warmup",
             str(options.warmup),
+            *(["--policy", str(options.policy)] if options.policy is not None else []),
         ],
         input=json.dumps(dict(urls)),
         capture_output=True,
