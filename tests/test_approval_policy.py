@@ -415,3 +415,32 @@ def test_an_approval_whose_process_died_before_its_claim_is_carried_out_next_tim
         "amount": 130.0,
     }
     assert desk.run_ends(run) == ["completed"] and desk.votes(run) == ["ada", "bob"]
+
+
+def test_a_bulk_decision_carries_the_fields_and_checks_them_card_by_card(
+    open_desk: Callable[..., Desk],
+) -> None:
+    desk = open_desk(TWO_FROM_FINANCE.replace("approvals = 2", "approvals = 1"))
+    bob = desk.add("bob", "approver", "finance")
+    small, large = desk.ids("paused-1"), desk.ids("paused-2")  # 250.00 and 900.00
+    items = desk.client.get("/approvals.json", headers=bob).json()["approvals"]
+    picks = [
+        json.dumps([i["execution_id"], i["checkpoint_id"]])
+        for i in items
+        if i["execution_id"] in (small, large)
+    ]
+    done = desk.client.post(
+        "/approvals/bulk",
+        data={"verb": "approve", "reason": "batch", "pick": picks, "field.amount": "300"},
+        headers=bob,
+    )
+    assert done.status_code == 200, done.text
+    results = {i["execution_id"]: i for i in done.json()["items"]}
+    # 300 is above the first card's own maximum (its context's amount): refused alone.
+    assert results[small]["result"] == "refused"
+    assert "field 'amount': 300.0 is above the maximum 250" in results[small]["words"]
+    assert desk.decisions(small) == [] and desk.run_ends(small) == []
+    assert results[large]["result"] == "won", results[large]
+    [decision] = desk.decisions(large)
+    assert decision["metadata"]["amount"] == 300.0
+    assert decision["metadata"]["approvers"] == ["bob"]
