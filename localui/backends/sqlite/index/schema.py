@@ -3,8 +3,8 @@
 One row per run in ``runs`` (its facts, its derived state and the text search
 looks in), counts per state and store totals kept by triggers, an FTS5 trigram
 index for text search when SQLite has FTS5, and ``meta``: the version of these
-tables, which store file the index describes, and the store's rowid up to which
-it is folded in.
+tables, which store file the index describes, the store's rowid up to which
+it is folded in, and the newest row the outbox had marked when it last looked.
 
 A build of a large store loads ``runs`` first and fills the trigram index after,
 in short steps (``fill_text_step``), so the runs list is complete sooner and a
@@ -331,7 +331,11 @@ def read_meta(conn: sqlite3.Connection) -> dict[str, str]:
     return {k: v for k, v in conn.execute("SELECT key, value FROM meta")}
 
 
-def set_meta(conn: sqlite3.Connection, *, high_water: int, identity: str) -> None:
+def set_meta(
+    conn: sqlite3.Connection, *, high_water: int, identity: str, marked_at: str | None
+) -> None:
+    """Record what the index holds: folded up to ``high_water``, and the outbox's marks
+    seen up to the newest marked row's ``created_at`` (None: none seen)."""
     conn.executemany(
         "INSERT OR REPLACE INTO meta VALUES (?, ?)",
         [
@@ -341,6 +345,10 @@ def set_meta(conn: sqlite3.Connection, *, high_water: int, identity: str) -> Non
             ("tip", store_tip(conn, high_water)),
         ],
     )
+    if marked_at is None:
+        conn.execute("DELETE FROM meta WHERE key = 'marked_at'")
+    else:
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('marked_at', ?)", (marked_at,))
 
 
 def store_tip(conn: sqlite3.Connection, rowid: int) -> str:
@@ -368,4 +376,4 @@ def clear(conn: sqlite3.Connection, *, has_text_index: bool, identity: str) -> N
     conn.execute("UPDATE text_filled SET upto = 0, merged = 0")
     conn.execute("DELETE FROM state_counts")
     conn.execute("UPDATE totals SET rows = 0, waiting = 0, quarantined = 0")
-    set_meta(conn, high_water=0, identity=identity)
+    set_meta(conn, high_water=0, identity=identity, marked_at=None)

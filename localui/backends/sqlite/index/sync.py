@@ -6,8 +6,11 @@ build thread.
   mark) and the runs whose pending row came or went are summarised again;
 * rows were deleted (prune), or the file is another file now: the whole index
   is rebuilt;
-* the outbox marked rows in place: the runs that had rows waiting are summarised
-  again.
+* the outbox marked rows in place: the runs with rows marked since the last look
+  are summarised again. The SDK's drain marks rows oldest first, so those are the
+  rows marked at or after the newest marked row of the last look, a range of the
+  SDK's ``(synced, created_at)`` index. Should the counts still disagree (rows
+  marked out of that order), every run with rows waiting is summarised again.
 
 A whole build reads every checkpoint (about 3 s at 400,000 rows). On a store that
 large it runs in a thread of its own, and :meth:`IndexSync.refresh` says False
@@ -229,6 +232,16 @@ def fold(rows: Iterable[tuple[Any, ...]]) -> dict[str, _Summary]:
         else:
             summary.add(row)
     return folded
+
+
+def _newest_marked(conn: sqlite3.Connection, columns: StoreColumns) -> str | None:
+    """``created_at`` of the newest row the outbox marked (``synced = 1``), if any: one
+    lookup in the SDK's ``(synced, created_at)`` index."""
+    row = conn.execute(
+        f"SELECT MAX({columns.expressions['created_at']}) FROM s.checkpoints"
+        f" WHERE {columns.synced} = 1"
+    ).fetchone()
+    return None if row is None or row[0] is None else str(row[0])
 
 
 def store_pending(conn: sqlite3.Connection) -> dict[str, str]:
@@ -513,6 +526,7 @@ class IndexSync:
             conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM s.checkpoints").fetchone()[0]
         )
         pending = store_pending(conn)
+        marked_at = _newest_marked(conn, columns)
         # In run order (the SDK's index on execution_id), so that each run is complete
         # when the next begins and memory holds one batch of runs, not the store's.
         rows = conn.execute(
@@ -530,7 +544,7 @@ class IndexSync:
         )
         for statement in schema.upkeep(self.has_text_index):
             conn.execute(statement)
-        schema.set_meta(conn, high_water=high_water, identity=identity)
+        schema.set_meta(conn, high_water=high_water, identity=identity, marked_at=marked_at)
 
     def _counted(self, rows: Iterable[tuple[Any, ...]], total: int) -> Iterator[tuple[Any, ...]]:
         """``rows``, reporting progress (and stopping on shutdown) as they are read."""
@@ -568,18 +582,7 @@ class IndexSync:
         else:
             total = int(conn.execute("SELECT COUNT(*) FROM s.checkpoints").fetchone()[0])
             self._counted_at, self._count_owed = now, False
-        # Rows waiting for the plane are usually nearly all of them (nothing drains the
-        # outbox without a platform), so count the few that are not, each part a range
-        # of the SDK's (synced, created_at) index, rather than every waiting row.
-        marked = sum(
-            int(conn.execute(f"SELECT COUNT(*) FROM s.checkpoints WHERE {test}").fetchone()[0])
-            for test in (
-                f"{columns.synced} IS NULL",
-                f"{columns.synced} < 0",
-                f"{columns.synced} > 0",
-            )
-        )
-        waiting = total - marked
+        waiting = self._count_waiting(conn, columns, total)
         added = {
             r[0]
             for r in conn.execute(
@@ -597,17 +600,54 @@ class IndexSync:
         changed = added | (pending.keys() ^ indexed.keys())
         changed.update(e for e in pending.keys() & indexed.keys() if pending[e] != indexed[e])
         self._refold(conn, columns, changed, pending, top)
-        schema.set_meta(conn, high_water=top, identity=self._identity())
+        marked_at = _newest_marked(conn, columns)
+        schema.set_meta(conn, high_water=top, identity=self._identity(), marked_at=marked_at)
         rows_now, waiting_now = conn.execute("SELECT rows, waiting FROM totals").fetchone()
         if rows_now != total:
             # Rows were deleted (prune, delete_execution).
             return False
-        if waiting_now != waiting:
-            # The outbox drain marked rows in place (synced, or quarantined: both clear
-            # ``synced = 0``), and only rows that were waiting can have been marked.
+        if waiting_now == waiting:
+            return True
+        # The outbox drain marked rows in place (synced, or quarantined: both set
+        # ``synced = 1``). It drains oldest first, so the rows it marked since the last
+        # look lie after the newest row marked then (one marked later with the very same
+        # time is seen by the counts below).
+        since = meta.get("marked_at", "")
+        marked = {
+            r[0]
+            for r in conn.execute(
+                f"SELECT DISTINCT execution_id FROM s.checkpoints WHERE {columns.synced} = 1"
+                f" AND {columns.expressions['created_at']} > ? AND rowid <= ?",
+                (since, top),
+            )
+        }
+        self._refold(conn, columns, marked - changed, pending, top)
+        if conn.execute("SELECT waiting FROM totals").fetchone()[0] != waiting:
+            # Rows marked out of that order (another drain, a hand-made mark): only rows
+            # that were waiting can have been marked, so those runs are folded again.
             stale = {r[0] for r in conn.execute("SELECT execution_id FROM runs WHERE rows_waiting")}
             self._refold(conn, columns, stale, pending, top)
         return True
+
+    def _count_waiting(self, conn: sqlite3.Connection, columns: StoreColumns, total: int) -> int:
+        """The store's rows waiting for the plane (``synced = 0``) out of ``total``.
+
+        Each count is a range of the SDK's ``(synced, created_at)`` index, so the side
+        the index last found smaller is counted: the rows waiting in a store connected
+        to the plane, the few marked ones in a store nothing drains."""
+        rows, waiting = conn.execute("SELECT rows, waiting FROM totals").fetchone()
+        if 2 * int(waiting) < int(rows):
+            query = f"SELECT COUNT(*) FROM s.checkpoints WHERE {columns.synced} = 0"
+            return int(conn.execute(query).fetchone()[0])
+        marked = sum(
+            int(conn.execute(f"SELECT COUNT(*) FROM s.checkpoints WHERE {test}").fetchone()[0])
+            for test in (
+                f"{columns.synced} IS NULL",
+                f"{columns.synced} < 0",
+                f"{columns.synced} > 0",
+            )
+        )
+        return total - marked
 
     def _refold(
         self,
