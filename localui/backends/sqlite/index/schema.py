@@ -10,6 +10,13 @@ A build of a large store loads ``runs`` first and fills the trigram index after,
 in short steps (``fill_text_step``), so the runs list is complete sooner and a
 catch-up never waits long for the file; ``text_filled`` says how far it has got,
 and search scans ``runs`` until it is done.
+
+Once it is, runs folded in later are put in the trigram index in batches
+(``extend_text_index``) rather than one by one as they are inserted: FTS5 writes a
+segment per transaction and merges them as they pile up, so a run put in by each
+catch-up of a store written to hundreds of times a second cost about 2.5 ms (against
+0.2 ms in a batch), most of the catch-up. Search looks up the trigram index for the
+runs it holds and scans the few newer ones (``text_upto``).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from localui.backends.sqlite.files import read_uri
 from localui.errors import Unavailable
 
 #: Bump when the index's tables change: an index of another version is rebuilt.
-VERSION = "5"
+VERSION = "6"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -58,7 +65,8 @@ CREATE TABLE IF NOT EXISTS totals (
 );
 INSERT OR IGNORE INTO totals VALUES (1, 0, 0, 0);
 -- The trigram index holds the runs whose rowid is at most upto, and merged is 1 once
--- its segments are merged after a fill (search uses it only then).
+-- its segments are merged after a fill (search uses it only then, and scans the runs
+-- above upto).
 CREATE TABLE IF NOT EXISTS text_filled (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     upto INTEGER NOT NULL, merged INTEGER NOT NULL
@@ -66,9 +74,6 @@ CREATE TABLE IF NOT EXISTS text_filled (
 INSERT OR IGNORE INTO text_filled VALUES (1, 0, 0);
 """
 
-#: ``text_filled.upto`` once every run is in the trigram index: from then on each
-#: run inserted goes in as it is inserted.
-ALL_RUNS = 2**63 - 1
 
 #: What text search looks in: one line each for the id, agent, pause reason and
 #: tool arguments of run ``{r}`` (``new`` or ``old`` in a trigger, ``runs`` in a select).
@@ -84,7 +89,8 @@ _TEXT_TABLE = (
 
 #: Keeps ``run_text`` in step with ``runs`` (rows of ``runs`` are only ever
 #: inserted and deleted, never updated), for the runs a fill has reached: a run above
-#: ``upto`` is put in by the fill when it gets there.
+#: ``upto`` (a run folded in again gets a new rowid) is put in by the fill, or by the
+#: next batch, when it gets there.
 _TEXT_UPKEEP = (
     f"""CREATE TRIGGER IF NOT EXISTS runs_text_ins AFTER INSERT ON runs
         WHEN new.rowid <= (SELECT upto FROM text_filled) BEGIN
@@ -287,15 +293,36 @@ def _fill_text(conn: sqlite3.Connection, above: int, upto: int | None) -> None:
     )
 
 
+def _top(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM runs").fetchone()[0])
+
+
 def fill_text_index(conn: sqlite3.Connection) -> None:
     """Put every run not yet in the trigram index in it now, merged (a small store's
     build, in the build's own transaction)."""
-    above = int(conn.execute("SELECT upto FROM text_filled").fetchone()[0])
-    if above < ALL_RUNS:
-        _fill_text(conn, above, None)
+    _fill_text(conn, text_upto(conn), None)
     conn.execute("INSERT INTO run_text (run_text) VALUES ('optimize')")
     conn.executemany(_SETTING, _MERGE_AS_YOU_GO)
-    conn.execute("UPDATE text_filled SET upto = ?, merged = 1", (ALL_RUNS,))
+    conn.execute("UPDATE text_filled SET upto = ?, merged = 1", (_top(conn),))
+
+
+def extend_text_index(conn: sqlite3.Connection) -> None:
+    """Put the runs folded in since the last batch in the complete trigram index, in
+    the caller's write transaction."""
+    upto, top = text_upto(conn), _top(conn)
+    if top > upto:
+        _fill_text(conn, upto, top)
+        conn.execute("UPDATE text_filled SET upto = ?", (top,))
+
+
+def text_waiting(conn: sqlite3.Connection) -> int:
+    """About how many runs are above ``upto`` (rowids, so at most that many)."""
+    return max(0, _top(conn) - text_upto(conn))
+
+
+def text_upto(conn: sqlite3.Connection) -> int:
+    """The highest rowid of ``runs`` up to which the trigram index holds every run."""
+    return int(conn.execute("SELECT upto FROM text_filled").fetchone()[0])
 
 
 def fill_text_step(conn: sqlite3.Connection) -> bool:
@@ -303,15 +330,14 @@ def fill_text_step(conn: sqlite3.Connection) -> bool:
     transaction): the next runs put in, or once all are, a part of the merge. True
     when the index is complete."""
     upto, merged = conn.execute("SELECT upto, merged FROM text_filled").fetchone()
-    if upto < ALL_RUNS:
-        top = int(conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM runs").fetchone()[0])
-        reached = upto + TEXT_STEP_RUNS
-        _fill_text(conn, upto, reached)
-        # Past the last run: every run inserted from now on goes in as it is inserted.
-        conn.execute("UPDATE text_filled SET upto = ?", (ALL_RUNS if reached >= top else reached,))
-        return False
     if merged:
         return True
+    top = _top(conn)
+    if upto < top:
+        reached = min(top, upto + TEXT_STEP_RUNS)
+        _fill_text(conn, upto, reached)
+        conn.execute("UPDATE text_filled SET upto = ?", (reached,))
+        return False
     before = conn.total_changes
     conn.execute(_SETTING, ("merge", TEXT_STEP_PAGES))
     if conn.total_changes - before >= 2:
@@ -323,8 +349,8 @@ def fill_text_step(conn: sqlite3.Connection) -> bool:
 
 def text_complete(conn: sqlite3.Connection) -> bool:
     """Whether the trigram index holds every run, merged, so search can use it."""
-    row = conn.execute("SELECT upto, merged FROM text_filled").fetchone()
-    return row is not None and row[0] == ALL_RUNS and bool(row[1])
+    row = conn.execute("SELECT merged FROM text_filled").fetchone()
+    return row is not None and bool(row[0])
 
 
 def read_meta(conn: sqlite3.Connection) -> dict[str, str]:
