@@ -59,6 +59,8 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory, backend: str) -> tuple[i
             "--warmup",
             "1",
             "--no-sdk-ui",
+            # Measured on their own: bench.writes, tests/test_bench_writes.py.
+            "--no-writes",
             "--out",
             str(out),
             "--workdir",
