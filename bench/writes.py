@@ -62,6 +62,12 @@ class Half:
     errors: list[str] = field(default_factory=list)
     samples_ms: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    #: CPU the server used meanwhile (all its threads), whatever else the machine did.
+    server_cpu_s: float = 0.0
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        return self.server_cpu_s * 1000 / self.requests if self.requests else 0.0
 
     @property
     def per_second(self) -> float:
@@ -124,6 +130,7 @@ class WritesRun:
                         "requests_per_s": h.per_second,
                         "p50_ms": h.p(0.5),
                         "p99_ms": h.p(0.99),
+                        "server_cpu_ms_per_request": h.cpu_ms_per_request,
                         "errors": h.errors[:5],
                     }
                     for name, h in (("alone", a), ("writing", w))
@@ -133,6 +140,13 @@ class WritesRun:
             "errors": self.errors,
             "passed": self.passed,
         }
+
+
+def _read_timed(server: Server, readers: int, seconds: float) -> Half:
+    cpu = server.cpu_seconds()
+    half = asyncio.run(_read(server.base_url, readers, seconds))
+    half.server_cpu_s = server.cpu_seconds() - cpu
+    return half
 
 
 async def _read(base_url: str, readers: int, seconds: float) -> Half:
@@ -205,7 +219,7 @@ def measure_writes(
         asyncio.run(_read(server.base_url, readers, min(2.0, seconds)))  # warm
         pauses: list[str] = []
         for n in range(1, rounds + 1):
-            alone = asyncio.run(_read(server.base_url, readers, seconds))
+            alone = _read_timed(server, readers, seconds)
             writing, written = _read_while_writing(server, copy, workdir, n, readers, seconds, rate)
             result.rounds.append((alone, writing))
             result.runs_written += written.runs
@@ -215,7 +229,9 @@ def measure_writes(
                 f"  writes round {n}: alone {alone.per_second:.1f} req/s (p50"
                 f" {alone.p(0.5):.0f} ms), writing {writing.per_second:.1f} req/s (p50"
                 f" {writing.p(0.5):.0f} ms, p99 {writing.p(0.99):.0f} ms), ratio"
-                f" {result.ratios[-1]:.2f}; {written.runs} runs in"
+                f" {result.ratios[-1]:.2f}; server CPU per request"
+                f" {alone.cpu_ms_per_request:.1f} ms alone, {writing.cpu_ms_per_request:.1f} ms"
+                f" writing; {written.runs} runs in"
                 f" {written.seconds:.1f} s; errors"
                 f" {len(alone.errors)}+{len(writing.errors)}"
             )
@@ -269,7 +285,7 @@ def _read_while_writing(
         if writer.stdout.readline().strip() != "writing":
             raise RuntimeError("the writer did not start")
         time.sleep(1.0)
-        half = asyncio.run(_read(server.base_url, readers, seconds))
+        half = _read_timed(server, readers, seconds)
         out, _ = writer.communicate(timeout=seconds + 120)
     finally:
         if writer.poll() is None:
