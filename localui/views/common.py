@@ -29,6 +29,7 @@ from localui.backends.base import Backend, Store
 from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, LifespanNotRun, LocalUIError
 from localui.live import ChangeFeed
+from localui.notify.watcher import Watcher
 from localui.records import Unreadable
 from localui.registry import Registry
 from localui.settings import Settings
@@ -72,6 +73,8 @@ class AppState:
     traces: SpanIndex | None = None
     #: The live pages' shared renders, made with the first stream (``views.live``).
     live_renders: LiveRenders | None = None
+    #: Records and sends notifications; None when no target is configured.
+    watcher: Watcher | None = None
 
     @property
     def store(self) -> Store:
