@@ -151,6 +151,14 @@ def _add_notify_options(parser: argparse.ArgumentParser) -> None:
         help="Remind about a pause waiting this long, then again each interval (default: 3600).",
     )
     notify.add_argument(
+        "--notify-lease",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="How long a server holds the deliveries it is making: if it dies meanwhile,"
+        " another server (or this one restarted) sends them after this (default: 60).",
+    )
+    notify.add_argument(
         "--remind-times",
         type=int,
         default=3,
@@ -455,9 +463,10 @@ def _notifications(args: argparse.Namespace) -> Notifications:
             raise NotifyOptionError(
                 f"--webhook-secret-file {args.webhook_secret_file}: {exc.strerror}"
             ) from exc
-    if args.remind_times < 0 or args.stale_after <= 0 or args.remind_after <= 0:
+    if min(args.stale_after, args.remind_after, args.notify_lease) <= 0 or args.remind_times < 0:
         raise NotifyOptionError(
-            "--stale-after and --remind-after must be positive, --remind-times at least 0"
+            "--stale-after, --remind-after and --notify-lease must be positive,"
+            " --remind-times at least 0"
         )
     return Notifications(
         chat=tuple(args.notify),
@@ -467,6 +476,7 @@ def _notifications(args: argparse.Namespace) -> Notifications:
         events=tuple(t for t in EVENT_TYPES if t in events),
         redact=tuple(args.notify_redact),
         remind_times=args.remind_times,
+        lease=args.notify_lease,
     )
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import httpx
 import pytest
-from helpers import NO_SIGN_IN, free_port
+from helpers import NO_SIGN_IN, free_port, start_localui
 from notify_receiver import Received, Receiver
 from standardwebhooks.webhooks import Webhook
 from starlette.applications import Starlette
@@ -494,3 +496,79 @@ async def test_the_notifications_page_lists_targets_and_announcements(where: Whe
     assert len(page["recent"]) == SEEDED_PAUSES
     assert {r["state"] for r in page["recent"]} == {"sent"}
     assert "run.paused" in html and f"127.0.0.1:{receiver.port}/hook" in html
+
+
+# --- served processes -----------------------------------------------------------------
+
+
+def serve_args(where: Where, receiver: Receiver, secret: Path, *extra: str) -> list[str]:
+    return [
+        "serve",
+        *where.store_args(),
+        "--no-auth",
+        "--webhook",
+        receiver.url + "/hook",
+        "--webhook-secret-file",
+        str(secret),
+        *extra,
+    ]
+
+
+def test_a_server_killed_mid_delivery_delivers_after_restart_at_most_once_more_same_id(
+    where: Where, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    hold = threading.Event()
+    with Receiver(hold=hold) as receiver:
+        args = serve_args(where, receiver, secret, "--notify-lease", "2", "--notify-on", "paused")
+        first = start_localui(args, cwd=tmp_path, log=tmp_path / "first.log")
+        try:
+            # The first POST is held unanswered: that row is sent and not yet marked,
+            # the other pauses are recorded and claimed, not yet sent.
+            (in_flight,) = receiver.wait_for(lambda r: len(r) >= 1)
+        finally:
+            first.process.send_signal(signal.SIGKILL)
+            first.process.wait()
+            first.stop()
+        hold.set()
+        second = start_localui(args, cwd=tmp_path, log=tmp_path / "second.log")
+        try:
+            got = receiver.wait_for(
+                lambda r: len({x.headers["webhook-id"] for x in r}) >= SEEDED_PAUSES
+            )
+            time.sleep(1.5)
+        finally:
+            second.stop()
+    seen = Counter(r.headers["webhook-id"] for r in receiver.requests())
+    assert len(seen) == SEEDED_PAUSES, got
+    assert seen[in_flight.headers["webhook-id"]] == 2
+    assert all(n == 1 for k, n in seen.items() if k != in_flight.headers["webhook-id"])
+    assert {b["data"]["execution_id"] for b in bodies(receiver.requests())} == where.seed.ids(
+        "paused"
+    )
+
+
+@pytest.mark.postgres
+def test_two_servers_on_one_postgresql_store_deliver_each_event_once(
+    pg_store: PgStore, pg_seeded: Any, tmp_path: Path
+) -> None:
+    where = Where("postgres", pg_store.dsn, pg_seeded, pg_store)
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    with Receiver() as receiver:
+        args = serve_args(where, receiver, secret, "--notify-on", "paused,failed")
+        servers = [
+            start_localui(args, cwd=tmp_path, log=tmp_path / f"server-{n}.log") for n in (1, 2)
+        ]
+        try:
+            new = [run_worker(where, name, tmp_path) for name in ("paused-1", "paused-2", "failed")]
+            receiver.wait_for(lambda r: len(r) >= SEEDED_PAUSES + len(new))
+            time.sleep(2.0)  # several polls of both servers: nothing comes twice
+        finally:
+            for server in servers:
+                server.stop()
+    seen = Counter(r.headers["webhook-id"] for r in receiver.requests())
+    assert len(seen) == SEEDED_PAUSES + len(new) and max(seen.values()) == 1
+    announced = {b["data"]["execution_id"] for b in bodies(receiver.requests())}
+    assert announced == where.seed.ids("paused") | set(new)
