@@ -4,19 +4,32 @@
  * a stream; this file does only that. In a page it replaces htmx.createEventSource with
  * a stand-in fed by a SharedWorker (this same file), which holds one EventSource on
  * /live/mux for the union of the URLs the tabs watch. Without SharedWorker each page
- * keeps its own stream (the server caps them), and pages say when live updates pause. */
+ * keeps its own stream (the server caps them), and pages say when live updates pause.
+ * It also keeps the waiting count in the title ("(3) Approvals · localui"), and, for a
+ * person who asked with "Notify me", has one tab of the browser (not every tab) show a
+ * notification when the queue grows. */
 (function () {
   "use strict";
   if (typeof SharedWorkerGlobalScope !== "undefined" && self instanceof SharedWorkerGlobalScope) {
     var watchers = new Map(); // "port#id" -> {port, id, url, sent: event -> data}
     var latest = new Map(); // url -> (event -> data) from the open stream
     var es = null, urls = [], mux = "", timer = 0, retry = 1000, ports = 0;
+    var waiting = -1; // the queue's size as the newest nav badge says; -1 before the first
     var post = function (w, m) { try { w.port.postMessage(m); } catch (e) { /* tab gone */ } };
     var all = function (type) { watchers.forEach(function (w) { post(w, { type: type, id: w.id }); }); };
     var deliver = function (w, event, data) {
       if (w.sent.get(event) === data) return;
       w.sent.set(event, data);
       post(w, { type: "event", id: w.id, event: event, data: data });
+    };
+    // Every tab's stream carries the badge: the count going up, not each copy of it,
+    // is news, told to one tab only.
+    var counted = function (html) {
+      var found = />\s*(\d+)\s*</.exec(html), n = found ? +found[1] : -1;
+      if (n < 0) return;
+      var first = watchers.values().next().value;
+      if (waiting >= 0 && n > waiting && first) post(first, { type: "pause", id: first.id, count: n });
+      waiting = n;
     };
     var schedule = function () { if (!timer) timer = setTimeout(open, 30); }; // tabs opening together share one reconnect
     var open = function () {
@@ -46,6 +59,7 @@
           latest.get(u).set(event, data);
         });
         watchers.forEach(function (w) { if (mine.indexOf(w.url) >= 0) deliver(w, event, data); });
+        if (event === "nav-badge") counted(data);
       });
     };
     self.onconnect = function (c) {
@@ -80,6 +94,45 @@
   };
   document.addEventListener("htmx:sseError", function () { paused(true); });
   document.addEventListener("htmx:sseOpen", function () { paused(false); });
+
+  var titled = function () {
+    var badge = document.getElementById("nav-pending"), n = badge ? parseInt(badge.textContent, 10) : 0;
+    var base = document.title.replace(/^\(\d+\) /, "");
+    document.title = n > 0 ? "(" + n + ") " + base : base;
+  };
+  document.addEventListener("DOMContentLoaded", titled);
+  document.addEventListener("htmx:afterSettle", titled);
+  document.addEventListener("htmx:sseMessage", titled);
+
+  var KEY = "localui-notify", button = null;
+  var opted = function () {
+    try { return localStorage.getItem(KEY) === "on" && Notification.permission === "granted"; } catch (e) { return false; }
+  };
+  var choose = function (on) { try { localStorage.setItem(KEY, on ? "on" : "off"); } catch (e) { /* not kept */ } };
+  var shown = function () {
+    button.setAttribute("aria-pressed", String(opted()));
+    button.textContent = opted() ? "Notifying" : "Notify me";
+  };
+  document.addEventListener("DOMContentLoaded", function () {
+    button = document.getElementById("notify-toggle");
+    if (!button || !("Notification" in window)) return;
+    button.hidden = false;
+    shown();
+    button.addEventListener("click", function () {
+      if (opted()) { choose(false); shown(); return; }
+      Notification.requestPermission().then(function (answer) { choose(answer === "granted"); shown(); });
+    });
+  });
+  var notify = function (count) {
+    if (!("Notification" in window) || !opted()) return;
+    var note = new Notification((count === 1 ? "1 run waits" : count + " runs wait") + " for a person", {
+      body: "A new pause is in the approvals queue.", tag: "localui-approvals"
+    });
+    note.onclick = function () {
+      window.focus();
+      if (button && button.getAttribute("data-approvals")) location.href = button.getAttribute("data-approvals");
+    };
+  };
   if (typeof SharedWorker === "undefined" || !window.htmx || !script) return;
   var port;
   try { port = new SharedWorker(script.src, { name: "localui-live" }).port; } catch (e) { return; }
@@ -112,6 +165,7 @@
   };
   port.onmessage = function (m) {
     var msg = m.data, s = sources.get(msg.id);
+    if (msg.type === "pause") { notify(msg.count); return; }
     if (!s) return;
     if (msg.type === "event") {
       var e = new MessageEvent(msg.event, { data: msg.data });
