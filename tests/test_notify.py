@@ -572,3 +572,33 @@ def test_two_servers_on_one_postgresql_store_deliver_each_event_once(
     assert len(seen) == SEEDED_PAUSES + len(new) and max(seen.values()) == 1
     announced = {b["data"]["execution_id"] for b in bodies(receiver.requests())}
     assert announced == where.seed.ids("paused") | set(new)
+
+
+def test_a_deep_link_opened_without_a_session_lands_on_its_pause_after_sign_in(
+    store_copy: Path, seeded: Seeded
+) -> None:
+    from helpers import LOOPBACK_CLIENT, TEST_TOKEN, sign_in_settings
+    from starlette.testclient import TestClient
+
+    with Receiver() as receiver:
+        settings = Settings(
+            store=str(store_copy),
+            sign_in=sign_in_settings(),
+            notifications=webhook_settings(receiver, public_url="https://ops.example.com/desk"),
+            **FAST,
+        )
+        with TestClient(create_app(settings), base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+            got = receiver.wait_for(lambda r: len(r) >= SEEDED_PAUSES)
+            paused = seeded.id("paused-1")
+            (link,) = [b["data"]["url"] for b in bodies(got) if b["data"]["execution_id"] == paused]
+            assert link == f"https://ops.example.com/desk/approvals/{paused}"
+            path = link.removeprefix("https://ops.example.com/desk")
+            first = client.get(path)
+            assert first.status_code == 401
+            assert f'name="next" value="{path}"' in first.text
+            signed = client.post(
+                "/signin", data={"token": TEST_TOKEN, "next": path}, follow_redirects=False
+            )
+            assert signed.status_code == 303 and signed.headers["location"] == path
+            card = client.get(path)
+            assert card.status_code == 200 and "A-1002" in card.text
