@@ -39,6 +39,7 @@ from bench.budgets import all_passed, judge
 from bench.fleet import measure_fleet
 from bench.latency import Timing, failed, follow_next, time_get, time_in_turns, warm_up
 from bench.model import DEEP_PAGES, SDK_QUEUE, ServerRun, StoreRun, localui_urls, sdk_urls
+from bench.notify import NOTIFY_BUDGETS, run_notify_bench
 from bench.pg import drop_schema
 from bench.sdk_ui import ensure_venv, installed, sdk_version
 from bench.servers import (
@@ -411,6 +412,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="on PostgreSQL, skip the fleet figure (two servers while a third process writes)",
     )
     parser.add_argument(
+        "--notify-burst",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="pauses written back to back for the notification rows; 0 skips those rows",
+    )
+    parser.add_argument(
+        "--notify-samples",
+        type=int,
+        default=30,
+        metavar="N",
+        help="pauses timed one at a time, pause written -> webhook received",
+    )
+    parser.add_argument(
         "--only-build",
         action="store_true",
         help="build (or find) the stores and their PostgreSQL copies, then stop",
@@ -543,6 +558,18 @@ def _main(
         and any(r.localui.side_by_side for r in runs if r.store.runs == largest),
     )
     errors = [e for r in runs for s in (r.localui, r.sdk) if s is not None for e in s.errors]
+    if args.notify_burst > 0:
+        # On a fresh store of its own (the figures do not depend on the store's size), in
+        # a process of its own: it runs the SDK's agent, whose configuration is its own.
+        log(f"measuring notifications (load average {os.getloadavg()[0]:.1f})")
+        notified, notify_errors = run_notify_bench(
+            backend=args.backend, dsn=dsn, samples=args.notify_samples, burst=args.notify_burst
+        )
+        label = next(r.store.label for r in runs if r.store.runs == largest)
+        verdicts += judge(
+            {label: notified}, runs=largest, with_sdk_ui=False, budgets=NOTIFY_BUDGETS
+        )
+        errors += notify_errors
     errors += [e for r in runs if r.fleet is not None for e in r.fleet.errors]
     errors += [
         f"{r.store.label} / fleet {k}: {t.error}"

@@ -141,13 +141,18 @@ def applicable(runs: int, *, with_sdk_ui: bool) -> tuple[Budget, ...]:
 
 
 def judge(
-    figures_by_store: Mapping[str, Mapping[str, float]], *, runs: int, with_sdk_ui: bool
+    figures_by_store: Mapping[str, Mapping[str, float]],
+    *,
+    runs: int,
+    with_sdk_ui: bool,
+    budgets: Sequence[Budget] | None = None,
 ) -> list[Verdict]:
     """Each budget that holds at ``runs`` runs against the figures of every store judged;
     a metric that no store has a figure for is a failure (page weight, say, is measured
     on one store only)."""
     verdicts = []
-    for budget in applicable(runs, with_sdk_ui=with_sdk_ui):
+    chosen = applicable(runs, with_sdk_ui=with_sdk_ui) if budgets is None else budgets
+    for budget in chosen:
         figures: dict[str, float] = {}
         for store, figures_of_store in figures_by_store.items():
             for metric in budget.metrics:

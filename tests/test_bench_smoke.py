@@ -19,6 +19,7 @@ import pytest
 
 from bench.budgets import BUDGETS, applicable
 from bench.model import LOCALUI_METRICS, LOCALUI_PAGES, SDK_METRICS
+from bench.notify import NOTIFY_BUDGETS
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = 200
@@ -59,6 +60,10 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory, backend: str) -> tuple[i
             "--warmup",
             "1",
             "--no-sdk-ui",
+            "--notify-samples",
+            "3",
+            "--notify-burst",
+            "20",
             "--out",
             str(out),
             "--workdir",
@@ -127,7 +132,7 @@ def test_every_budget_is_judged_and_the_exit_status_agrees(
     judged = {b["what"]: b for b in results["budgets"]}
     # A store of 200 runs, without the SDK UI: the million-run and SDK-relative budgets
     # do not hold there.
-    applying = applicable(200, with_sdk_ui=False)
+    applying = (*applicable(200, with_sdk_ui=False), *NOTIFY_BUDGETS)
     assert list(judged) == [b.what for b in applying]
     assert {b.key for b in BUDGETS} - {b.key for b in applying} == {
         "runs_search_1m",

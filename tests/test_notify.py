@@ -27,10 +27,10 @@ import anyio
 import httpx
 import pytest
 from helpers import NO_SIGN_IN, free_port, start_localui
-from notify_receiver import Received, Receiver
 from standardwebhooks.webhooks import Webhook
 from starlette.applications import Starlette
 
+from bench.receiver import Received, Receiver
 from localui import runs
 from localui.app import create_app
 from localui.cli import main
