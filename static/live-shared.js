@@ -25,11 +25,9 @@
     // Every tab's stream carries the badge: the count going up, not each copy of it,
     // is news, told to one tab only.
     var counted = function (html) {
-      var found = />\s*(\d+)\s*</.exec(html), n = found ? +found[1] : -1;
-      if (n < 0) return;
-      var first = watchers.values().next().value;
+      var found = />\s*(\d+)\s*</.exec(html), n = found ? +found[1] : -1, first = watchers.values().next().value;
       if (waiting >= 0 && n > waiting && first) post(first, { type: "pause", id: first.id, count: n });
-      waiting = n;
+      if (n >= 0) waiting = n;
     };
     var schedule = function () { if (!timer) timer = setTimeout(open, 30); }; // tabs opening together share one reconnect
     var open = function () {
@@ -96,43 +94,34 @@
   document.addEventListener("htmx:sseOpen", function () { paused(false); });
 
   var titled = function () {
-    var badge = document.getElementById("nav-pending"), n = badge ? parseInt(badge.textContent, 10) : 0;
+    var badge = document.getElementById("nav-pending"), n = badge ? +badge.textContent : 0;
     var base = document.title.replace(/^\(\d+\) /, "");
     document.title = n > 0 ? "(" + n + ") " + base : base;
   };
-  document.addEventListener("DOMContentLoaded", titled);
-  document.addEventListener("htmx:afterSettle", titled);
-  document.addEventListener("htmx:sseMessage", titled);
-
-  var KEY = "localui-notify", button = null;
-  var opted = function () {
-    try { return localStorage.getItem(KEY) === "on" && Notification.permission === "granted"; } catch (e) { return false; }
+  ["DOMContentLoaded", "htmx:afterSettle", "htmx:sseMessage"].forEach(function (e) { document.addEventListener(e, titled); });
+  // "Notify me": chosen per browser (localStorage), shown only once permission is granted.
+  var button, on = function () {
+    try { return localStorage.getItem("localui-notify") === "on" && Notification.permission === "granted"; } catch (e) { return false; }
   };
-  var choose = function (on) { try { localStorage.setItem(KEY, on ? "on" : "off"); } catch (e) { /* not kept */ } };
-  var shown = function () {
-    button.setAttribute("aria-pressed", String(opted()));
-    button.textContent = opted() ? "Notifying" : "Notify me";
-  };
+  var shown = function () { button.setAttribute("aria-pressed", on()); button.textContent = on() ? "Notifying" : "Notify me"; };
   document.addEventListener("DOMContentLoaded", function () {
     button = document.getElementById("notify-toggle");
-    if (!button || !("Notification" in window)) return;
+    if (!button || !window.Notification) return;
     button.hidden = false;
     shown();
-    button.addEventListener("click", function () {
-      if (opted()) { choose(false); shown(); return; }
-      Notification.requestPermission().then(function (answer) { choose(answer === "granted"); shown(); });
-    });
-  });
-  var notify = function (count) {
-    if (!("Notification" in window) || !opted()) return;
-    var note = new Notification((count === 1 ? "1 run waits" : count + " runs wait") + " for a person", {
-      body: "A new pause is in the approvals queue.", tag: "localui-approvals"
-    });
-    note.onclick = function () {
-      window.focus();
-      if (button && button.getAttribute("data-approvals")) location.href = button.getAttribute("data-approvals");
+    button.onclick = function () {
+      var keep = function (yes) { try { localStorage.setItem("localui-notify", yes ? "on" : "off"); } catch (e) { /* not kept */ } shown(); };
+      if (on()) keep(false);
+      else Notification.requestPermission().then(function (answer) { keep(answer === "granted"); });
     };
+  });
+  var notify = function (n) {
+    if (!button || !on()) return;
+    new Notification((n === 1 ? "1 run waits" : n + " runs wait") + " for a person", {
+      body: "A new pause is in the approvals queue.", tag: "localui-approvals"
+    }).onclick = function () { window.focus(); location.href = button.getAttribute("data-approvals"); };
   };
+
   if (typeof SharedWorker === "undefined" || !window.htmx || !script) return;
   var port;
   try { port = new SharedWorker(script.src, { name: "localui-live" }).port; } catch (e) { return; }
