@@ -40,6 +40,7 @@ from bench.demo_start import measure_demo
 from bench.fleet import measure_fleet
 from bench.latency import Timing, failed, follow_next, time_get, time_in_turns, warm_up
 from bench.model import DEEP_PAGES, SDK_QUEUE, ServerRun, StoreRun, localui_urls, sdk_urls
+from bench.notify import NOTIFY_BUDGETS, run_notify_bench
 from bench.pg import drop_schema
 from bench.sdk_ui import ensure_venv, installed, sdk_version
 from bench.servers import (
@@ -462,6 +463,20 @@ def build_parser() -> argparse.ArgumentParser:
         " writes runs; the runs list while the outbox drains)",
     )
     parser.add_argument(
+        "--notify-burst",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="pauses written back to back for the notification rows; 0 skips those rows",
+    )
+    parser.add_argument(
+        "--notify-samples",
+        type=int,
+        default=30,
+        metavar="N",
+        help="pauses timed one at a time, pause written -> webhook received",
+    )
+    parser.add_argument(
         "--only-build",
         action="store_true",
         help="build (or find) the stores and their PostgreSQL copies, then stop",
@@ -630,6 +645,18 @@ def _main(
     if dsn is None and not args.no_writes:
         verdicts += _measure_writes(stores, args.out, app_path, log)
     errors = [e for r in runs for s in (r.localui, r.sdk) if s is not None for e in s.errors]
+    if args.notify_burst > 0:
+        # On a fresh store of its own (the figures do not depend on the store's size), in
+        # a process of its own: it runs the SDK's agent, whose configuration is its own.
+        log(f"measuring notifications (load average {os.getloadavg()[0]:.1f})")
+        notified, notify_errors = run_notify_bench(
+            backend=args.backend, dsn=dsn, samples=args.notify_samples, burst=args.notify_burst
+        )
+        label = next(r.store.label for r in runs if r.store.runs == largest)
+        verdicts += judge(
+            {label: notified}, runs=largest, with_sdk_ui=False, budgets=NOTIFY_BUDGETS
+        )
+        errors += notify_errors
     errors += [e for r in runs if r.fleet is not None for e in r.fleet.errors]
     errors += demo.errors if demo is not None else []
     errors += [

@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import cast
 
 from localui import runs
-from localui.backends.base import ChangeSource, DecisionLog, Prunes, StoreTarget, UserDirectory
+from localui.backends.base import (
+    ChangeSource,
+    DecisionLog,
+    Outbox,
+    Prunes,
+    StoreTarget,
+    UserDirectory,
+)
 from localui.backends.sqlite.changes import SQLiteChangeSource
 from localui.backends.sqlite.decisions import SQLiteDecisionLog
 from localui.backends.sqlite.store import SQLiteStore
@@ -30,6 +37,11 @@ class SQLiteBackend:
 
     def decision_log(self, *, writable: bool) -> DecisionLog:
         return SQLiteDecisionLog(self.path, writable=writable)
+
+    def outbox(self) -> Outbox:
+        from localui.backends.sqlite.notifications import SQLiteOutbox
+
+        return SQLiteOutbox(self.path)
 
     def users(self, *, writable: bool) -> UserDirectory:
         return SQLiteUsers(self.path, writable=writable)
