@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from localui.backends.shared import NamedRow
-from localui.records import Decision
+from localui.errors import BadRequest
+from localui.records import Decision, DecisionEntry
 
 TABLE = "localui_decisions"
 
@@ -63,6 +64,23 @@ def decision_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> Dec
         detail=None if row["detail"] is None else str(row["detail"]),
         finished_at=None if row["finished_at"] is None else instant(row["finished_at"]),
     )
+
+
+#: What ``/decisions?outcome=`` lists a claim the SDK is still carrying out as.
+PENDING_OUTCOME = "pending"
+
+
+def listing_key(entry: DecisionEntry) -> tuple[str, str]:
+    """Where the listing continues: ``(decided_at, id)`` of the page's last entry."""
+    return (entry.decision.decided_at, str(entry.decision.id))
+
+
+def cursor_id(text: str) -> int:
+    """The id half of a listing cursor; anything else is a 400."""
+    try:
+        return int(text)
+    except ValueError:
+        raise BadRequest(f"after: {text!r} is not a cursor this server gave out") from None
 
 
 def abandoned(decision: Decision) -> bool:

@@ -29,6 +29,7 @@ from localui.errors import BadRequest, LocalUIError, NotFound
 from localui.records import ALREADY_RESUMED, APPROVAL, Decision, PausedCall, Pending, Unreadable
 from localui.views.common import (
     Nav,
+    attention_total,
     context,
     decode_cursor,
     encode_cursor,
@@ -424,7 +425,9 @@ async def approvals_list(request: Request) -> Response:
         "pages/approvals.html",
         page,
         partial="partials/_queue.html",
-        nav=Nav(pending=page.total),
+        nav=Nav(
+            pending=page.total, attention=await off_loop(attention_total, ctx.store, ctx.settings)
+        ),
     )
 
 

@@ -39,7 +39,9 @@ class PostgresBackend:
         return PostgresChangeSource(self.dsn, schema=self.schema, app_schema=self.app_schema)
 
     def decision_log(self, *, writable: bool) -> DecisionLog:
-        return PostgresDecisionLog(self.dsn, schema=self.app_schema, writable=writable)
+        return PostgresDecisionLog(
+            self.dsn, schema=self.app_schema, writable=writable, store_schema=self.schema
+        )
 
     def users(self, *, writable: bool) -> UserDirectory:
         return PostgresUsers(self.dsn, schema=self.app_schema, writable=writable)

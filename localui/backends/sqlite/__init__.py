@@ -29,7 +29,7 @@ class SQLiteBackend:
         return SQLiteChangeSource(self.store.path)
 
     def decision_log(self, *, writable: bool) -> DecisionLog:
-        return SQLiteDecisionLog(self.path, writable=writable)
+        return SQLiteDecisionLog(self.path, writable=writable, runs_index=self.store.index_path)
 
     def users(self, *, writable: bool) -> UserDirectory:
         return SQLiteUsers(self.path, writable=writable)

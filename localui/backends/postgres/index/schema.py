@@ -26,7 +26,8 @@ from typing import Any
 #: Bump when the tables, or what a row holds, change: an index of another version is
 #: built anew. 2: ``agent`` is the run's owner (a team), not its newest row's agent.
 #: 3: a build in chunks walks the SDK table's blocks (its cursor is a block number).
-VERSION = "3"
+#: 4: an index of the runs with quarantined rows (the attention page).
+VERSION = "4"
 
 #: The columns of ``runs_<store>`` a fold fills, in the order a build inserts them.
 RUN_COLUMNS = (
@@ -172,6 +173,7 @@ _SECONDARY = {
     "fork": "(fork_parent) WHERE fork_parent IS NOT NULL",
     "pending": "(execution_id) WHERE has_pending",
     "waiting": "(execution_id) WHERE rows_waiting > 0",
+    "quarantined": '(last_at DESC, execution_id COLLATE "C" DESC) WHERE rows_quarantined > 0',
 }
 
 

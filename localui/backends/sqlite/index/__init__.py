@@ -23,7 +23,15 @@ from pathlib import Path
 
 from localui.backends.sqlite.index import query
 from localui.backends.sqlite.index.sync import BACKGROUND_FROM_ROWS, IndexSync, StoreColumns
-from localui.records import IndexProgress, RunFacts, RunFactsPage, RunQuery
+from localui.records import (
+    AttentionCounts,
+    AttentionPage,
+    AttentionQuery,
+    IndexProgress,
+    RunFacts,
+    RunFactsPage,
+    RunQuery,
+)
 
 __all__ = ["BACKGROUND_FROM_ROWS", "RunIndex", "StoreColumns"]
 
@@ -91,6 +99,17 @@ class RunIndex:
             sync.complete()
         with sync.lock:
             return query.list_runs(sync.conn, runs_query, has_text_index=sync.text_complete())
+
+    def list_attention(self, attention: AttentionQuery) -> AttentionPage:
+        """The runs that need a person (the whole index: it waits for a first build)."""
+        self._sync.complete()
+        with self._sync.lock:
+            return query.list_attention(self._sync.conn, attention)
+
+    def attention_counts(self, stale_before: str, overdue_before: str) -> AttentionCounts:
+        self._sync.complete()
+        with self._sync.lock:
+            return query.attention_counts(self._sync.conn, stale_before, overdue_before)
 
     def resumable_cache_before(self, cutoff: str) -> dict[str, int]:
         """Cache entries older than ``cutoff`` of runs that can still resume, per run."""

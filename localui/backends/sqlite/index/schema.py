@@ -27,7 +27,7 @@ from localui.backends.sqlite.files import read_uri
 from localui.errors import Unavailable
 
 #: Bump when the index's tables change: an index of another version is rebuilt.
-VERSION = "5"
+VERSION = "6"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -106,6 +106,9 @@ _UPKEEP = (
     "CREATE INDEX IF NOT EXISTS runs_fork ON runs (fork_parent) WHERE fork_parent IS NOT NULL",
     # The runs with a pause, which each catch-up compares with the store's.
     "CREATE INDEX IF NOT EXISTS runs_pending ON runs (execution_id) WHERE has_pending",
+    # The runs with quarantined rows, newest first: the attention page's last reason.
+    "CREATE INDEX IF NOT EXISTS runs_quarantined ON runs (last_at DESC, execution_id DESC)"
+    " WHERE rows_quarantined > 0",
     """CREATE TRIGGER IF NOT EXISTS runs_ins AFTER INSERT ON runs BEGIN
         INSERT INTO state_counts VALUES (new.state, 1)
             ON CONFLICT (state) DO UPDATE SET n = n + 1;
@@ -125,6 +128,7 @@ _DROP_UPKEEP = (
     "DROP INDEX IF EXISTS runs_agent",
     "DROP INDEX IF EXISTS runs_fork",
     "DROP INDEX IF EXISTS runs_pending",
+    "DROP INDEX IF EXISTS runs_quarantined",
     "DROP TRIGGER IF EXISTS runs_ins",
     "DROP TRIGGER IF EXISTS runs_del",
     "DROP TRIGGER IF EXISTS runs_text_ins",
