@@ -115,6 +115,28 @@ BUDGETS: tuple[Budget, ...] = (
         ("indexed_s",),
         min_runs=MILLION,
     ),
+    Budget(
+        "attention",
+        "needs attention p50, first page",
+        15,
+        "ms",
+        ("attention_html", "attention_json"),
+    ),
+    Budget(
+        "decisions",
+        "decision record p50, first page, 100,000 decisions",
+        15,
+        "ms",
+        ("decisions_html", "decisions_json"),
+    ),
+    Budget(
+        "decisions_csv",
+        "decision record as CSV, 100,000 decisions, streamed in full, p50",
+        3000,
+        "ms",
+        ("decisions_csv",),
+    ),
+    Budget("metrics", "/metrics p50", 5, "ms", ("metrics",)),
     Budget("js_css", "JS + CSS per page, uncompressed", 80, "KB", ("js_css_kb",)),
     Budget("js_css_wire", "JS + CSS per page, on the wire", 30, "KB", ("js_css_wire_kb",)),
 )

@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from localui import runs
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
+from localui.auth import OPERATOR, person_of
 from localui.records import APPROVAL, RESUME, AttentionQuery, Decision, RowHeader, RunFacts
 from localui.views.common import (
     Nav,
@@ -241,8 +242,6 @@ def build_attention_page(
 
 
 async def attention_list(request: Request) -> Response:
-    from localui.auth import OPERATOR, person_of
-
     ctx = context(request)
     after_text = request.query_params.get("after")
     after = decode_cursor(after_text) if after_text else None
