@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from localui.backends.decisions import (
     ABANDONED_AFTER_SECONDS,
@@ -37,6 +38,11 @@ from localui.records import Claim, Decision, DecisionEntry, DecisionPage, Decisi
 CLAIM_ATTEMPTS = 5
 
 _COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in COLUMN_NAMES)
+#: The same list on a table made before ``metadata`` was kept, which a read-only log
+#: may not migrate.
+_COLUMNS_BEFORE_METADATA = sql.SQL(", ").join(
+    [*(sql.Identifier(c) for c in COLUMN_NAMES[:-1]), sql.SQL("NULL AS metadata")]
+)
 
 
 def _decision(row: dict[str, Any]) -> Decision:
@@ -85,6 +91,8 @@ class PostgresDecisionLog:
         )
         #: Whether the table is known to exist (a writable log makes it now).
         self._has_table = writable
+        #: The select list the table can answer (see ``_table_exists``).
+        self._columns = _COLUMNS
         self._pool = Pool(
             dsn, name="localui-decisions", read_only=not writable, privileges=privileges
         )
@@ -110,7 +118,7 @@ class PostgresDecisionLog:
 
     def _sql(self, text: str) -> sql.Composed:
         """``text`` with ``{table}`` and ``{columns}`` filled in as quoted identifiers."""
-        return sql.SQL(text).format(table=self._table, columns=_COLUMNS)
+        return sql.SQL(text).format(table=self._table, columns=self._columns)
 
     def _create(self) -> None:
         """Schema, table and index, each only when missing: a role that was given an
@@ -121,6 +129,11 @@ class PostgresDecisionLog:
             exists = conn.execute("SELECT to_regclass(%s)", (self._regclass(),)).fetchone()[0]
             if exists is not None:
                 self._create_listing_indexes(conn)
+                if not self._has_metadata(conn):
+                    # A table made before the metadata was kept: its records keep NULL.
+                    conn.execute(
+                        self._sql("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS metadata JSONB")
+                    )
                 return
             has_schema = conn.execute(
                 "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)
@@ -141,6 +154,7 @@ class PostgresDecisionLog:
                     outcome       TEXT,
                     detail        TEXT,
                     finished_at   TIMESTAMPTZ,
+                    metadata      JSONB,
                     UNIQUE (kind, execution_id, checkpoint_id)
                 )"""
                 )
@@ -166,6 +180,14 @@ class PostgresDecisionLog:
                 )
             )
 
+    def _has_metadata(self, conn: Any) -> bool:
+        found = conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attname = 'metadata' AND NOT attisdropped",
+            (self._regclass(),),
+        ).fetchone()
+        return found is not None
+
     def _regclass(self) -> str:
         """The table as ``to_regclass`` parses it: quoted, so the name is taken as is."""
         return sql.Identifier(self.schema, TABLE).as_string()
@@ -180,6 +202,7 @@ class PostgresDecisionLog:
         actor: str,
         reason: str,
         still_pending: Callable[[], bool],
+        metadata: Mapping[str, Any] | None = None,
     ) -> Claim:
         from psycopg.rows import dict_row
 
@@ -204,12 +227,18 @@ class PostgresDecisionLog:
                 row = cur.execute(
                     self._sql(
                         "INSERT INTO {table}"
-                        " (kind, execution_id, checkpoint_id, approved, actor, reason)"
-                        " VALUES (%s, %s, %s, %s, %s, %s)"
+                        " (kind, execution_id, checkpoint_id, approved, actor, reason, metadata)"
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s)"
                         " ON CONFLICT (kind, execution_id, checkpoint_id) DO NOTHING"
                         " RETURNING {columns}"
                     ),
-                    (*key, approved, actor, reason),
+                    (
+                        *key,
+                        approved,
+                        actor,
+                        reason,
+                        None if metadata is None else Jsonb(dict(metadata)),
+                    ),
                 ).fetchone()
                 if row is not None:
                     return Claim(won=True, decision=_decision(row))
@@ -250,6 +279,8 @@ class PostgresDecisionLog:
     def _table_exists(self, cur: Any) -> bool:
         if not self._has_table:
             found = cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()
+            if found["t"] is not None and not self._has_metadata(cur):
+                self._columns = _COLUMNS_BEFORE_METADATA
             self._has_table = found["t"] is not None
         return self._has_table
 
@@ -348,12 +379,14 @@ class PostgresDecisionLog:
                 params["agent"] = query.agent
             agent = "COALESCE(r.agent, '')" if runs is not None else "''"
             join = f" LEFT JOIN {runs} r ON r.execution_id = d.execution_id" if runs else ""
-            columns = ", ".join(f"d.{c}" for c in COLUMN_NAMES)
+            # The page inside, its columns outside: the record's columns as this table has
+            # them (an old table has no metadata column).
             cur.execute(
                 self._sql(
-                    f"SELECT {columns}, {agent} AS agent FROM {{table}} d{join}"
-                    f" WHERE {' AND '.join(where) or 'true'}"
-                    " ORDER BY d.decided_at DESC, d.id DESC LIMIT %(n)s"
+                    f"SELECT {{columns}}, agent FROM (SELECT d.*, {agent} AS agent"
+                    f" FROM {{table}} d{join} WHERE {' AND '.join(where) or 'true'}"
+                    " ORDER BY d.decided_at DESC, d.id DESC LIMIT %(n)s) AS page"
+                    " ORDER BY decided_at DESC, id DESC"
                 ),
                 params,
             )

@@ -12,13 +12,14 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from localui.backends.decisions import (
-    COLUMN_NAMES,
     COLUMNS,
+    COLUMNS_BEFORE_METADATA,
     TABLE,
     abandoned,
     cursor_id,
     decision_from_row,
     listing_key,
+    metadata_to_text,
     now_iso,
 )
 from localui.backends.shared import Page
@@ -42,6 +43,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     outcome       TEXT,
     detail        TEXT,
     finished_at   TEXT,
+    metadata      TEXT,
     UNIQUE (kind, execution_id, checkpoint_id)
 )
 """
@@ -118,6 +120,9 @@ class SQLiteDecisionLog:
         self._conn.row_factory = sqlite3.Row
         #: Whether the table is known to exist (a writable log makes it now).
         self._has_table = writable
+        #: The select list the table can answer: an old table a read-only log may
+        #: not migrate has no ``metadata``.
+        self._columns = COLUMNS
         if writable:
             self._with_retry(self._create)
 
@@ -126,6 +131,13 @@ class SQLiteDecisionLog:
         self._conn.execute(INDEX)
         for statement in LISTING_INDEXES:
             self._conn.execute(statement)
+        if not self._has_metadata():
+            # A table made before the metadata was kept: its records keep NULL.
+            self._conn.execute(f"ALTER TABLE {TABLE} ADD COLUMN metadata TEXT")
+
+    def _has_metadata(self) -> bool:
+        names = {str(r["name"]) for r in self._conn.execute(f"PRAGMA table_info({TABLE})")}
+        return "metadata" in names
 
     def _with_retry(self, fn: Callable[[], T], *, budget: float = 10.0) -> T:
         """Run ``fn``, waiting out "database is locked" for a bounded time."""
@@ -174,6 +186,7 @@ class SQLiteDecisionLog:
         actor: str,
         reason: str,
         still_pending: Callable[[], bool],
+        metadata: Mapping[str, Any] | None = None,
     ) -> Claim:
         def attempt() -> Claim:
             with self._transaction() as conn:
@@ -184,8 +197,8 @@ class SQLiteDecisionLog:
                     conn.execute(f"DELETE FROM {TABLE} WHERE id = ?", (existing.id,))
                 cursor = conn.execute(
                     f"INSERT INTO {TABLE}"
-                    " (kind, execution_id, checkpoint_id, approved, actor, reason, decided_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    " (kind, execution_id, checkpoint_id, approved, actor, reason, decided_at,"
+                    " metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         kind,
                         execution_id,
@@ -194,6 +207,7 @@ class SQLiteDecisionLog:
                         actor,
                         reason,
                         now_iso(),
+                        metadata_to_text(metadata),
                     ),
                 )
                 row = conn.execute(
@@ -232,6 +246,8 @@ class SQLiteDecisionLog:
             ).fetchone()
             if exists is None:
                 return False  # read-only and never written: nothing decided here yet
+            if not self._has_metadata():
+                self._columns = COLUMNS_BEFORE_METADATA
             self._has_table = True
         return True
 
@@ -240,7 +256,7 @@ class SQLiteDecisionLog:
             if not self._table_exists():
                 return ()
             rows = self._conn.execute(
-                f"SELECT {COLUMNS} FROM {TABLE} WHERE execution_id = ?"
+                f"SELECT {self._columns} FROM {TABLE} WHERE execution_id = ?"
                 " ORDER BY decided_at ASC, id ASC",
                 (execution_id,),
             ).fetchall()
@@ -262,7 +278,7 @@ class SQLiteDecisionLog:
                 chunk = wanted[start : start + 500]
                 marks = ", ".join("?" * len(chunk))
                 rows = self._conn.execute(
-                    f"SELECT {COLUMNS} FROM {TABLE} WHERE kind = ?"
+                    f"SELECT {self._columns} FROM {TABLE} WHERE kind = ?"
                     f" AND execution_id IN ({marks}) ORDER BY decided_at ASC, id ASC",
                     (kind, *chunk),
                 ).fetchall()
@@ -300,16 +316,18 @@ class SQLiteDecisionLog:
                     "built yet: try again in a moment"
                 )
             where, params = listing_where(query)
-            columns = ", ".join(f"d.{c}" for c in COLUMN_NAMES)
             agent = "COALESCE(r.agent, '')" if with_agents else "''"
             join = " LEFT JOIN ix.runs r ON r.execution_id = d.execution_id" if with_agents else ""
             if query.agent is not None:
                 where.append("d.execution_id IN (SELECT execution_id FROM ix.runs WHERE agent = ?)")
                 params.append(query.agent)
+            # The page inside, its columns outside: the record's columns as this table has
+            # them (an old table has no metadata column).
             rows = self._conn.execute(
-                f"SELECT {columns}, {agent} AS agent FROM {TABLE} d{join}"
-                f" WHERE {' AND '.join(where) or '1'}"
-                " ORDER BY d.decided_at DESC, d.id DESC LIMIT ?",
+                f"SELECT {self._columns}, agent FROM (SELECT d.*, {agent} AS agent"
+                f" FROM {TABLE} d{join} WHERE {' AND '.join(where) or '1'}"
+                " ORDER BY d.decided_at DESC, d.id DESC LIMIT ?)"
+                " ORDER BY decided_at DESC, id DESC",
                 (*params, query.limit + 1),
             ).fetchall()
             page = Page.of(rows, query.limit, _entry, listing_key)
@@ -326,7 +344,8 @@ class SQLiteDecisionLog:
                 where += " AND (finished_at, id) > (?, ?)"
                 params = [after[0], after[1]]
             rows = self._conn.execute(
-                f"SELECT {COLUMNS} FROM {TABLE} WHERE {where} ORDER BY finished_at, id LIMIT ?",
+                f"SELECT {self._columns} FROM {TABLE} WHERE {where}"
+                " ORDER BY finished_at, id LIMIT ?",
                 (*params, limit),
             ).fetchall()
             return tuple(_decision(r) for r in rows)
