@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -210,30 +212,57 @@ def test_bulk_resume_of_every_shape_ends_as_the_single_resume_would(
         assert len(bulk_ledger.effects()) == len(single_ledger.effects())
 
 
+def crash_now(store: Path) -> str:
+    """The demo agent in a child process of its own dies inside its refund tool now."""
+    from localui.demo.agent import EXIT_DIED_IN_TOOL
+
+    env = {**os.environ, "FASTAIAGENT_TRACE_ENABLED": "false", "FASTAIAGENT_LOCAL_DB": str(store)}
+    done = subprocess.run(
+        [sys.executable, "-m", "localui.demo.worker", "--store", str(store)]
+        + ["--scenario", "crashed-in-tool"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == EXIT_DIED_IN_TOOL, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
 def test_the_page_lists_what_each_run_would_do_before_the_outcomes(
     seeds: Seeds, tmp_path: Path
 ) -> None:
-    ids = [seeds.sqlite.run_id(n) for n in ("crashed-in-tool", "crashed-waiting-on-model")]
     with ExitStack() as stack:
         twin = make_twin("sqlite", seeds, tmp_path, stack)
-        # Stalled at once: the seeded crashes are seconds old.
-        client = client_of(twin, Ledger(tmp_path / "ledger.jsonl"), stack, stale_after=0.0)
+        # A run whose process died a moment ago: its newest row is seconds old.
+        fresh = crash_now(Path(twin.settings.store))
+        ids = [seeds.sqlite.run_id("crashed-waiting-on-model"), fresh]
+        ledger = Ledger(tmp_path / "ledger.jsonl")
+        client = client_of(twin, ledger, stack, stale_after=0.0)
         listed = client.get("/attention.json").json()["runs"]
-        in_tool = next(r for r in listed if r["execution_id"] == ids[0])
-        # Shown before any tick: the refund would run again with no cached result.
-        assert in_tool["repeats"] == "refund"
+        shown = next(r for r in listed if r["execution_id"] == fresh)
+        # Shown before any tick: the refund would run again with no cached result, and
+        # the run may still be alive.
+        assert (shown["repeats"], shown["needs_confirm"]) == ("refund", True)
         picks = [pick_of(client, e) for e in ids]
 
-        html = client.post("/runs/bulk-resume", data={"pick": picks}).text
+        unconfirmed = client.post("/runs/bulk-resume", data={"pick": picks[1:]}).text
+        fresh_state = state_of(twin, fresh)
+        html = client.post("/runs/bulk-resume", data={"pick": picks, "confirm": "yes"}).text
         states = [state_of(twin, e) for e in ids]
 
-    assert states == [runs.UNFINISHED, runs.UNFINISHED]
+    # Without confirm the seconds-old run is refused, said so, and left as it was.
+    assert unconfirmed.count('class="bulk-needs_confirmation"') == 1
+    assert fresh_state == runs.UNFINISHED
     preflight, _, outcomes = html.partition("As each finishes")
     assert "1 run will run a tool again that no cached result answers" in preflight
     assert "repeats <code>refund</code>, not cached" in preflight
-    # Without confirm the seconds-old rows are refused, and said so, one line each.
-    assert outcomes.count('class="bulk-needs_confirmation"') == 2
-    assert "2 done:" in outcomes and "0 resumed" in outcomes
+    assert "resumed" not in preflight
+    assert outcomes.count('class="bulk-resumed"') == 2
+    assert "2 done:</strong> 2 resumed" in outcomes
+    assert states == [runs.COMPLETED, runs.COMPLETED]
+    assert ledger.count("charge_back") == 1
 
 
 AGENTS_FILE = """\

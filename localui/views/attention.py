@@ -142,9 +142,14 @@ def attention_row(
     tool: str | None = None
     if isinstance(plan, runs.ResumePlan) and plan.tool is not None:
         reentry = actions.store.get_row(plan.checkpoint_id)
+        tool = runs.parse_node(plan.node_id).tool
         if reentry is not None:
             saved_args = reentry.node_input
-        tool = actions.tool_of(plan.checkpoint_id, plan.node_id)
+            # The tool the SDK re-invokes, read as ``ActionService.tool_of`` reads it,
+            # from the row already at hand.
+            snapshot = reentry.state_snapshot
+            named = snapshot.get("tool_name") if isinstance(snapshot, dict) else None
+            tool = named if isinstance(named, str) and named else tool
     error = _run_error(actions, rows[-1].checkpoint_id) if state == runs.FAILED and rows else None
     resume = (
         runs.verdict(state, plan, last=rows[-1], now=now, saved_args=saved_args).resume
