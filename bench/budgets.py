@@ -124,14 +124,14 @@ BUDGETS: tuple[Budget, ...] = (
     ),
     Budget(
         "decisions",
-        "decision record p50, first page, 100,000 decisions",
+        "decision record p50, first page, a decision per run (100,000 at 100k runs)",
         15,
         "ms",
         ("decisions_html", "decisions_json"),
     ),
     Budget(
         "decisions_csv",
-        "decision record as CSV, 100,000 decisions, streamed in full, p50",
+        "decision record as CSV, streamed in full, p50 (100,000 decisions at 100k runs)",
         3000,
         "ms",
         ("decisions_csv",),

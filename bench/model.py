@@ -33,9 +33,9 @@ LOCALUI_METRICS: Mapping[str, str] = {
     "diff_far_html": "diff of two 1 MB rows, other conversation (HTML)",
     "attention_html": "needs attention, first page (HTML)",
     "attention_json": "needs attention, first page (JSON)",
-    "decisions_html": "decision record, first page, 100,000 decisions (HTML)",
-    "decisions_json": "decision record, first page, 100,000 decisions (JSON)",
-    "decisions_csv": "decision record as CSV, all 100,000 decisions, streamed",
+    "decisions_html": "decision record, first page, a decision per run up to 100,000 (HTML)",
+    "decisions_json": "decision record, first page, a decision per run up to 100,000 (JSON)",
+    "decisions_csv": "decision record as CSV, every decision, streamed",
     "metrics": "/metrics (Prometheus text)",
 }
 SDK_METRICS: Mapping[str, str] = {

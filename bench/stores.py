@@ -510,8 +510,8 @@ def _shapes(runs: int, pending: int, rng: random.Random) -> Iterator[str]:
             yield rng.choices(names, weights)[0]
 
 
-#: Entries of the decision record each store carries (``/decisions``, its CSV and
-#: ``/metrics`` are timed over them).
+#: Entries of the decision record a store carries: one per run, up to this many
+#: (``/decisions``, its CSV and ``/metrics`` are timed over them).
 DECISIONS = 100_000
 
 
@@ -617,7 +617,7 @@ def build_store(templates: Templates, path: Path, *, runs: int, pending: int) ->
 
     with _bulk(path) as conn:
         writer.write(conn)
-    _add_decisions(path, manifest, DECISIONS)
+    _add_decisions(path, manifest, min(runs, DECISIONS))
     return BuiltStore(
         path=path,
         runs=runs,
