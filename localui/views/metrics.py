@@ -169,6 +169,31 @@ def fleet_metrics(
     yield GaugeMetricFamily(
         "localui_pending_approvals", "Pauses waiting for a person.", value=store.count_pending()
     )
+    if page.indexing is None:
+        # While a first build of the runs index runs these wait for it: left out until then.
+        yield from _index_metrics(store, settings)
+    tally.fold(log, store)
+    with tally.lock:
+        # A counter: the record only grows (prune never touches it).
+        decisions = CounterMetricFamily(
+            "localui_decisions",
+            "Decisions localui recorded, by kind and how they ended.",
+            labels=["kind", "outcome"],
+        )
+        for (kind, outcome), n in sorted(tally.counts.items()):
+            decisions.add_metric([kind, outcome], n)
+        yield decisions
+        buckets, total = tally.histogram()
+        latency = HistogramMetricFamily(
+            "localui_decision_latency_seconds",
+            "From a pause to its approval or rejection.",
+        )
+        latency.add_metric([], buckets, total)
+        yield latency
+
+
+def _index_metrics(store: Store, settings: Settings) -> Iterator[Metric]:
+    """What the runs index counts: attention, the oldest pause, the outbox."""
     now = datetime.now(UTC)
     stale_before, overdue_before = attention_cutoffs(settings, now)
     counts = store.attention_counts(stale_before, overdue_before)
@@ -196,24 +221,6 @@ def fleet_metrics(
     outbox.add_metric(["waiting"], totals.rows_waiting)
     outbox.add_metric(["quarantined"], totals.rows_quarantined)
     yield outbox
-    tally.fold(log, store)
-    with tally.lock:
-        # A counter: the record only grows (prune never touches it).
-        decisions = CounterMetricFamily(
-            "localui_decisions",
-            "Decisions localui recorded, by kind and how they ended.",
-            labels=["kind", "outcome"],
-        )
-        for (kind, outcome), n in sorted(tally.counts.items()):
-            decisions.add_metric([kind, outcome], n)
-        yield decisions
-        buckets, total = tally.histogram()
-        latency = HistogramMetricFamily(
-            "localui_decision_latency_seconds",
-            "From a pause to its approval or rejection.",
-        )
-        latency.add_metric([], buckets, total)
-        yield latency
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ from localui.backends.postgres.index.sync import (
     IndexSync,
     StoreSql,
 )
+from localui.errors import Unavailable
 from localui.records import (
     AttentionCounts,
     AttentionPage,
@@ -84,18 +85,27 @@ class PgRunIndex:
         with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             return query.list_runs(cur, self.tables, runs_query)
 
+    def _ready(self) -> None:
+        """Up to date, or :class:`Unavailable` at once while a first build runs: what
+        needs attention is asked on every page (the nav's count), which must not wait."""
+        if not self._sync.refresh():
+            raise Unavailable(
+                "this store's runs are being indexed: what needs attention is known once"
+                " that is done"
+            )
+
     def list_attention(self, attention: AttentionQuery) -> AttentionPage:
-        """The runs that need a person (the whole index: it waits for a first build)."""
+        """The runs that need a person, from the whole index."""
         from psycopg.rows import dict_row
 
-        self._sync.complete()
+        self._ready()
         with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             return query.list_attention(cur, self.tables, attention)
 
     def attention_counts(self, stale_before: str, overdue_before: str) -> AttentionCounts:
         from psycopg.rows import dict_row
 
-        self._sync.complete()
+        self._ready()
         with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             return query.attention_counts(cur, self.tables, stale_before, overdue_before)
 
