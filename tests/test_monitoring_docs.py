@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 import yaml
+from conftest import ActingClientFactory, Ledger, Seeded
+from helpers import card, decide
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
@@ -39,9 +41,14 @@ def doc_alert_block() -> str:
     return next(b for b in blocks if "groups:" in b)
 
 
-def test_the_dashboard_and_alerts_name_only_exposed_metrics(client: TestClient) -> None:
-    # One request first, so the request timer has a route to expose.
-    assert client.get("/runs.json").status_code == 200
+def test_the_dashboard_and_alerts_name_only_exposed_metrics(
+    store_copy: Path, ledger: Ledger, make_acting_client: ActingClientFactory, seeded: Seeded
+) -> None:
+    client = make_acting_client(store_copy, ledger)
+    # A request, and a decision, so the request timer and the decision record have
+    # something to expose.
+    paused = seeded.id("paused-1")
+    assert decide(client, paused, card(client, paused)["checkpoint_id"]).status_code == 200
     exposed = exposed_names(client)
     queries = dashboard_queries() + alert_queries((DOCS / "prometheus-alerts.yml").read_text())
     named = {name for q in queries for name in METRIC.findall(q)}
