@@ -248,6 +248,15 @@ class ActionService:
                 return name
         return runs.parse_node(node_id).tool
 
+    def pause_owner(self, pending: Pending) -> runs.Owner:
+        """Whose resume answers this pause: its row's path says, and for an agent under
+        an agent the runs index's owner of the run does (``runs.pause_owner``)."""
+        run_agent = None
+        if runs.pause_owner_needs_run(pending.agent_path):
+            facts = self.store.get_run(pending.execution_id)
+            run_agent = facts.agent if facts is not None else None
+        return runs.pause_owner(pending.agent_path, pending.agent, pending.node_id, run_agent)
+
     def approval_problem(self, pending: Pending, *, exact: bool = True) -> str | None:
         """The preflight refusal for a pending approval, shown before anyone clicks.
 
@@ -265,7 +274,7 @@ class ActionService:
             if isinstance(plan, runs.Refusal):
                 return plan.reason
             return self.plan_problem(plan)
-        owner = runs.pause_owner(pending.agent_path, pending.agent, pending.node_id)
+        owner = self.pause_owner(pending)
         member = runs.pause_member(owner, pending.agent_path, pending.agent)
         tool = runs.parse_node(pending.node_id).tool if owner.kind != runs.CHAIN else None
         node = pending.node_id if owner.kind == runs.CHAIN else None

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import os
 import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localui.errors import LocalUIError
 from localui.registry import Registry, RegistryError, load_spec
 from localui.settings import LOOPBACK_NAMES, ROLES, Settings, SignIn
+
+if TYPE_CHECKING:
+    from localui.demo.scenarios import Seeding
+    from localui.records import SeedProgress
+    from localui.views.common import Seeding as AppSeeding
 
 DEFAULT_PORT = 8765
 
@@ -247,9 +253,15 @@ def fail(message: str) -> int:
     return 2
 
 
-def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str] = ()) -> int:
+def serve(
+    settings: Settings,
+    agents: Sequence[Any] = (),
+    *,
+    specs: Sequence[str] = (),
+    seeding: AppSeeding | None = None,
+) -> int:
     """Open the store, load the agents ``specs`` name, bind them and ``agents`` to it,
-    and serve until interrupted."""
+    and serve until interrupted (while ``seeding`` writes runs into it)."""
     import uvicorn
     from starlette.types import ASGIApp
 
@@ -293,7 +305,9 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
     except (LocalUIError, RegistryError) as exc:
         backend.close()
         return fail(str(exc))
-    app: ASGIApp = create_app(settings, agents=registry.agents.values(), backend=backend)
+    app: ASGIApp = create_app(
+        settings, agents=registry.agents.values(), backend=backend, seeding=seeding
+    )
     if releasing:
         app = ReleaseFreedMemory(app)
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
@@ -438,27 +452,29 @@ def run_demo(args: argparse.Namespace) -> int:
     # the served agent (approvals, resumes) traces there too.
     os.environ["FASTAIAGENT_TRACE_ENABLED"] = "true"
 
-    from localui.demo.scenarios import ALL_SCENARIOS, SeedError, seed
-
-    print(f"localui: seeding demo runs into {store}", flush=True)
-    try:
-        report = seed(
-            store,
-            progress=lambda line: print(f"  {line}", flush=True),
-            scenarios=ALL_SCENARIOS,
-        )
-    except SeedError as exc:
-        return fail(f"seeding the demo failed: {exc}")
-    print(f"localui: {len(report.runs)} runs seeded in {report.seconds:.1f} s", flush=True)
-    if args.seed_only:
-        print(store)
-        return 0
-
     from fastaiagent.checkpointers import SQLiteCheckpointer
 
     from localui.demo import teams
     from localui.demo.agent import build_agent
+    from localui.demo.scenarios import ALL_SCENARIOS, Seeding, create_store
 
+    def say(line: str) -> None:
+        print(f"  {line}", flush=True)
+
+    seeding = Seeding(store, scenarios=ALL_SCENARIOS, say=say)
+    if args.seed_only:
+        print(f"localui: seeding demo runs into {store}", flush=True)
+        report = asyncio.run(seeding.run())
+        failures = seeding.progress().failures
+        if failures:
+            named = "; ".join(f"{f.scenario}: {' '.join(f.reason.split())}" for f in failures)
+            return fail(f"seeding the demo failed: {named}")
+        print(f"localui: {len(report.runs)} runs seeded in {report.seconds:.1f} s", flush=True)
+        print(store)
+        return 0
+    # The store's tables, empty, so the server opens it at once; the runs arrive
+    # while it serves.
+    create_store(store)
     checkpointer = SQLiteCheckpointer(str(store))
     runners = [
         build_agent(checkpointer),
@@ -468,10 +484,36 @@ def run_demo(args: argparse.Namespace) -> int:
         teams.build_long_agent(checkpointer),
     ]
     try:
-        return serve(_settings(args, str(store)), runners)
+        return serve(_settings(args, str(store)), runners, seeding=ReportedSeeding(seeding))
     finally:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+class ReportedSeeding:
+    """The demo's seeding, saying in the terminal where it begins and how it ended."""
+
+    def __init__(self, seeding: Seeding) -> None:
+        self._seeding = seeding
+
+    def progress(self) -> SeedProgress:
+        return self._seeding.progress()
+
+    async def run(self, landed: Callable[[str], None]) -> object:
+        total = len(self._seeding.scenarios)
+        print(f"localui: seeding {total} demo runs into {self._seeding.target}", flush=True)
+        try:
+            report = await self._seeding.run(landed)
+        except Exception as exc:
+            # The server goes on showing what landed; the terminal says why the rest did not.
+            print(f"localui: seeding the demo stopped: {type(exc).__name__}: {exc}", flush=True)
+            return None
+        failed = self._seeding.progress().failures
+        words = f"{len(report.runs)} of {total} runs seeded in {report.seconds:.1f} s"
+        if failed:
+            words += f"; failed: {', '.join(f.scenario for f in failed)} (reasons above)"
+        print(f"localui: {words}", flush=True)
+        return report
 
 
 def run_export(args: argparse.Namespace) -> int:

@@ -132,6 +132,27 @@ class IndexProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class SeedFailure:
+    """A demo scenario that did not land, and why (its worker's own words)."""
+
+    scenario: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SeedProgress:
+    """How far ``localui demo`` has got seeding its store while it serves it."""
+
+    landed: int
+    total: int
+    failures: tuple[SeedFailure, ...] = ()
+
+    @property
+    def finished(self) -> bool:
+        return self.landed + len(self.failures) >= self.total
+
+
+@dataclass(frozen=True, slots=True)
 class RunFactsPage:
     runs: tuple[RunFacts, ...]
     #: ``(last_at, execution_id)`` of the last run on this page when more follow.

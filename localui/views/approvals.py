@@ -7,10 +7,11 @@ and, before anyone clicks, whether this process can carry the decision out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +28,7 @@ from localui.actions import ActionService, AlreadyDecided, Outcome, StaleCard
 from localui.auth import APPROVER, require
 from localui.errors import BadRequest, LocalUIError, NotFound
 from localui.records import ALREADY_RESUMED, APPROVAL, Decision, PausedCall, Pending, Unreadable
+from localui.shortids import shortest_unique
 from localui.views.common import (
     Nav,
     attention_total,
@@ -195,9 +197,17 @@ class DecisionView:
     detail: str | None
     finished_at: str | None
     words: str = html_only("")
+    #: The row's id as the page's decisions show it (``localui.shortids``).
+    short_checkpoint_id: str = html_only("")
 
 
-def decision_view(d: Decision) -> DecisionView:
+def decision_views(recorded: Sequence[Decision]) -> tuple[DecisionView, ...]:
+    """A run's decisions, their rows' ids shortened to read apart from each other."""
+    shown = shortest_unique(d.checkpoint_id for d in recorded)
+    return tuple(decision_view(d, shown[d.checkpoint_id]) for d in recorded)
+
+
+def decision_view(d: Decision, short_checkpoint_id: str | None = None) -> DecisionView:
     if d.outcome is None:
         words = f"{d.actor} {d.verb} it at {d.decided_at}; the run is still going."
     elif d.outcome == ALREADY_RESUMED:
@@ -215,6 +225,8 @@ def decision_view(d: Decision) -> DecisionView:
         detail=d.detail,
         finished_at=d.finished_at,
         words=words,
+        short_checkpoint_id=short_checkpoint_id
+        or shortest_unique([d.checkpoint_id])[d.checkpoint_id],
     )
 
 
@@ -243,6 +255,11 @@ class ApprovalItem:
     #: What kind of runner resumes it (``agent``, ``chain``, ``supervisor``, ``swarm``):
     #: the card's sentences follow what each does on resume.
     runner_kind: str = html_only("")
+    #: The run's id as this page shows it (``localui.shortids``); the title has it whole.
+    short_id: str = html_only("")
+    #: No runner of the run's owner is registered here: the queue says so once, above
+    #: its cards, and the card is read-only.
+    runner_missing: bool = html_only(False)
 
 
 def approval_item(
@@ -254,6 +271,7 @@ def approval_item(
     exact: bool = True,
     paused: PausedCall | None = None,
     light: bool = False,
+    short_id: str | None = None,
 ) -> ApprovalItem:
     """One card; ``paused`` is its paused call when the caller read a page of them at
     once, else it is read here. A ``light`` card (the queue's) leaves its context table
@@ -264,7 +282,7 @@ def approval_item(
     if isinstance(context_value, Unreadable):
         context_value = {"unreadable": context_value.error}
     entries = () if light else context_entries(context_value)
-    owner = runs.pause_owner(pending.agent_path, pending.agent, pending.node_id)
+    owner = actions.pause_owner(pending)
     return ApprovalItem(
         execution_id=pending.execution_id,
         agent=pending.agent,
@@ -282,6 +300,22 @@ def approval_item(
         entries=entries,
         context_keys=len(context_value) if isinstance(context_value, dict | list) else 1,
         effects=effects_of(pending, paused),
+        short_id=short_id or shortest_unique([pending.execution_id])[pending.execution_id],
+        runner_missing=actions.registry.get(owner.name) is None,
+    )
+
+
+def missing_runners_words(actions: ActionService, items: Sequence[ApprovalItem]) -> str | None:
+    """The one sentence a page of cards says when runs on it have no runner here."""
+    missing = sorted({item.runner for item in items if item.runner_missing})
+    if not missing:
+        return None
+    registered = ", ".join(actions.registry.names()) or "none"
+    return (
+        f"Cannot decide here: no runner is registered in this localui process for "
+        f"{', '.join(missing)} (registered: {registered}). Restart it with --agents "
+        "MODULE:ATTR (or FILE.py:ATTR) naming the code that builds each, bound to this "
+        "store; until then their cards below are read-only."
     )
 
 
@@ -293,6 +327,8 @@ class ApprovalsPage:
     order: str
     next_url: str | None = html_only(None)
     approver: str = html_only("")
+    #: Said once above the cards: the runners to register before these can be decided.
+    missing_runners: str | None = html_only(None)
 
 
 def build_approvals_page(
@@ -313,23 +349,27 @@ def build_approvals_page(
         next_url = urls.path(
             "approvals", {"after": cursor, "order": "newest" if newest_first else None}
         )
+    shown = shortest_unique(p.execution_id for p in page.items)
+    items = tuple(
+        approval_item(
+            actions,
+            p,
+            now,
+            urls,
+            exact=False,
+            paused=calls.get(p.checkpoint_id or ""),
+            light=True,
+            short_id=shown[p.execution_id],
+        )
+        for p in page.items
+    )
     return ApprovalsPage(
-        approvals=tuple(
-            approval_item(
-                actions,
-                p,
-                now,
-                urls,
-                exact=False,
-                paused=calls.get(p.checkpoint_id or ""),
-                light=True,
-            )
-            for p in page.items
-        ),
+        approvals=items,
         next=cursor,
         total=page.total,
         order=order,
         next_url=next_url,
+        missing_runners=missing_runners_words(actions, items),
     )
 
 
@@ -367,6 +407,8 @@ class QueueCards:
             item.problem,
             item.context_keys,
             item.effects,
+            item.short_id,
+            item.runner_missing,
             approver,
             ctx["person"],
             ctx["settings"].read_only,
@@ -381,7 +423,8 @@ class QueueCards:
                 self._cards.move_to_end(key)
                 return card
         module: Any = ctx.environment.get_template(self.TEMPLATE).make_module(ctx.get_all())
-        card = Markup(module.approval_card(item, approver, bulk=True, light=True))
+        # The queue says once, above its cards, what a card without a runner lacks.
+        card = Markup(module.approval_card(item, approver, bulk=True, light=True, said_above=True))
         with self._lock:
             self._cards[key] = card
             while len(self._cards) > self._size:
@@ -432,14 +475,7 @@ async def approvals_list(request: Request) -> Response:
 
 
 def _with_approver(request: Request, page: ApprovalsPage) -> ApprovalsPage:
-    return ApprovalsPage(
-        approvals=page.approvals,
-        next=page.next,
-        total=page.total,
-        order=page.order,
-        next_url=page.next_url,
-        approver=approver_of(request),
-    )
+    return dataclasses.replace(page, approver=approver_of(request))
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,8 +491,8 @@ class ApprovalPage:
 
 def build_approval_page(actions: ActionService, execution_id: str, urls: Urls) -> ApprovalPage:
     pending = actions.store.get_pending(execution_id)
-    decisions = tuple(
-        decision_view(d) for d in actions.decisions.list_for_run(execution_id) if d.kind == APPROVAL
+    decisions = decision_views(
+        [d for d in actions.decisions.list_for_run(execution_id) if d.kind == APPROVAL]
     )
     if pending is None and not decisions and actions.store.get_run(execution_id) is None:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")

@@ -23,6 +23,7 @@ from localui import runs
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
 from localui.auth import OPERATOR, person_of
 from localui.records import APPROVAL, RESUME, AttentionQuery, Decision, RowHeader, RunFacts
+from localui.shortids import shortest_unique
 from localui.views.common import (
     Nav,
     attention_cutoffs,
@@ -75,6 +76,8 @@ class AttentionRow:
     needs_confirm: bool
     rows_quarantined: int
     pick: str = html_only("")
+    #: The run's id as this page shows it (``localui.shortids``); the title has it whole.
+    short_id: str = html_only("")
     since_ago: str = html_only("")
     why_words: str = html_only("")
     card_url: str | None = html_only(None)
@@ -124,6 +127,7 @@ def attention_row(
     decision: Decision | None,
     now: datetime,
     urls: Urls,
+    short_id: str = "",
 ) -> AttentionRow:
     """One run of the page, with what a resume would do read from its own rows."""
     settings = actions.settings
@@ -190,6 +194,7 @@ def attention_row(
         needs_confirm=age is not None and age < RECENT_SECONDS,
         rows_quarantined=facts.rows_quarantined,
         pick=json.dumps([facts.execution_id, checkpoint_id]) if checkpoint_id else "",
+        short_id=short_id or facts.execution_id,
         since_ago=runs.age_words(facts.last_at, now),
         why_words="; ".join(REASON_WORDS[w] for w in why),
         card_url=urls.approval(facts.execution_id) if state == runs.PAUSED else None,
@@ -231,9 +236,11 @@ def build_attention_page(
     )
     next_cursor = encode_cursor(page.next_key) if page.next_key else None
     counts = {**page.counts.by_reason(), "total": page.counts.total}
+    shown = shortest_unique(ids)
     return AttentionPage(
         runs=tuple(
-            attention_row(actions, f, decided.get(f.execution_id), now, urls) for f in page.runs
+            attention_row(actions, f, decided.get(f.execution_id), now, urls, shown[f.execution_id])
+            for f in page.runs
         ),
         counts=counts,
         next=next_cursor,

@@ -25,6 +25,7 @@ from starlette.responses import Response, StreamingResponse
 from localui.backends.base import DecisionLog
 from localui.errors import BadRequest
 from localui.records import DecisionEntry, DecisionQuery
+from localui.shortids import shortest_unique
 from localui.views.common import context, decode_cursor, encode_cursor, html_only, off_loop, respond
 from localui.views.params import parse_age, parse_instant
 from localui.views.urls import Urls, urls_of
@@ -74,6 +75,8 @@ class DecisionRow:
     finished_at: str | None
     url: str
     verb: str = html_only("")
+    #: The run's id as this page shows it (``localui.shortids``); the title has it whole.
+    short_id: str = html_only("")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +135,7 @@ def parse_filters(request: Request) -> tuple[DecisionFilters, DecisionQuery]:
     return filters, query
 
 
-def decision_row(entry: DecisionEntry, urls: Urls) -> DecisionRow:
+def decision_row(entry: DecisionEntry, urls: Urls, short_id: str = "") -> DecisionRow:
     d = entry.decision
     return DecisionRow(
         id=d.id,
@@ -149,6 +152,7 @@ def decision_row(entry: DecisionEntry, urls: Urls) -> DecisionRow:
         finished_at=d.finished_at,
         url=urls.run(d.execution_id),
         verb=d.verb,
+        short_id=short_id or d.execution_id,
     )
 
 
@@ -173,8 +177,11 @@ def build_decisions_page(
         )
     )
     next_cursor = encode_cursor(page.next_key) if page.next_key else None
+    shown = shortest_unique(e.decision.execution_id for e in page.entries)
     return DecisionsPage(
-        decisions=tuple(decision_row(e, urls) for e in page.entries),
+        decisions=tuple(
+            decision_row(e, urls, shown[e.decision.execution_id]) for e in page.entries
+        ),
         next=next_cursor,
         next_url=urls.path("decisions", filters.params(after=next_cursor)) if next_cursor else None,
         filters=filters,

@@ -160,6 +160,7 @@ class RunsView:
             ctx.settings.page_size,
             self.urls,
             ctx.traces,
+            ctx.seeding.progress() if ctx.seeding is not None else None,
         )
         html = render_partial(ctx, "partials/_runs_table.html", self.urls, page=page, live=True)
         return Rendered(fragments=(Fragment("runs-table", html),))
