@@ -72,6 +72,8 @@ class Options:
     app_path: Path | None
     #: The store on PostgreSQL (``--backend postgres``), or None for the SQLite file.
     pg: PgTarget | None = None
+    #: The approval policy every localui server runs under (``--policy``), or None.
+    policy: Path | None = None
 
 
 def _time_all(
@@ -114,6 +116,7 @@ def _inproc(store: BuiltStore, cache: Path, urls: Mapping[str, str], options: Op
             str(options.requests),
             "--warmup",
             str(options.warmup),
+            *(["--policy", str(options.policy)] if options.policy is not None else []),
         ],
         input=json.dumps(dict(urls)),
         capture_output=True,
@@ -138,7 +141,9 @@ def measure_side_by_side(
 ) -> dict[str, Timing]:
     """Our approvals page and the SDK UI's JSON of its queue, both servers up, timed in
     turns (a later start of localui, with what the first left in ``cache``)."""
-    local = start_localui(store.path, cache_dir=cache, app_path=options.app_path, pg=options.pg)
+    local = start_localui(
+        store.path, cache_dir=cache, app_path=options.app_path, pg=options.pg, policy=options.policy
+    )
     try:
         sdk = start_sdk_ui(store.path, venv=sdk_venv)
     except Exception:
@@ -176,7 +181,11 @@ def measure_localui(
             # A cold start on PostgreSQL: no runs index in the app's schema yet.
             drop_schema(options.pg.dsn, options.pg.app_schema)
         server = start_localui(
-            store.path, cache_dir=cache, app_path=options.app_path, pg=options.pg
+            store.path,
+            cache_dir=cache,
+            app_path=options.app_path,
+            pg=options.pg,
+            policy=options.policy,
         )
         result.startup_cold_s = server.startup_s
         result.startup_cpu["cold"] = server.startup_cpu_s
@@ -216,7 +225,11 @@ def measure_localui(
             server.stop()
         # Again, with what the first start left in its cache dir.
         server = start_localui(
-            store.path, cache_dir=cache, app_path=options.app_path, pg=options.pg
+            store.path,
+            cache_dir=cache,
+            app_path=options.app_path,
+            pg=options.pg,
+            policy=options.policy,
         )
         result.startup_warm_s = server.startup_s
         result.startup_cpu["warm"] = server.startup_cpu_s
@@ -226,7 +239,12 @@ def measure_localui(
             result.side_by_side = measure_side_by_side(store, cache, sdk_venv, options, log)
         # And as a viewer, with no agent to resume with: what the app itself costs.
         server = start_localui(
-            store.path, cache_dir=cache, agents=False, app_path=options.app_path, pg=options.pg
+            store.path,
+            cache_dir=cache,
+            agents=False,
+            app_path=options.app_path,
+            pg=options.pg,
+            policy=options.policy,
         )
         try:
             result.viewer_startup_s = server.startup_s
@@ -429,6 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="time `localui demo` only (no stores, no pages), and judge its two budgets",
     )
     parser.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="serve localui under this approval policy (bench/policy.toml: two approvals"
+        " and a typed field on every refund pause), so the pages carry the rule's work",
+    )
+    parser.add_argument(
         "--localui-path",
         type=Path,
         default=None,
@@ -535,6 +560,7 @@ def _main(
             weights=at_largest and not store.spans,
             app_path=app_path,
             pg=pg_targets.get(store.label),
+            policy=args.policy.resolve() if args.policy else None,
         )
         log(f"measuring {store.label} (load average {os.getloadavg()[0]:.1f})")
         local = measure_localui(store, options, log, sdk_venv=venv)

@@ -450,6 +450,34 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class Vote:
+    """One person's approval of a pause that needs more than one (``localui.policy``),
+    bound to the paused row they saw. The approval that completes the count is a
+    decision as well; a vote alone changes nothing in the run."""
+
+    id: int
+    execution_id: str
+    checkpoint_id: str
+    actor: str
+    reason: str
+    #: The fields this person filled in, as JSON text (typed values by field name).
+    fields_json: str
+    voted_at: str
+
+
+#: What casting a vote did: ``counted`` (it is among ``votes``), ``again`` (this
+#: person had voted already), ``full`` (enough people had approved already).
+COUNTED, AGAIN, FULL = "counted", "again", "full"
+
+
+@dataclass(frozen=True, slots=True)
+class Ballot:
+    result: str
+    #: The pause's votes in the order cast, after this one.
+    votes: tuple[Vote, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class User:
     """A person who may sign in to a store's servers (``localui users``)."""
 
@@ -459,6 +487,8 @@ class User:
     #: so a reset token ends the sessions opened with the old one.
     token_sha256: str
     created_at: str
+    #: The groups an approval policy's ``group:NAME`` names (``--group``).
+    groups: tuple[str, ...] = ()
 
     @property
     def token_mark(self) -> str:

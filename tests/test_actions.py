@@ -564,7 +564,8 @@ def test_a_decided_approval_page_shows_the_decision(
     assert sentences(page_text(html, "decisions")) == (
         f"Decisions Ann Approver rejected it at {decided_at}: the run completed. "
         f"Reason: “duplicate”. Done: refund of 250.00 on A-1002 declined: duplicate. "
-        f"(row {shown['checkpoint_id']})"
+        # One decision on the page: its row's id at the shortest, 8 characters.
+        f"(row {shown['checkpoint_id'][:8]})"
     )
     assert approver_value(html, run) is None
     data = desk.client.get(f"/approvals/{run}.json").json()
@@ -782,7 +783,8 @@ def test_fork_from_a_row_links_both_ways(
     assert forked["fork_of"]["source_checkpoint_id"] == row["checkpoint_id"]
     html = desk.client.get(f"/runs/{new}").text
     assert f'href="/runs/{source}#row-{row["checkpoint_id"]}"' in html
-    assert f"Forked from row turn:0/tool:refund of run {source}." in sentences(
+    # The source's id as the lineage shows it: its shortest prefix, 8 characters.
+    assert f"Forked from row turn:0/tool:refund of run {source[:8]} copy." in sentences(
         page_text(html, "lineage")
     )
 

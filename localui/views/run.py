@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from localui import runs
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
+from localui.auth import OPEN, Person, person_of
 from localui.backends.base import Store
 from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, NotFound
@@ -459,6 +460,7 @@ def actions_section(
     pending: Pending | None,
     now: datetime,
     urls: Urls,
+    person: Person = OPEN,
 ) -> ActionsSection:
     resume_problem = None
     if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
@@ -467,14 +469,16 @@ def actions_section(
     missing = actions.runner_problem(owner) if actions.registry.get(owner.name) is None else None
     recorded = actions.decisions.list_for_run(execution_id)
     return ActionsSection(
-        decisions=decision_views(recorded),
+        decisions=decision_views(actions, execution_id, recorded=recorded),
         last_approval=next((d for d in reversed(recorded) if d.kind == APPROVAL), None),
         # What the missing runner explains is not said again in a panel of its own.
         resume_problem=None
         if missing is not None and resume_problem == missing
         else resume_problem,
         fork_problem=None if missing is not None and fork_problem == missing else fork_problem,
-        approval=approval_item(actions, pending, now, urls) if pending is not None else None,
+        approval=approval_item(actions, pending, now, urls, person=person)
+        if pending is not None
+        else None,
         runner_missing=missing,
     )
 
@@ -488,7 +492,9 @@ def build_run_page(
     start: int | None = None,
     window: int = TIMELINE_ROWS,
     traces: SpanIndex | None = None,
+    person: Person = OPEN,
 ) -> RunPage:
+    """The run page; ``person`` is who looks (a pause's rule may leave its card read-only)."""
     facts = store.get_run(execution_id)
     if facts is None:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
@@ -528,7 +534,7 @@ def build_run_page(
         reentries(trace, headers),
     )
     origin = store.get_fork_origin(execution_id)
-    acting = actions_section(actions, execution_id, owner, plan, pending, now, urls)
+    acting = actions_section(actions, execution_id, owner, plan, pending, now, urls, person)
     age = seconds_since(last.created_at)
     return RunPage(
         execution_id=execution_id,
@@ -583,6 +589,7 @@ async def run_page(request: Request) -> Response:
             start=start,
             window=window,
             traces=ctx.traces,
+            person=person_of(request),
         )
     )
     page = dataclasses.replace(page, approver=approver_of(request))
