@@ -63,6 +63,8 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory, backend: str) -> tuple[i
             "--demo-starts",
             "0",
             "--no-sdk-ui",
+            # Measured on their own: bench.writes, tests/test_bench_writes.py.
+            "--no-writes",
             "--out",
             str(out),
             "--workdir",
