@@ -123,6 +123,28 @@ BUDGETS: tuple[Budget, ...] = (
         min_runs=MILLION,
     ),
     Budget(
+        "attention",
+        "needs attention p50, first page",
+        15,
+        "ms",
+        ("attention_html", "attention_json"),
+    ),
+    Budget(
+        "decisions",
+        "decision record p50, first page, a decision per run (100,000 at 100k runs)",
+        15,
+        "ms",
+        ("decisions_html", "decisions_json"),
+    ),
+    Budget(
+        "decisions_csv",
+        "decision record as CSV, streamed in full, p50 (100,000 decisions at 100k runs)",
+        3000,
+        "ms",
+        ("decisions_csv",),
+    ),
+    Budget("metrics", "/metrics p50", 5, "ms", ("metrics",)),
+    Budget(
         "demo_first_page",
         "localui demo: process start to first 200 on /, median of several starts",
         3,

@@ -31,6 +31,12 @@ LOCALUI_METRICS: Mapping[str, str] = {
     "diff_html": "diff of two 1 MB rows, next step (HTML)",
     "diff_json": "diff of two 1 MB rows, next step (JSON)",
     "diff_far_html": "diff of two 1 MB rows, other conversation (HTML)",
+    "attention_html": "needs attention, first page (HTML)",
+    "attention_json": "needs attention, first page (JSON)",
+    "decisions_html": "decision record, first page, a decision per run up to 100,000 (HTML)",
+    "decisions_json": "decision record, first page, a decision per run up to 100,000 (JSON)",
+    "decisions_csv": "decision record as CSV, every decision, streamed",
+    "metrics": "/metrics (Prometheus text)",
 }
 SDK_METRICS: Mapping[str, str] = {
     "sdk_run_typical": "/api/executions/{id}, 4 rows",
@@ -70,6 +76,12 @@ def localui_urls(store: BuiltStore, deep_cursor: str | None) -> dict[str, str]:
         "diff_html": f"/diff?{diff}",
         "diff_json": f"/diff.json?{diff}",
         "diff_far_html": f"/diff?a={store.big_a}&b={store.big_c}",
+        "attention_html": "/attention",
+        "attention_json": "/attention.json",
+        "decisions_html": "/decisions",
+        "decisions_json": "/decisions.json",
+        "decisions_csv": "/decisions.csv",
+        "metrics": "/metrics",
     }
     if deep_cursor:
         urls["runs_deep"] = f"/?after={deep_cursor}"

@@ -510,6 +510,55 @@ def _shapes(runs: int, pending: int, rng: random.Random) -> Iterator[str]:
             yield rng.choices(names, weights)[0]
 
 
+#: Entries of the decision record a store carries: one per run, up to this many
+#: (``/decisions``, its CSV and ``/metrics`` are timed over them).
+DECISIONS = 100_000
+
+
+def _add_decisions(path: Path, manifest: Sequence[RunCopy], count: int) -> None:
+    """``count`` decisions in the app's own record, on the store's runs in turn: the
+    table and indexes as localui makes them, the rows loaded in one transaction (the
+    record's own claim takes a write transaction per decision, an hour for these)."""
+    from localui.backends.decisions import TABLE
+    from localui.backends.sqlite.decisions import INDEX, LISTING_INDEXES, SCHEMA
+
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            conn.execute(SCHEMA)
+            conn.execute(INDEX)
+            for statement in LISTING_INDEXES:
+                conn.execute(statement)
+            base = datetime.now(UTC) - timedelta(days=30)
+            rows = []
+            for i in range(count):
+                run = manifest[i % len(manifest)]
+                kind = "approval" if i % 3 else "resume"
+                at = base + timedelta(seconds=20 * i)
+                rows.append(
+                    (
+                        kind,
+                        run.execution_id,
+                        f"bench-decision-{i}",
+                        None if kind == "resume" else int(i % 5 != 0),
+                        f"person-{i % 17}",
+                        "" if i % 5 else "over budget",
+                        at.isoformat(),
+                        ("completed", "paused", "failed")[i % 3],
+                        None,
+                        (at + timedelta(seconds=2)).isoformat(),
+                    )
+                )
+            conn.executemany(
+                f"INSERT INTO {TABLE} (kind, execution_id, checkpoint_id, approved, actor,"
+                " reason, decided_at, outcome, detail, finished_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+    finally:
+        conn.close()
+
+
 def build_store(templates: Templates, path: Path, *, runs: int, pending: int) -> BuiltStore:
     """A store of ``runs`` runs (three of them the budgets' long and big runs)."""
     started = time.monotonic()
@@ -568,6 +617,7 @@ def build_store(templates: Templates, path: Path, *, runs: int, pending: int) ->
 
     with _bulk(path) as conn:
         writer.write(conn)
+    _add_decisions(path, manifest, min(runs, DECISIONS))
     return BuiltStore(
         path=path,
         runs=runs,

@@ -33,10 +33,14 @@ from localui.settings import Settings
 from localui.signing import Signer
 from localui.views import actions as action_views
 from localui.views import approvals as approval_views
+from localui.views import attention as attention_views
+from localui.views import bulk_resume as bulk_resume_views
 from localui.views import bundle as bundle_views
 from localui.views import cache as cache_views
+from localui.views import decisions as decision_views
 from localui.views import diff as diff_views
 from localui.views import live as live_views
+from localui.views import metrics as metrics_views
 from localui.views import notifications as notification_views
 from localui.views import row as row_views
 from localui.views import run as run_views
@@ -84,6 +88,12 @@ def build_routes() -> list[Route | Mount]:
         Route("/runs/{execution_id:localui_id}/bundle", bundle_views.run_bundle, name="run_bundle"),
         *page_routes("/runs/{execution_id:localui_id}", run_views.run_page, "run"),
         Route(
+            "/runs/bulk-resume",
+            bulk_resume_views.bulk_resume,
+            methods=["POST"],
+            name="bulk_resume",
+        ),
+        Route(
             "/runs/{execution_id:localui_id}/resume",
             action_views.resume_run,
             methods=["POST"],
@@ -119,6 +129,10 @@ def build_routes() -> list[Route | Mount]:
         ),
         *page_routes("/cache", cache_views.store_cache, "cache"),
         *page_routes("/notifications", notification_views.notifications_page, "notifications"),
+        *page_routes("/attention", attention_views.attention_list, "attention"),
+        Route("/decisions.csv", decision_views.decisions_csv, name="decisions_csv"),
+        *page_routes("/decisions", decision_views.decisions_list, "decisions"),
+        Route("/metrics", metrics_views.metrics_page, name="metrics"),
         Route("/live/nav", live_views.live_nav, name="live_nav"),
         Route("/live/runs", live_views.live_runs, name="live_runs"),
         Route("/live/runs/{execution_id:localui_id}", live_views.live_run, name="live_run"),
@@ -208,6 +222,11 @@ def create_app(
     auth = Authenticator(
         settings.sign_in, port=settings.port, token=settings.sign_in.token or new_token()
     )
+    # The registry is the app's own, made before the lifespan so the request timer
+    # (a middleware) holds it; the fleet it reads is opened by the lifespan.
+    app_state: list[AppState] = []
+    metrics = metrics_views.app_metrics(settings, lambda: app_state[0] if app_state else None)
+    auth.scraper_token = metrics.token
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -248,9 +267,11 @@ def create_app(
             traces=traces,
             auth=auth,
             signer=Signer(),
+            metrics=metrics,
             seeding=seeding,
             watcher=watcher,
         )
+        app_state[:] = [app.state.localui]
         await feed.start()
         if watcher is not None:
             await watcher.start()
@@ -275,6 +296,9 @@ def create_app(
                 watcher.outbox.close()
             # Ends every open live stream with the app.
             await feed.stop()
+            # A bulk resume's runs finish before the store they write to closes.
+            await asyncio.gather(*app.state.localui.background, return_exceptions=True)
+            app_state.clear()
             decisions.close()
             if traces is not None:
                 traces.close()
@@ -287,6 +311,7 @@ def create_app(
     return LocalUIApp(
         routes=build_routes(),
         middleware=[
+            Middleware(metrics_views.RequestTiming, metrics=metrics),
             Middleware(GuardMiddleware, host_names=settings.host_names),
             Middleware(BodyLimitMiddleware),
             Middleware(

@@ -86,6 +86,10 @@ class Person:
 
 
 OPEN = Person(name="", role=OPERATOR, via="open")
+#: A Prometheus scraper with the token of ``--metrics-token-file``: it may read
+#: ``/metrics`` and nothing else.
+SCRAPER = Person(name="metrics scraper", role=VIEWER, via="scraper")
+METRICS_PATH = "/metrics"
 #: Who a request that never passed the middleware is: someone who may only look.
 NOBODY = Person(name="", role=VIEWER, via="none")
 
@@ -210,6 +214,9 @@ class Authenticator:
         self.throttle = Throttle(policy)
         self.trusted = parse_networks(policy.trusted_proxies)
         self.users: UserDirectory | None = None
+        #: The Bearer token a Prometheus scraper reads ``/metrics`` with
+        #: (``--metrics-token-file``); empty when there is none.
+        self.scraper_token = ""
         self._cache: OrderedDict[tuple[str, str], tuple[float, User | None]] = OrderedDict()
         self._sessions: OrderedDict[str, tuple[float, Any]] = OrderedDict()
 
@@ -446,6 +453,9 @@ class AuthMiddleware:
         person = await self.auth.person_from_proxy(scope)
         if person is None:
             authorization = headers.get("authorization", "")
+            if path == METRICS_PATH and self._is_scraper(authorization):
+                await self._pass(scope, receive, send, SCRAPER, method)
+                return
             if authorization[:7].lower() == "bearer ":
                 await self._bearer(scope, receive, send, authorization[7:].strip(), client)
                 return
@@ -466,6 +476,13 @@ class AuthMiddleware:
             await response(scope, receive, send)
             return
         await self._pass(scope, receive, send, person, method)
+
+    def _is_scraper(self, authorization: str) -> bool:
+        """Whether the header carries the scraper's token (compared in constant time)."""
+        token = self.auth.scraper_token
+        if not token or authorization[:7].lower() != "bearer ":
+            return False
+        return hmac.compare_digest(authorization[7:].strip().encode(), token.encode())
 
     async def _pass(
         self, scope: Scope, receive: Receive, send: Send, person: Person, method: str

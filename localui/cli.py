@@ -49,6 +49,29 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--read-only", action="store_true", help="Show everything, change nothing.")
     parser.add_argument(
+        "--stale-after",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="An unfinished run with no new row for this long is stalled: its process most "
+        "likely died (default: 600).",
+    )
+    parser.add_argument(
+        "--remind-after",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="A pause waiting for a person this long is overdue, and reminded of again each"
+        " interval when notifications are on (default: 3600).",
+    )
+    parser.add_argument(
+        "--metrics-token-file",
+        default="",
+        metavar="PATH",
+        help="A file holding the Bearer token a Prometheus scraper reads /metrics with "
+        "(people signed in may read it without one).",
+    )
+    parser.add_argument(
         "--root-path",
         default="",
         metavar="PREFIX",
@@ -162,20 +185,6 @@ def _add_notify_options(parser: argparse.ArgumentParser) -> None:
         help="Never send the values of this key of a pause's context or call (repeatable).",
     )
     notify.add_argument(
-        "--stale-after",
-        type=float,
-        default=600.0,
-        metavar="SECONDS",
-        help="An unfinished run silent this long is stalled (default: 600).",
-    )
-    notify.add_argument(
-        "--remind-after",
-        type=float,
-        default=3600.0,
-        metavar="SECONDS",
-        help="Remind about a pause waiting this long, then again each interval (default: 3600).",
-    )
-    notify.add_argument(
         "--notify-lease",
         type=float,
         default=60.0,
@@ -285,6 +294,21 @@ def build_parser() -> argparse.ArgumentParser:
     opened = sub.add_parser("open", help="Serve exported runs read-only, with the same pages.")
     opened.add_argument("files", nargs="+", metavar="FILE")
     _add_server_options(opened)
+    decisions = sub.add_parser("decisions", help="The decision record, for auditors.")
+    decisions_sub = decisions.add_subparsers(dest="decisions_command", required=True)
+    exported = decisions_sub.add_parser(
+        "export",
+        help="Write every decision (newest first) to standard output as CSV or JSON lines.",
+        description="Write every decision (newest first) to standard output as CSV or JSON lines.",
+    )
+    exported.add_argument("--store", default=None, help="The store, as for serve.")
+    exported.add_argument("--pg-schema", default="fastaiagent", metavar="SCHEMA")
+    exported.add_argument("--pg-app-schema", default="localui", metavar="SCHEMA")
+    exported.add_argument(
+        "--since", default=None, metavar="AGE", help="Only decisions this recent: 90s, 12h, 7d, 2w."
+    )
+    exported.add_argument("--format", choices=("csv", "jsonl"), default="csv")
+
     users = sub.add_parser(
         "users", help="The people who may sign in to a store's servers, and their roles."
     )
@@ -547,8 +571,9 @@ def _settings(args: argparse.Namespace, store: str) -> Settings:
         pg_app_schema=getattr(args, "pg_app_schema", "localui"),
         root_path=normal_root_path(args.root_path),
         traces=getattr(args, "traces", None),
-        stale_after=getattr(args, "stale_after", 600.0),
-        remind_after=getattr(args, "remind_after", 3600.0),
+        stale_after=args.stale_after,
+        remind_after=args.remind_after,
+        metrics_token_file=args.metrics_token_file,
         notifications=_notifications(args),
         sign_in=SignIn(
             required=not args.no_auth,
@@ -724,6 +749,49 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_decisions_export(args: argparse.Namespace) -> int:
+    """The decision record on standard output, read and written a chunk at a time."""
+    from datetime import UTC, datetime
+
+    from localui.backends import open_backend
+    from localui.records import DecisionQuery
+    from localui.views.decisions import csv_chunks, export_rows, jsonl_chunks
+    from localui.views.params import parse_age
+    from localui.views.urls import Urls
+
+    settings = Settings(
+        store=args.store or default_store(),
+        pg_schema=args.pg_schema,
+        pg_app_schema=args.pg_app_schema,
+    )
+    try:
+        since = (
+            (datetime.now(UTC) - parse_age(args.since, "--since")).isoformat()
+            if args.since
+            else None
+        )
+        backend = open_backend(settings)
+    except LocalUIError as exc:
+        return fail(str(exc))
+    from starlette.routing import Router
+
+    from localui.app import build_routes
+
+    log = backend.decision_log(writable=False)
+    try:
+        rows = export_rows(log, DecisionQuery(since=since), Urls(router=Router(build_routes())))
+        chunks = csv_chunks(rows) if args.format == "csv" else jsonl_chunks(rows)
+        for chunk in chunks:
+            sys.stdout.write(chunk)
+        sys.stdout.flush()
+    except LocalUIError as exc:
+        return fail(str(exc))
+    finally:
+        log.close()
+        backend.close()
+    return 0
+
+
 def run_open(args: argparse.Namespace) -> int:
     from localui.bundle import BundleError, load_bundles, read_bundle
 
@@ -852,4 +920,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_users(args)
     if args.command == "notifications":
         return run_notifications(args)
+    if args.command == "decisions":
+        return run_decisions_export(args)
     return run_demo(args)

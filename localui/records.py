@@ -164,6 +164,50 @@ class RunFactsPage:
 
 
 @dataclass(frozen=True, slots=True)
+class AttentionQuery:
+    """The runs that need a person: unfinished with a newest row before
+    ``stale_before`` (stalled), failed, orphaned, paused before ``overdue_before``
+    (overdue), or with rows the plane quarantined; newest activity first."""
+
+    stale_before: str
+    overdue_before: str
+    after: tuple[str, str] | None = None
+    limit: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionCounts:
+    """How many runs need a person for each reason (a run may count under two), and
+    when the oldest pause began (None when nothing waits)."""
+
+    stalled: int
+    failed: int
+    orphaned: int
+    overdue: int
+    quarantined: int
+    oldest_pause_at: str | None
+    #: Runs that need a person for any reason, each once.
+    total: int
+
+    def by_reason(self) -> dict[str, int]:
+        return {
+            "stalled": self.stalled,
+            "failed": self.failed,
+            "orphaned": self.orphaned,
+            "overdue": self.overdue,
+            "quarantined": self.quarantined,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionPage:
+    runs: tuple[RunFacts, ...]
+    #: ``(last_at, execution_id)`` of the last run on this page when more follow.
+    next_key: tuple[str, str] | None
+    counts: AttentionCounts
+
+
+@dataclass(frozen=True, slots=True)
 class RowHeader:
     """A checkpoint row without its JSON payloads: cheap enough for 2,000 at once."""
 
@@ -363,6 +407,38 @@ class Decision:
         if self.kind == RESUME:
             return "resumed"
         return "approved" if self.approved else "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionQuery:
+    """Filters and the keyset position for one page of the decision record, newest
+    first. ``after`` is ``(decided_at, id)`` of the last entry of the page before."""
+
+    actor: str | None = None
+    #: Decisions on runs of this agent (a team's runs under the team's name).
+    agent: str | None = None
+    outcome: str | None = None
+    kind: str | None = None
+    #: ISO instants: decided at or after ``since``, before ``until``.
+    since: str | None = None
+    until: str | None = None
+    after: tuple[str, str] | None = None
+    limit: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionEntry:
+    """One entry of the decision record, with the agent of its run (empty when the
+    runs index does not know the run)."""
+
+    decision: Decision
+    agent: str
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionPage:
+    entries: tuple[DecisionEntry, ...]
+    next_key: tuple[str, str] | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from localui.records import (
@@ -67,6 +67,59 @@ def run_state(last_step_type: str | None, last_status: str, has_pending: bool) -
     if last_status == "interrupted":
         return PAUSED if has_pending else ORPHANED
     return UNFINISHED
+
+
+#: Why a run needs a person (``/attention``), in the order the page explains them.
+STALLED = "stalled"
+OVERDUE = "overdue"
+QUARANTINED = "quarantined"
+ATTENTION_REASONS = (STALLED, FAILED, ORPHANED, OVERDUE, QUARANTINED)
+
+
+def is_stalled(state: str, last_at: str, now: datetime, stale_after: float) -> bool:
+    """An unfinished run whose newest row is older than ``stale_after`` seconds: its
+    process most likely died (a live one writes a row before every call)."""
+    if state != UNFINISHED:
+        return False
+    then = parse_time(last_at)
+    return then is not None and (now - then).total_seconds() > stale_after
+
+
+def is_overdue(state: str, last_at: str, now: datetime, remind_after: float) -> bool:
+    """A pause that has waited for a person longer than ``remind_after`` seconds (a
+    paused run's newest row is its paused row)."""
+    if state != PAUSED:
+        return False
+    then = parse_time(last_at)
+    return then is not None and (now - then).total_seconds() > remind_after
+
+
+def attention_reasons(
+    state: str,
+    last_at: str,
+    rows_quarantined: int,
+    now: datetime,
+    *,
+    stale_after: float,
+    remind_after: float,
+) -> tuple[str, ...]:
+    """Every reason a run needs a person, in :data:`ATTENTION_REASONS` order."""
+    found = []
+    if is_stalled(state, last_at, now, stale_after):
+        found.append(STALLED)
+    if state in (FAILED, ORPHANED):
+        found.append(state)
+    if is_overdue(state, last_at, now, remind_after):
+        found.append(OVERDUE)
+    if rows_quarantined > 0:
+        found.append(QUARANTINED)
+    return tuple(found)
+
+
+def cutoff(now: datetime, seconds: float) -> str:
+    """The instant ``seconds`` before ``now`` as the SDK writes its times (ISO 8601,
+    UTC), so the stores compare it with their rows' times as they are."""
+    return (now - timedelta(seconds=seconds)).astimezone(UTC).isoformat()
 
 
 #: The SDK's checkpointers, whose ``list`` orders a run's rows differently.
@@ -620,15 +673,6 @@ def age_words(value: str, now: datetime) -> str:
     if seconds < 86400:
         return f"{seconds // 3600} h ago"
     return f"{seconds // 86400} d ago"
-
-
-def is_stalled(state: str, last_at: str, now: datetime, stale_after: float) -> bool:
-    """Whether an unfinished run has written nothing for longer than ``stale_after``
-    seconds: its process most likely died (the SDK has no watchdog to say so)."""
-    if state != UNFINISHED:
-        return False
-    then = parse_time(last_at)
-    return then is not None and (now - then).total_seconds() > stale_after
 
 
 def _argument(value: Any) -> str:

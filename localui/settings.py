@@ -116,13 +116,17 @@ class Settings:
     #: The SQLite file the SDK traced into (``--traces``); by default a SQLite
     #: store's own file, where the SDK writes its spans.
     traces: str | None = None
+    #: An unfinished run whose newest row is older than this many seconds is stalled
+    #: (``--stale-after``): its process most likely died.
+    stale_after: float = 600.0
+    #: A pause waiting longer than this many seconds is overdue (``--remind-after``).
+    remind_after: float = 3600.0
+    #: A file holding the Bearer token a Prometheus scraper sends to ``/metrics``
+    #: (``--metrics-token-file``); empty: only people signed in may read it.
+    metrics_token_file: str = ""
     #: The approval policy (``--policy``, ``localui.policy``); None decides every pause
     #: as without one: any approver, alone.
     policy: Policy | None = None
-    #: An unfinished run whose newest row is older than this many seconds is stalled.
-    stale_after: float = 600.0
-    #: A pause waiting longer than this many seconds is overdue (and again each interval).
-    remind_after: float = 3600.0
     notifications: Notifications = Notifications()
 
     @property

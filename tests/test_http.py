@@ -613,12 +613,23 @@ def test_cross_site_get_is_answered(client: TestClient) -> None:
     assert response.status_code == 200
 
 
-@pytest.mark.parametrize("path", ["/", "/approvals", "/cache", "/prune"])
+@pytest.mark.parametrize(
+    "path", ["/", "/approvals", "/cache", "/attention", "/decisions", "/prune", "/notifications"]
+)
 def test_the_nav_leads_to_every_page_it_names(client: TestClient, path: str) -> None:
-    """Runs, Approvals, Cache and Prune, from every page; each link answers 200."""
+    """Every page's nav names the same pages (Notifications for operators, as the
+    signed-in owner here is); each link answers 200."""
     html = client.get(path).text
     nav = html.split('<nav aria-label="Main">', 1)[1].split("</nav>", 1)[0]
     links = re.findall(r'<a href="([^"]+)">([A-Za-z]+)', nav)
-    assert [name for _, name in links] == ["Runs", "Approvals", "Cache", "Prune"]
+    assert [name for _, name in links] == [
+        "Runs",
+        "Approvals",
+        "Cache",
+        "Attention",
+        "Decisions",
+        "Prune",
+        "Notifications",
+    ]
     for href, _ in links:
         assert client.get(href).status_code == 200, href

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 RUNS_FILTERS = ("state", "agent", "q", "after", "outbox")
 QUEUE = ("order", "after")
+DECISION_FILTERS = ("approver", "agent", "outcome", "kind", "since", "until", "after")
 
 #: Route name -> (query parameters, form fields) its endpoint reads.
 PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -73,6 +74,13 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "static": ((), ()),
     "signin": (("next", "token"), ("token", "next")),
     "signout": ((), ()),
+    "attention": (("after",), ()),
+    "attention_json": (("after",), ()),
+    "bulk_resume": ((), ("pick", "confirm", "actor")),
+    "decisions": (DECISION_FILTERS, ()),
+    "decisions_json": (DECISION_FILTERS, ()),
+    "decisions_csv": (DECISION_FILTERS, ()),
+    "metrics": ((), ()),
 }
 
 

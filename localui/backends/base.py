@@ -20,11 +20,16 @@ from typing import Any, Protocol
 
 from localui.backends.notifications import Notice, Notification, TargetStatus
 from localui.records import (
+    AttentionCounts,
+    AttentionPage,
+    AttentionQuery,
     Ballot,
     CacheEntry,
     CachePage,
     Claim,
     Decision,
+    DecisionPage,
+    DecisionQuery,
     ForkLink,
     PausedCall,
     Pending,
@@ -57,12 +62,25 @@ class Store(Protocol):
 
     def get_run(self, execution_id: str) -> RunFacts | None: ...
 
+    def list_attention(self, query: AttentionQuery) -> AttentionPage:
+        """One page of the runs that need a person, from the runs index, newest first,
+        with how many there are for each reason."""
+        ...
+
+    def attention_counts(self, stale_before: str, overdue_before: str) -> AttentionCounts:
+        """How many runs need a person for each reason, from the runs index."""
+        ...
+
     def list_rows(self, execution_id: str) -> tuple[RowHeader, ...]:
         """The run's rows in the order they were written, without payloads."""
         ...
 
     def get_row(self, checkpoint_id: str) -> RowDetail | None:
         """One row with its payloads; checkpoint ids are unique across runs."""
+        ...
+
+    def row_times(self, checkpoint_ids: Sequence[str]) -> Mapping[str, str]:
+        """When each of these rows was written, by checkpoint id (rows gone are left out)."""
         ...
 
     def get_pending(self, execution_id: str) -> Pending | None: ...
@@ -198,6 +216,16 @@ class DecisionLog(Protocol):
         ...
 
     def list_for_run(self, execution_id: str) -> tuple[Decision, ...]: ...
+
+    def list_decisions(self, query: DecisionQuery) -> DecisionPage:
+        """One page of the whole record, newest first (``decided_at``, then ``id``),
+        each entry with its run's agent."""
+        ...
+
+    def finished_since(self, after: tuple[str, int] | None, limit: int) -> tuple[Decision, ...]:
+        """Decisions with an outcome, in the order they got it (``finished_at``, then
+        ``id``), after ``after``: what the metrics fold in since their last look."""
+        ...
 
     def latest_for_runs(self, kind: str, execution_ids: Sequence[str]) -> Mapping[str, Decision]:
         """Each run's newest decision of ``kind`` (finished or not), for a page of runs

@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from localui.backends.shared import NamedRow
-from localui.records import Decision, Vote
+from localui.errors import BadRequest
+from localui.records import Decision, DecisionEntry, Vote
 
 TABLE = "localui_decisions"
 #: Approvals of pauses whose rule needs several people (``localui.policy``), beside
@@ -83,6 +84,23 @@ def decision_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> Dec
         finished_at=None if row["finished_at"] is None else instant(row["finished_at"]),
         metadata=metadata_of(row["metadata"]),
     )
+
+
+#: What ``/decisions?outcome=`` lists a claim the SDK is still carrying out as.
+PENDING_OUTCOME = "pending"
+
+
+def listing_key(entry: DecisionEntry) -> tuple[str, str]:
+    """Where the listing continues: ``(decided_at, id)`` of the page's last entry."""
+    return (entry.decision.decided_at, str(entry.decision.id))
+
+
+def cursor_id(text: str) -> int:
+    """The id half of a listing cursor; anything else is a 400."""
+    try:
+        return int(text)
+    except ValueError:
+        raise BadRequest(f"after: {text!r} is not a cursor this server gave out") from None
 
 
 def metadata_to_text(metadata: Mapping[str, Any] | None) -> str | None:

@@ -42,6 +42,7 @@ from localui.records import (
 from localui.shortids import shortest_unique
 from localui.views.common import (
     Nav,
+    attention_total,
     context,
     decode_cursor,
     encode_cursor,
@@ -701,7 +702,9 @@ async def approvals_list(request: Request) -> Response:
         "pages/approvals.html",
         page,
         partial="partials/_queue.html",
-        nav=Nav(pending=page.total),
+        nav=Nav(
+            pending=page.total, attention=await off_loop(attention_total, ctx.store, ctx.settings)
+        ),
     )
 
 

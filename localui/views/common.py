@@ -9,13 +9,14 @@ presentation only (grouping, pre-formatted text) and stay out of the JSON.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from starlette.concurrency import run_in_threadpool
@@ -23,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.templating import Jinja2Templates
 
+from localui import runs
 from localui.actions import ActionService
 from localui.auth import Authenticator
 from localui.backends.base import Backend, Store
@@ -86,6 +88,11 @@ class AppState:
     traces: SpanIndex | None = None
     #: The live pages' shared renders, made with the first stream (``views.live``).
     live_renders: LiveRenders | None = None
+    #: Work a request started that outlives it (a bulk resume's runs): the lifespan
+    #: waits for it before the store closes.
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: The ``/metrics`` registry and its collectors (``views.metrics``).
+    metrics: Any = None
     #: What ``localui demo`` is still writing into the store, or None.
     seeding: Seeding | None = None
     #: Records and sends notifications; None when no target is configured.
@@ -161,7 +168,9 @@ async def respond(
     name = partial if fragment and partial is not None else template
     values: dict[str, Any] = {"page": page, "settings": ctx.settings, "urls": urls_of(request)}
     if not fragment:
-        values["nav"] = nav if nav is not None else await off_loop(nav_counts, ctx.store)
+        values["nav"] = (
+            nav if nav is not None else await off_loop(nav_counts, ctx.store, ctx.settings)
+        )
     response = ctx.templates.TemplateResponse(request, name, values, status_code=status_code)
     # One URL answers a full page or a fragment, so caches must key on the header.
     response.headers["Vary"] = "HX-Request, Accept"
@@ -170,16 +179,35 @@ async def respond(
 
 @dataclass(frozen=True, slots=True)
 class Nav:
-    """What the navigation bar shows on every page: the approvals badge."""
+    """What the navigation bar shows on every page: the approvals badge, and how many
+    runs need a person (None when the runs index cannot say yet)."""
 
     pending: int
+    attention: int | None = None
 
 
-def nav_counts(store: Store) -> Nav:
+def attention_cutoffs(settings: Settings, now: datetime) -> tuple[str, str]:
+    """``(stale_before, overdue_before)``: the instants before which an unfinished run
+    is stalled and a pause overdue, as of ``now``."""
+    return runs.cutoff(now, settings.stale_after), runs.cutoff(now, settings.remind_after)
+
+
+def attention_total(store: Store, settings: Settings) -> int | None:
+    """The runs that need a person, each once; None when the runs index cannot say."""
+    stale_before, overdue_before = attention_cutoffs(settings, datetime.now(UTC))
     try:
-        return Nav(pending=store.count_pending())
+        return store.attention_counts(stale_before, overdue_before).total
     except LocalUIError:
-        return Nav(pending=0)
+        return None
+
+
+def nav_counts(store: Store, settings: Settings | None = None) -> Nav:
+    """The nav's badges; the attention badge only when ``settings`` says its cutoffs."""
+    attention = attention_total(store, settings) if settings is not None else None
+    try:
+        return Nav(pending=store.count_pending(), attention=attention)
+    except LocalUIError:
+        return Nav(pending=0, attention=attention)
 
 
 async def error_response(request: Request, exc: LocalUIError) -> Response:
@@ -196,7 +224,7 @@ async def error_response(request: Request, exc: LocalUIError) -> Response:
     fragment = is_htmx(request)
     name = "partials/_error.html" if fragment else "pages/error.html"
     # A refused action is no reason to lose the badge; a store that is down is.
-    nav = None if fragment else await off_loop(nav_counts, ctx.store)
+    nav = None if fragment else await off_loop(nav_counts, ctx.store, ctx.settings)
     return ctx.templates.TemplateResponse(
         request,
         name,

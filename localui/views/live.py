@@ -129,7 +129,7 @@ class NavView:
 
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         html = ctx.templates.get_template("partials/_nav_badge.html").render(
-            nav=nav_counts(ctx.store)
+            nav=nav_counts(ctx.store, ctx.settings)
         )
         return Rendered(fragments=(Fragment("nav-badge", html),))
 

@@ -46,7 +46,9 @@ class PostgresBackend:
         return PostgresChangeSource(self.dsn, schema=self.schema, app_schema=self.app_schema)
 
     def decision_log(self, *, writable: bool) -> DecisionLog:
-        return PostgresDecisionLog(self.dsn, schema=self.app_schema, writable=writable)
+        return PostgresDecisionLog(
+            self.dsn, schema=self.app_schema, writable=writable, store_schema=self.schema
+        )
 
     def outbox(self) -> Outbox:
         from localui.backends.postgres.notifications import PostgresOutbox

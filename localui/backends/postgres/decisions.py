@@ -20,15 +20,31 @@ from psycopg.types.json import Jsonb
 from localui.backends.decisions import (
     ABANDONED_AFTER_SECONDS,
     COLUMN_NAMES,
+    PENDING_OUTCOME,
     TABLE,
     VOTE_COLUMN_NAMES,
     VOTES_TABLE,
+    cursor_id,
     decision_from_row,
+    listing_key,
     vote_from_row,
 )
-from localui.backends.postgres.pool import Pool, StaleConnection, identifier, iso
-from localui.errors import Unavailable
-from localui.records import AGAIN, COUNTED, FULL, Ballot, Claim, Decision, Vote
+from localui.backends.postgres.index.schema import Tables
+from localui.backends.postgres.pool import Pool, StaleConnection, identifier, iso, parse_instant
+from localui.backends.shared import Page
+from localui.errors import BadRequest, Unavailable
+from localui.records import (
+    AGAIN,
+    COUNTED,
+    FULL,
+    Ballot,
+    Claim,
+    Decision,
+    DecisionEntry,
+    DecisionPage,
+    DecisionQuery,
+    Vote,
+)
 
 #: How many times a claim starts over when the row that beat it vanished before it
 #: could be read (taken over and released in between). Each round needs another
@@ -48,11 +64,34 @@ def _decision(row: dict[str, Any]) -> Decision:
     return decision_from_row(row, iso)
 
 
+def _entry(row: dict[str, Any]) -> DecisionEntry:
+    return DecisionEntry(decision=_decision(row), agent=str(row["agent"]))
+
+
+def _instant(name: str, value: str) -> Any:
+    parsed = parse_instant(value)
+    if parsed is None:
+        raise BadRequest(f"{name}: {value!r} is not an instant this server understands")
+    return parsed
+
+
 class PostgresDecisionLog:
     """:class:`localui.backends.base.DecisionLog` in ``{schema}.localui_decisions``."""
 
-    def __init__(self, dsn: str, *, schema: str = "localui", writable: bool = True) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "localui",
+        writable: bool = True,
+        store_schema: str | None = None,
+    ) -> None:
+        """``store_schema``: the SDK schema whose runs index (in ``schema``) names each
+        decision's agent in the listing."""
         self.schema = identifier(schema, "--pg-app-schema")
+        self._runs = (
+            Tables(app_schema=self.schema, store_schema=store_schema) if store_schema else None
+        )
         #: The table's name as ``to_regclass`` and messages read it.
         self.table = f"{self.schema}.{TABLE}"
         self._table = sql.Identifier(self.schema, TABLE)
@@ -124,6 +163,7 @@ class PostgresDecisionLog:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
             exists = conn.execute("SELECT to_regclass(%s)", (self._regclass(),)).fetchone()[0]
             if exists is not None:
+                self._create_listing_indexes(conn)
                 if not self._has_metadata(conn):
                     # A table made before the metadata was kept: its records keep NULL.
                     conn.execute(
@@ -159,6 +199,21 @@ class PostgresDecisionLog:
             conn.execute(
                 sql.SQL("CREATE INDEX {} ON {} (execution_id, decided_at)").format(
                     sql.Identifier(f"{TABLE}_run"), self._table
+                )
+            )
+            self._create_listing_indexes(conn)
+
+    def _create_listing_indexes(self, conn: Any) -> None:
+        """The record newest first, one person's newest first, and the order decisions
+        got their outcomes (what the metrics fold in); each only when missing."""
+        for suffix, columns in (
+            ("time", "(decided_at, id)"),
+            ("actor", "(actor, decided_at, id)"),
+            ("finished", "(finished_at, id) WHERE finished_at IS NOT NULL"),
+        ):
+            conn.execute(
+                sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} " + columns).format(
+                    sql.Identifier(f"{TABLE}_{suffix}"), self._table
                 )
             )
             self._create_votes(conn)
@@ -313,6 +368,87 @@ class PostgresDecisionLog:
                 (kind, wanted),
             ).fetchall()
         return {str(r["execution_id"]): _decision(r) for r in rows}
+
+    def _runs_table(self, cur: Any) -> str | None:
+        """The runs index's table, when there is one to read agents from."""
+        if self._runs is None:
+            return None
+        found = cur.execute("SELECT to_regclass(%s) AS t", (self._runs.runs,)).fetchone()
+        return self._runs.runs if found["t"] is not None else None
+
+    def list_decisions(self, query: DecisionQuery) -> DecisionPage:
+        from psycopg.rows import dict_row
+
+        with self._reads.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            if not self._table_exists(cur):
+                return DecisionPage(entries=(), next_key=None)
+            runs = self._runs_table(cur)
+            if query.agent is not None and runs is None:
+                raise Unavailable(
+                    "decisions are found by agent through the runs index, which this "
+                    "localui does not keep (it is read-only): serve without --read-only once"
+                )
+            where: list[str] = []
+            params: dict[str, Any] = {"n": query.limit + 1}
+            for column, value in (("actor", query.actor), ("kind", query.kind)):
+                if value is not None:
+                    where.append(f"d.{column} = %({column})s")
+                    params[column] = value
+            if query.outcome is not None:
+                # A claim the SDK has not finished yet has no outcome: it lists as pending.
+                where.append("COALESCE(d.outcome, %(pending)s) = %(outcome)s")
+                params.update(outcome=query.outcome, pending=PENDING_OUTCOME)
+            if query.since is not None:
+                where.append("d.decided_at >= %(since)s")
+                params["since"] = _instant("since", query.since)
+            if query.until is not None:
+                where.append("d.decided_at < %(until)s")
+                params["until"] = _instant("until", query.until)
+            if query.after is not None:
+                where.append("(d.decided_at, d.id) < (%(after_at)s, %(after_id)s)")
+                params.update(
+                    after_at=_instant("after", query.after[0]),
+                    after_id=cursor_id(query.after[1]),
+                )
+            if query.agent is not None:
+                where.append(
+                    f"d.execution_id IN (SELECT execution_id FROM {runs} WHERE agent = %(agent)s)"
+                )
+                params["agent"] = query.agent
+            agent = "COALESCE(r.agent, '')" if runs is not None else "''"
+            join = f" LEFT JOIN {runs} r ON r.execution_id = d.execution_id" if runs else ""
+            # The page inside, its columns outside: the record's columns as this table has
+            # them (an old table has no metadata column).
+            cur.execute(
+                self._sql(
+                    f"SELECT {{columns}}, agent FROM (SELECT d.*, {agent} AS agent"
+                    f" FROM {{table}} d{join} WHERE {' AND '.join(where) or 'true'}"
+                    " ORDER BY d.decided_at DESC, d.id DESC LIMIT %(n)s) AS page"
+                    " ORDER BY decided_at DESC, id DESC"
+                ),
+                params,
+            )
+            page = Page.of(cur.fetchall(), query.limit, _entry, listing_key)
+        return DecisionPage(entries=page.items, next_key=page.next_key)
+
+    def finished_since(self, after: tuple[str, int] | None, limit: int) -> tuple[Decision, ...]:
+        from psycopg.rows import dict_row
+
+        with self._reads.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            if not self._table_exists(cur):
+                return ()
+            where, params = "finished_at IS NOT NULL", [limit]
+            if after is not None:
+                where += " AND (finished_at, id) > (%s, %s)"
+                params = [_instant("after", after[0]), after[1], limit]
+            rows = cur.execute(
+                self._sql(
+                    f"SELECT {{columns}} FROM {{table}} WHERE {where}"
+                    " ORDER BY finished_at, id LIMIT %s"
+                ),
+                params,
+            ).fetchall()
+        return tuple(_decision(r) for r in rows)
 
     # --- votes -------------------------------------------------------------------
 

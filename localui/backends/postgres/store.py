@@ -46,6 +46,9 @@ from localui.backends.urls import redact
 from localui.errors import BadRequest, StoreMissing, Unavailable
 from localui.records import (
     FORK_ORIGIN_NODE,
+    AttentionCounts,
+    AttentionPage,
+    AttentionQuery,
     CacheEntry,
     CachePage,
     ForkLink,
@@ -400,6 +403,23 @@ class PostgresStore:
             index.complete()
         return index.list_runs(query)
 
+    def _complete_index(self) -> PgRunIndex:
+        """The runs index, up to date; attention and metrics read nothing else."""
+        index = self._index
+        if index is None:
+            raise Unavailable(
+                "what needs attention is read from the runs index, which a read-only "
+                f"localui does not keep: serve {self.location} without --read-only once "
+                "(or give this role CREATE on the app schema) so it is built"
+            )
+        return index
+
+    def list_attention(self, query: AttentionQuery) -> AttentionPage:
+        return self._complete_index().list_attention(query)
+
+    def attention_counts(self, stale_before: str, overdue_before: str) -> AttentionCounts:
+        return self._complete_index().attention_counts(stale_before, overdue_before)
+
     def _recently_written(self, limit: int) -> tuple[RunFacts, ...]:
         """The ``limit`` runs with the newest rows, from the SDK's tables: a lookup on
         its ``(synced, created_at)`` index, then those runs' facts."""
@@ -528,6 +548,21 @@ class PostgresStore:
             return rows
 
         return tuple(self._header(r) for r in self._run(work))
+
+    def row_times(self, checkpoint_ids: Sequence[str]) -> dict[str, str]:
+        wanted = list(dict.fromkeys(checkpoint_ids))
+
+        def work(cur: Any, s: _Schema) -> dict[str, str]:
+            if not s.has_checkpoints or not wanted:
+                return {}
+            cur.execute(
+                "SELECT checkpoint_id, created_at"
+                f" FROM {self._t['checkpoints']} WHERE checkpoint_id = ANY(%s)",
+                (wanted,),
+            )
+            return {str(r["checkpoint_id"]): iso(r["created_at"]) for r in cur.fetchall()}
+
+        return self._run(work)
 
     def get_row(self, checkpoint_id: str) -> RowDetail | None:
         def work(cur: Any, s: _Schema) -> dict[str, Any] | None:

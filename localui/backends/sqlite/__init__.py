@@ -36,7 +36,7 @@ class SQLiteBackend:
         return SQLiteChangeSource(self.store.path)
 
     def decision_log(self, *, writable: bool) -> DecisionLog:
-        return SQLiteDecisionLog(self.path, writable=writable)
+        return SQLiteDecisionLog(self.path, writable=writable, runs_index=self.store.index_path)
 
     def outbox(self) -> Outbox:
         from localui.backends.sqlite.notifications import SQLiteOutbox

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from localui.backends.decisions import (
     COLUMNS,
@@ -17,15 +18,29 @@ from localui.backends.decisions import (
     VOTE_COLUMNS,
     VOTES_TABLE,
     abandoned,
+    cursor_id,
     decision_from_row,
+    listing_key,
     metadata_to_text,
     now_iso,
     vote_from_row,
 )
+from localui.backends.shared import Page
 from localui.backends.sqlite.errors import is_busy
 from localui.backends.sqlite.files import read_uri
 from localui.errors import Unavailable
-from localui.records import AGAIN, COUNTED, FULL, Ballot, Claim, Decision, Vote
+from localui.records import (
+    AGAIN,
+    COUNTED,
+    FULL,
+    Ballot,
+    Claim,
+    Decision,
+    DecisionEntry,
+    DecisionPage,
+    DecisionQuery,
+    Vote,
+)
 
 T = TypeVar("T")
 
@@ -47,6 +62,14 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 )
 """
 INDEX = f"CREATE INDEX IF NOT EXISTS {TABLE}_run ON {TABLE} (execution_id, decided_at)"
+#: The record newest first, one person's record newest first, and the order decisions
+#: got their outcomes (what the metrics fold in).
+LISTING_INDEXES = (
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_time ON {TABLE} (decided_at, id)",
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_actor ON {TABLE} (actor, decided_at, id)",
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_finished ON {TABLE} (finished_at, id)"
+    " WHERE finished_at IS NOT NULL",
+)
 VOTES_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {VOTES_TABLE} (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -65,11 +88,49 @@ def _decision(row: sqlite3.Row) -> Decision:
     return decision_from_row(row)
 
 
+def _entry(row: sqlite3.Row) -> DecisionEntry:
+    return DecisionEntry(decision=_decision(row), agent=str(row["agent"]))
+
+
+def listing_where(query: DecisionQuery) -> tuple[list[str], list[Any]]:
+    """The listing's filters other than the agent, over the record as ``d``."""
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in (("actor", query.actor), ("kind", query.kind)):
+        if value is not None:
+            where.append(f"d.{column} = ?")
+            params.append(value)
+    if query.outcome is not None:
+        # A claim the SDK has not finished yet has no outcome: it lists as pending.
+        where.append("COALESCE(d.outcome, 'pending') = ?")
+        params.append(query.outcome)
+    if query.since is not None:
+        where.append("d.decided_at >= ?")
+        params.append(query.since)
+    if query.until is not None:
+        where.append("d.decided_at < ?")
+        params.append(query.until)
+    if query.after is not None:
+        where.append("(d.decided_at, d.id) < (?, ?)")
+        params.extend((query.after[0], cursor_id(query.after[1])))
+    return where, params
+
+
 class SQLiteDecisionLog:
     """The decision table inside the SQLite store file, on a connection of its own."""
 
-    def __init__(self, path: str | Path, *, writable: bool = True, busy_timeout: float = 10.0):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        writable: bool = True,
+        busy_timeout: float = 10.0,
+        runs_index: Path | None = None,
+    ):
+        """``runs_index``: the runs index's file, where the listing finds each run's agent."""
         self.path = Path(path)
+        self._runs_index = runs_index
+        self._index_attached = False
         self.writable = writable
         self._lock = threading.Lock()
         # Read-only, it opens as the store does: immutable in a directory it cannot
@@ -95,6 +156,8 @@ class SQLiteDecisionLog:
     def _create(self) -> None:
         self._conn.execute(SCHEMA)
         self._conn.execute(INDEX)
+        for statement in LISTING_INDEXES:
+            self._conn.execute(statement)
         self._conn.execute(VOTES_SCHEMA)
         if not self._has_metadata():
             # A table made before the metadata was kept: its records keep NULL.
@@ -250,6 +313,70 @@ class SQLiteDecisionLog:
                 for row in rows:
                     latest[str(row["execution_id"])] = _decision(row)
             return latest
+
+        return self._with_retry(read)
+
+    def _attach_index(self) -> bool:
+        """Whether the runs index is attached (as ``ix``) to read runs' agents from."""
+        if self._index_attached:
+            return True
+        path = self._runs_index
+        if path is None or not path.is_file():
+            return False
+        self._conn.execute("ATTACH DATABASE ? AS ix", (f"file:{quote(str(path))}?mode=ro",))
+        has_runs = self._conn.execute(
+            "SELECT 1 FROM ix.sqlite_master WHERE type = 'table' AND name = 'runs'"
+        ).fetchone()
+        if has_runs is None:
+            self._conn.execute("DETACH DATABASE ix")
+            return False
+        self._index_attached = True
+        return True
+
+    def list_decisions(self, query: DecisionQuery) -> DecisionPage:
+        def read() -> DecisionPage:
+            if not self._table_exists():
+                return DecisionPage(entries=(), next_key=None)
+            with_agents = self._attach_index()
+            if query.agent is not None and not with_agents:
+                raise Unavailable(
+                    "decisions are found by agent through the runs index, which is not "
+                    "built yet: try again in a moment"
+                )
+            where, params = listing_where(query)
+            agent = "COALESCE(r.agent, '')" if with_agents else "''"
+            join = " LEFT JOIN ix.runs r ON r.execution_id = d.execution_id" if with_agents else ""
+            if query.agent is not None:
+                where.append("d.execution_id IN (SELECT execution_id FROM ix.runs WHERE agent = ?)")
+                params.append(query.agent)
+            # The page inside, its columns outside: the record's columns as this table has
+            # them (an old table has no metadata column).
+            rows = self._conn.execute(
+                f"SELECT {self._columns}, agent FROM (SELECT d.*, {agent} AS agent"
+                f" FROM {TABLE} d{join} WHERE {' AND '.join(where) or '1'}"
+                " ORDER BY d.decided_at DESC, d.id DESC LIMIT ?)"
+                " ORDER BY decided_at DESC, id DESC",
+                (*params, query.limit + 1),
+            ).fetchall()
+            page = Page.of(rows, query.limit, _entry, listing_key)
+            return DecisionPage(entries=page.items, next_key=page.next_key)
+
+        return self._with_retry(read)
+
+    def finished_since(self, after: tuple[str, int] | None, limit: int) -> tuple[Decision, ...]:
+        def read() -> tuple[Decision, ...]:
+            if not self._table_exists():
+                return ()
+            where, params = "finished_at IS NOT NULL", []
+            if after is not None:
+                where += " AND (finished_at, id) > (?, ?)"
+                params = [after[0], after[1]]
+            rows = self._conn.execute(
+                f"SELECT {self._columns} FROM {TABLE} WHERE {where}"
+                " ORDER BY finished_at, id LIMIT ?",
+                (*params, limit),
+            ).fetchall()
+            return tuple(_decision(r) for r in rows)
 
         return self._with_retry(read)
 

@@ -33,6 +33,9 @@ from localui.backends.sqlite.index import BACKGROUND_FROM_ROWS, RunIndex, StoreC
 from localui.errors import LocalUIError, StoreMissing, Unavailable
 from localui.records import (
     FORK_ORIGIN_NODE,
+    AttentionCounts,
+    AttentionPage,
+    AttentionQuery,
     CacheEntry,
     CachePage,
     ForkLink,
@@ -298,6 +301,19 @@ class SQLiteStore:
         with self._index_errors():
             return self._index.get_run(execution_id)
 
+    def list_attention(self, query: AttentionQuery) -> AttentionPage:
+        with self._index_errors():
+            return self._index.list_attention(query)
+
+    def attention_counts(self, stale_before: str, overdue_before: str) -> AttentionCounts:
+        with self._index_errors():
+            return self._index.attention_counts(stale_before, overdue_before)
+
+    @property
+    def index_path(self) -> Path:
+        """The runs index's file, which the decision record reads runs' agents from."""
+        return self._index.path
+
     # --- rows ---------------------------------------------------------
 
     @staticmethod
@@ -339,6 +355,23 @@ class SQLiteStore:
         if row is None:
             return None
         return row_detail(shared.row_header(row), row)
+
+    def row_times(self, checkpoint_ids: Sequence[str]) -> dict[str, str]:
+        wanted = list(dict.fromkeys(checkpoint_ids))
+        found: dict[str, str] = {}
+        with self._read() as conn:
+            s = self._schema_for(conn)
+            if not s.has_checkpoints or not wanted:
+                return found
+            key = "checkpoint_id" if "checkpoint_id" in s.checkpoint_columns else "id"
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for cid, at in conn.execute(
+                    f"SELECT {key}, created_at FROM checkpoints WHERE {key} IN ({marks})", chunk
+                ):
+                    found[str(cid)] = str(at)
+        return found
 
     # --- pauses -------------------------------------------------------
 

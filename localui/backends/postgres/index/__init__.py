@@ -28,7 +28,15 @@ from localui.backends.postgres.index.sync import (
     IndexSync,
     StoreSql,
 )
-from localui.records import IndexProgress, RunFactsPage, RunQuery
+from localui.errors import Unavailable
+from localui.records import (
+    AttentionCounts,
+    AttentionPage,
+    AttentionQuery,
+    IndexProgress,
+    RunFactsPage,
+    RunQuery,
+)
 
 __all__ = ["BACKGROUND_FROM_ROWS", "BUILD_CHUNK_ROWS", "PgRunIndex", "StoreSql"]
 
@@ -76,6 +84,30 @@ class PgRunIndex:
 
         with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             return query.list_runs(cur, self.tables, runs_query)
+
+    def _ready(self) -> None:
+        """Up to date, or :class:`Unavailable` at once while a first build runs: what
+        needs attention is asked on every page (the nav's count), which must not wait."""
+        if not self._sync.refresh():
+            raise Unavailable(
+                "this store's runs are being indexed: what needs attention is known once"
+                " that is done"
+            )
+
+    def list_attention(self, attention: AttentionQuery) -> AttentionPage:
+        """The runs that need a person, from the whole index."""
+        from psycopg.rows import dict_row
+
+        self._ready()
+        with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            return query.list_attention(cur, self.tables, attention)
+
+    def attention_counts(self, stale_before: str, overdue_before: str) -> AttentionCounts:
+        from psycopg.rows import dict_row
+
+        self._ready()
+        with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            return query.attention_counts(cur, self.tables, stale_before, overdue_before)
 
     def totals(self) -> tuple[int, int, int]:
         from psycopg.rows import dict_row

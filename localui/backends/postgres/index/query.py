@@ -16,7 +16,14 @@ from localui.backends.postgres.index.schema import Tables
 from localui.backends.postgres.pool import iso, parse_instant
 from localui.backends.shared import Page
 from localui.errors import BadRequest
-from localui.records import RunFacts, RunFactsPage, RunQuery
+from localui.records import (
+    AttentionCounts,
+    AttentionPage,
+    AttentionQuery,
+    RunFacts,
+    RunFactsPage,
+    RunQuery,
+)
 
 
 def run_facts(row: dict[str, Any]) -> RunFacts:
@@ -87,3 +94,82 @@ def totals(cur: Any, t: Tables) -> tuple[int, int, int]:
     """``(rows, rows waiting for the plane, rows quarantined)`` across the store."""
     row = cur.execute(f"SELECT rows, waiting, quarantined FROM {t.totals}").fetchone()
     return int(row["rows"]), int(row["waiting"]), int(row["quarantined"])
+
+
+#: Each reason a run needs a person, as a condition on the runs table that one of its
+#: indexes answers in order (``_state``, or ``_quarantined``).
+_ATTENTION = (
+    "state = 'unfinished' AND last_at < %(stale)s",
+    "state = 'failed'",
+    "state = 'orphaned'",
+    "state = 'paused' AND last_at < %(overdue)s",
+    "rows_quarantined > 0",
+)
+
+
+def _instant(name: str, value: str) -> Any:
+    parsed = parse_instant(value)
+    if parsed is None:
+        raise BadRequest(f"{name}: {value!r} is not a cursor this server gave out")
+    return parsed
+
+
+def list_attention(cur: Any, t: Tables, query: AttentionQuery) -> AttentionPage:
+    """One page of the runs that need a person, newest activity first: the newest
+    ``limit + 1`` of each reason, each read in order from an index, merged."""
+    params: dict[str, Any] = {
+        "stale": _instant("stale_before", query.stale_before),
+        "overdue": _instant("overdue_before", query.overdue_before),
+        "n": query.limit + 1,
+    }
+    after = ""
+    if query.after is not None:
+        after = (
+            ' AND (last_at, execution_id COLLATE "C") < (%(after_at)s, %(after_id)s COLLATE "C")'
+        )
+        params.update(after_at=_instant("after", query.after[0]), after_id=query.after[1])
+    order = 'ORDER BY last_at DESC, execution_id COLLATE "C" DESC'
+    parts = " UNION ".join(
+        f"(SELECT {schema.COLUMNS} FROM {t.runs} WHERE {where}{after} {order} LIMIT %(n)s)"
+        for where in _ATTENTION
+    )
+    cur.execute(f"SELECT * FROM ({parts}) AS a {order} LIMIT %(n)s", params)
+    page = Page.of(cur.fetchall(), query.limit, run_facts, shared.run_key)
+    counts = attention_counts(cur, t, query.stale_before, query.overdue_before)
+    return AttentionPage(runs=page.items, next_key=page.next_key, counts=counts)
+
+
+def attention_counts(
+    cur: Any, t: Tables, stale_before: str, overdue_before: str
+) -> AttentionCounts:
+    """Runs per reason they need a person, each counted over an index range."""
+    cur.execute(
+        "SELECT"
+        f" (SELECT COUNT(*) FROM {t.runs} WHERE state = 'unfinished' AND last_at < %(stale)s)"
+        " AS stalled,"
+        f" (SELECT COALESCE(SUM(n), 0) FROM {t.counts} WHERE state = 'failed') AS failed,"
+        f" (SELECT COALESCE(SUM(n), 0) FROM {t.counts} WHERE state = 'orphaned') AS orphaned,"
+        f" (SELECT COUNT(*) FROM {t.runs} WHERE state = 'paused' AND last_at < %(overdue)s)"
+        " AS overdue,"
+        f" (SELECT COUNT(*) FROM {t.runs} WHERE rows_quarantined > 0) AS quarantined,"
+        f" (SELECT MIN(last_at) FROM {t.runs} WHERE state = 'paused') AS oldest,"
+        # Quarantined runs that no other reason counted: the total counts each run once.
+        f" (SELECT COUNT(*) FROM {t.runs} WHERE rows_quarantined > 0 AND NOT ("
+        "   state IN ('failed', 'orphaned') OR (state = 'unfinished' AND last_at < %(stale)s)"
+        "   OR (state = 'paused' AND last_at < %(overdue)s))) AS only_quarantined",
+        {
+            "stale": _instant("stale_before", stale_before),
+            "overdue": _instant("overdue_before", overdue_before),
+        },
+    )
+    row = cur.fetchone()
+    return AttentionCounts(
+        stalled=int(row["stalled"]),
+        failed=int(row["failed"]),
+        orphaned=int(row["orphaned"]),
+        overdue=int(row["overdue"]),
+        quarantined=int(row["quarantined"]),
+        oldest_pause_at=None if row["oldest"] is None else iso(row["oldest"]),
+        total=sum(int(row[k]) for k in ("stalled", "failed", "orphaned", "overdue"))
+        + int(row["only_quarantined"]),
+    )

@@ -27,7 +27,8 @@ from typing import Any
 #: built anew. 2: ``agent`` is the run's owner (a team), not its newest row's agent.
 #: 3: a build in chunks walks the SDK table's blocks (its cursor is a block number).
 #: 4: the owner of an agent-as-tool's own execution is that agent, not the one above it.
-VERSION = "4"
+#: 5: an index of the runs with quarantined rows (the attention page).
+VERSION = "5"
 
 #: The columns of ``runs_<store>`` a fold fills, in the order a build inserts them.
 RUN_COLUMNS = (
@@ -173,6 +174,7 @@ _SECONDARY = {
     "fork": "(fork_parent) WHERE fork_parent IS NOT NULL",
     "pending": "(execution_id) WHERE has_pending",
     "waiting": "(execution_id) WHERE rows_waiting > 0",
+    "quarantined": '(last_at DESC, execution_id COLLATE "C" DESC) WHERE rows_quarantined > 0',
 }
 
 

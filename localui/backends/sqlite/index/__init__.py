@@ -23,7 +23,16 @@ from pathlib import Path
 
 from localui.backends.sqlite.index import query
 from localui.backends.sqlite.index.sync import BACKGROUND_FROM_ROWS, IndexSync, StoreColumns
-from localui.records import IndexProgress, RunFacts, RunFactsPage, RunQuery
+from localui.errors import Unavailable
+from localui.records import (
+    AttentionCounts,
+    AttentionPage,
+    AttentionQuery,
+    IndexProgress,
+    RunFacts,
+    RunFactsPage,
+    RunQuery,
+)
 
 __all__ = ["BACKGROUND_FROM_ROWS", "RunIndex", "StoreColumns"]
 
@@ -91,6 +100,28 @@ class RunIndex:
             sync.complete()
         with sync.lock:
             return query.list_runs(sync.conn, runs_query, has_text_index=sync.text_complete())
+
+    def _ready(self) -> None:
+        """Up to date, or :class:`Unavailable` at once while a first build runs: what
+        needs attention is asked on every page (the nav's count), which must not wait."""
+        if not self._sync.refresh():
+            progress = self._sync.progress()
+            done = f" ({progress.percent}% read)" if progress is not None else ""
+            raise Unavailable(
+                f"this store's runs are being indexed{done}: what needs attention is "
+                "known once that is done"
+            )
+
+    def list_attention(self, attention: AttentionQuery) -> AttentionPage:
+        """The runs that need a person, from the whole index."""
+        self._ready()
+        with self._sync.lock:
+            return query.list_attention(self._sync.conn, attention)
+
+    def attention_counts(self, stale_before: str, overdue_before: str) -> AttentionCounts:
+        self._ready()
+        with self._sync.lock:
+            return query.attention_counts(self._sync.conn, stale_before, overdue_before)
 
     def resumable_cache_before(self, cutoff: str) -> dict[str, int]:
         """Cache entries older than ``cutoff`` of runs that can still resume, per run."""

@@ -9,14 +9,21 @@ scans the index's own columns with ``LIKE``.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from localui.backends import shared
 from localui.backends.shared import Page
 from localui.backends.sqlite.index import schema
 from localui.backends.sqlite.index.sync import StoreColumns, facts, fold, store_pending
-from localui.records import RunFacts, RunFactsPage, RunQuery
+from localui.records import (
+    AttentionCounts,
+    AttentionPage,
+    AttentionQuery,
+    RunFacts,
+    RunFactsPage,
+    RunQuery,
+)
 
 #: Above this many runs matching a text search, its page is found by walking the runs
 #: newest first rather than by sorting the matches.
@@ -30,7 +37,9 @@ _SCANNED = (
 )
 
 
-def _rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+def _rows(
+    conn: sqlite3.Connection, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
+) -> list[sqlite3.Row]:
     cursor = conn.cursor()
     cursor.row_factory = sqlite3.Row
     return cursor.execute(sql, params).fetchall()
@@ -124,6 +133,75 @@ def list_runs(conn: sqlite3.Connection, query: RunQuery, *, has_text_index: bool
     )
     page = Page.of(rows, query.limit, run_facts, shared.run_key)
     return RunFactsPage(runs=page.items, next_key=page.next_key, counts=counts)
+
+
+#: Each reason a run needs a person, as a condition on ``runs`` that one of its
+#: indexes answers in order (``runs_state``, or ``runs_quarantined``).
+_ATTENTION = (
+    "state = 'unfinished' AND last_at < :stale",
+    "state = 'failed'",
+    "state = 'orphaned'",
+    "state = 'paused' AND last_at < :overdue",
+    "rows_quarantined > 0",
+)
+
+
+def list_attention(conn: sqlite3.Connection, query: AttentionQuery) -> AttentionPage:
+    """One page of the runs that need a person, newest activity first: the newest
+    ``limit + 1`` of each reason, each read in order from an index, merged."""
+    params: dict[str, Any] = {
+        "stale": query.stale_before,
+        "overdue": query.overdue_before,
+        "n": query.limit + 1,
+    }
+    after = ""
+    if query.after is not None:
+        after = " AND (last_at, execution_id) < (:after_at, :after_id)"
+        params.update(after_at=query.after[0], after_id=query.after[1])
+    parts = " UNION ".join(
+        f"SELECT * FROM (SELECT {schema.COLUMNS} FROM runs WHERE {where}{after}"
+        " ORDER BY last_at DESC, execution_id DESC LIMIT :n)"
+        for where in _ATTENTION
+    )
+    rows = _rows(
+        conn,
+        f"SELECT * FROM ({parts}) ORDER BY last_at DESC, execution_id DESC LIMIT :n",
+        params,
+    )
+    page = Page.of(rows, query.limit, run_facts, shared.run_key)
+    counts = attention_counts(conn, query.stale_before, query.overdue_before)
+    return AttentionPage(runs=page.items, next_key=page.next_key, counts=counts)
+
+
+def attention_counts(
+    conn: sqlite3.Connection, stale_before: str, overdue_before: str
+) -> AttentionCounts:
+    """Runs per reason they need a person, each counted over an index range."""
+    row = _rows(
+        conn,
+        "SELECT"
+        " (SELECT COUNT(*) FROM runs WHERE state = 'unfinished' AND last_at < :stale) AS stalled,"
+        " (SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state = 'failed') AS failed,"
+        " (SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state = 'orphaned') AS orphaned,"
+        " (SELECT COUNT(*) FROM runs WHERE state = 'paused' AND last_at < :overdue) AS overdue,"
+        " (SELECT COUNT(*) FROM runs WHERE rows_quarantined > 0) AS quarantined,"
+        " (SELECT MIN(last_at) FROM runs WHERE state = 'paused') AS oldest,"
+        # Quarantined runs that no other reason counted: the total counts each run once.
+        " (SELECT COUNT(*) FROM runs WHERE rows_quarantined > 0 AND NOT ("
+        "   state IN ('failed', 'orphaned') OR (state = 'unfinished' AND last_at < :stale)"
+        "   OR (state = 'paused' AND last_at < :overdue))) AS only_quarantined",
+        {"stale": stale_before, "overdue": overdue_before},
+    )[0]
+    return AttentionCounts(
+        stalled=int(row["stalled"]),
+        failed=int(row["failed"]),
+        orphaned=int(row["orphaned"]),
+        overdue=int(row["overdue"]),
+        quarantined=int(row["quarantined"]),
+        oldest_pause_at=row["oldest"],
+        total=sum(int(row[k]) for k in ("stalled", "failed", "orphaned", "overdue"))
+        + int(row["only_quarantined"]),
+    )
 
 
 def resumable_cache_before(conn: sqlite3.Connection, cutoff: str) -> dict[str, int]:

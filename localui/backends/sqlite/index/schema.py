@@ -36,7 +36,8 @@ from localui.errors import Unavailable
 #: Bump when the index's tables change, or what a row holds: an index of another version
 #: is rebuilt. 7: the owner of an agent-as-tool's own execution is that agent, not the
 #: one above it; the trigram index is filled in batches.
-VERSION = "7"
+#: 8: an index of the runs with quarantined rows (the attention page).
+VERSION = "8"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -114,6 +115,9 @@ _UPKEEP = (
     "CREATE INDEX IF NOT EXISTS runs_fork ON runs (fork_parent) WHERE fork_parent IS NOT NULL",
     # The runs with a pause, which each catch-up compares with the store's.
     "CREATE INDEX IF NOT EXISTS runs_pending ON runs (execution_id) WHERE has_pending",
+    # The runs with quarantined rows, newest first: the attention page's last reason.
+    "CREATE INDEX IF NOT EXISTS runs_quarantined ON runs (last_at DESC, execution_id DESC)"
+    " WHERE rows_quarantined > 0",
     """CREATE TRIGGER IF NOT EXISTS runs_ins AFTER INSERT ON runs BEGIN
         INSERT INTO state_counts VALUES (new.state, 1)
             ON CONFLICT (state) DO UPDATE SET n = n + 1;
@@ -133,6 +137,7 @@ _DROP_UPKEEP = (
     "DROP INDEX IF EXISTS runs_agent",
     "DROP INDEX IF EXISTS runs_fork",
     "DROP INDEX IF EXISTS runs_pending",
+    "DROP INDEX IF EXISTS runs_quarantined",
     "DROP TRIGGER IF EXISTS runs_ins",
     "DROP TRIGGER IF EXISTS runs_del",
     "DROP TRIGGER IF EXISTS runs_text_ins",

@@ -1,0 +1,267 @@
+"""``/attention``: the runs that need a person, and why.
+
+A run is here when it is stalled (unfinished, its newest row older than
+``--stale-after``: its process most likely died), failed, orphaned (its pause was
+claimed and it never went on), paused for longer than ``--remind-after``, or has rows
+the plane quarantined. The list and its counts come from the runs index; each row of
+the page then says what a resume would do, in the run page's words, read from that
+run's own rows (found by its id, never by a scan).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from localui import runs
+from localui.actions import RECENT_SECONDS, ActionService, seconds_since
+from localui.auth import OPERATOR, person_of
+from localui.records import APPROVAL, RESUME, AttentionQuery, Decision, RowHeader, RunFacts
+from localui.shortids import shortest_unique
+from localui.views.common import (
+    Nav,
+    attention_cutoffs,
+    context,
+    decode_cursor,
+    encode_cursor,
+    html_only,
+    off_loop,
+    respond,
+)
+from localui.views.run import writer_row
+from localui.views.urls import Urls, urls_of
+
+#: Runs on one page: each is read from its own rows for what a resume would do.
+ATTENTION_PAGE = 25
+
+#: What each reason means, for the page's legend and each row's "why".
+REASON_WORDS = {
+    runs.STALLED: "stalled: no end marker and no new row for longer than --stale-after",
+    runs.FAILED: "failed: the run wrote a failed end marker",
+    runs.ORPHANED: "orphaned: its pause was claimed and the run never went on",
+    runs.OVERDUE: "overdue: waiting for a person for longer than --remind-after",
+    runs.QUARANTINED: "quarantined: the plane refused some of its rows",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionRow:
+    execution_id: str
+    agent: str
+    state: str
+    #: Every reason the run is here (``stalled``, ``failed``, ``orphaned``,
+    #: ``overdue``, ``quarantined``).
+    why: tuple[str, ...]
+    #: The newest row's time: since when the run has been like this.
+    since: str
+    url: str
+    #: What a resume would do, as the run page's verdict says it.
+    resume: str
+    #: The run's error, or the newest decision localui recorded on it.
+    detail: str | None
+    #: The row a resume re-enters at: post it back as the pick, so nothing the page
+    #: did not show is resumed. Null when the run cannot be resumed from here.
+    checkpoint_id: str | None
+    #: Why this process cannot resume it (no runner registered, refused by the SDK).
+    resume_problem: str | None
+    #: The tool a resume would run again with no cached result to answer it.
+    repeats: str | None
+    #: The newest row is recent: a resume must be confirmed.
+    needs_confirm: bool
+    rows_quarantined: int
+    pick: str = html_only("")
+    #: The run's id as this page shows it (``localui.shortids``); the title has it whole.
+    short_id: str = html_only("")
+    since_ago: str = html_only("")
+    why_words: str = html_only("")
+    card_url: str | None = html_only(None)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionPage:
+    runs: tuple[AttentionRow, ...]
+    #: Runs per reason (a run may count under two) and ``total``, each run once.
+    counts: Mapping[str, int]
+    #: The cursor for the next page (``?after=``), or null on the last page.
+    next: str | None
+    next_url: str | None
+    stale_after: float
+    remind_after: float
+    oldest_pause_at: str | None
+    #: Whether this person may tick runs and resume them here.
+    can_resume: bool = html_only(False)
+    legend: tuple[tuple[str, str], ...] = html_only(())
+
+
+def _run_error(actions: ActionService, checkpoint_id: str) -> str | None:
+    detail = actions.store.get_row(checkpoint_id)
+    if detail is None or not isinstance(detail.state_snapshot, dict):
+        return None
+    error = detail.state_snapshot.get("run_error")
+    return str(error) if error else None
+
+
+def repeats_uncached(
+    actions: ActionService, plan: runs.ResumePlan, rows: Sequence[RowHeader], tool: str | None
+) -> str | None:
+    """The tool a resume re-invokes with no cached result written by the row it
+    re-enters at: that call runs again, side effects and all."""
+    if plan.shape != "tool" or tool is None:
+        return None
+    for entry in actions.store.list_cache(rows[-1].execution_id):
+        writer = writer_row(entry, rows)
+        if writer is not None and writer.checkpoint_id == plan.checkpoint_id:
+            return None
+    return tool
+
+
+def attention_row(
+    actions: ActionService,
+    facts: RunFacts,
+    decision: Decision | None,
+    now: datetime,
+    urls: Urls,
+    short_id: str = "",
+) -> AttentionRow:
+    """One run of the page, with what a resume would do read from its own rows."""
+    settings = actions.settings
+    state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+    why = runs.attention_reasons(
+        state,
+        facts.last_at,
+        facts.rows_quarantined,
+        now,
+        stale_after=settings.stale_after,
+        remind_after=settings.remind_after,
+    )
+    rows = actions.store.list_rows(facts.execution_id)
+    plan = actions.plan(state, rows)
+    saved_args: Any = None
+    tool: str | None = None
+    if isinstance(plan, runs.ResumePlan) and plan.tool is not None:
+        reentry = actions.store.get_row(plan.checkpoint_id)
+        tool = runs.parse_node(plan.node_id).tool
+        if reentry is not None:
+            saved_args = reentry.node_input
+            # The tool the SDK re-invokes, read as ``ActionService.tool_of`` reads it,
+            # from the row already at hand.
+            snapshot = reentry.state_snapshot
+            named = snapshot.get("tool_name") if isinstance(snapshot, dict) else None
+            tool = named if isinstance(named, str) and named else tool
+    error = _run_error(actions, rows[-1].checkpoint_id) if state == runs.FAILED and rows else None
+    resume = (
+        runs.verdict(state, plan, last=rows[-1], now=now, saved_args=saved_args).resume
+        if rows
+        else "The run has no rows left."
+    )
+    resumable = isinstance(plan, runs.ResumePlan) and plan.shape != "approval"
+    problem = (
+        actions.plan_problem(plan) if isinstance(plan, runs.ResumePlan) and resumable else None
+    )
+    checkpoint_id = plan.checkpoint_id if isinstance(plan, runs.ResumePlan) and resumable else None
+    repeats = (
+        repeats_uncached(actions, plan, rows, tool)
+        if isinstance(plan, runs.ResumePlan) and resumable
+        else None
+    )
+    if error:
+        detail: str | None = f"error: {error}"
+    elif decision is not None:
+        detail = runs.decided_words(decision) + f" at {decision.decided_at}"
+        if decision.outcome:
+            detail += f": the run {decision.outcome}"
+    else:
+        detail = None
+    age = seconds_since(facts.last_at)
+    return AttentionRow(
+        execution_id=facts.execution_id,
+        agent=facts.agent,
+        state=state,
+        why=why,
+        since=facts.last_at,
+        url=urls.run(facts.execution_id),
+        resume=resume,
+        detail=detail,
+        checkpoint_id=checkpoint_id,
+        resume_problem=problem,
+        repeats=repeats,
+        needs_confirm=age is not None and age < RECENT_SECONDS,
+        rows_quarantined=facts.rows_quarantined,
+        pick=json.dumps([facts.execution_id, checkpoint_id]) if checkpoint_id else "",
+        short_id=short_id or facts.execution_id,
+        since_ago=runs.age_words(facts.last_at, now),
+        why_words="; ".join(REASON_WORDS[w] for w in why),
+        card_url=urls.approval(facts.execution_id) if state == runs.PAUSED else None,
+    )
+
+
+def _newest(*found: Mapping[str, Decision]) -> dict[str, Decision]:
+    latest: dict[str, Decision] = {}
+    for decisions in found:
+        for execution_id, decision in decisions.items():
+            known = latest.get(execution_id)
+            if known is None or (decision.decided_at, decision.id) > (known.decided_at, known.id):
+                latest[execution_id] = decision
+    return latest
+
+
+def build_attention_page(
+    actions: ActionService,
+    after: tuple[str, str] | None,
+    urls: Urls,
+    *,
+    can_resume: bool,
+) -> AttentionPage:
+    settings = actions.settings
+    now = datetime.now(UTC)
+    stale_before, overdue_before = attention_cutoffs(settings, now)
+    page = actions.store.list_attention(
+        AttentionQuery(
+            stale_before=stale_before,
+            overdue_before=overdue_before,
+            after=after,
+            limit=min(settings.page_size, ATTENTION_PAGE),
+        )
+    )
+    ids = [f.execution_id for f in page.runs]
+    decided = _newest(
+        actions.decisions.latest_for_runs(APPROVAL, ids),
+        actions.decisions.latest_for_runs(RESUME, ids),
+    )
+    next_cursor = encode_cursor(page.next_key) if page.next_key else None
+    counts = {**page.counts.by_reason(), "total": page.counts.total}
+    shown = shortest_unique(ids)
+    return AttentionPage(
+        runs=tuple(
+            attention_row(actions, f, decided.get(f.execution_id), now, urls, shown[f.execution_id])
+            for f in page.runs
+        ),
+        counts=counts,
+        next=next_cursor,
+        next_url=urls.path("attention", {"after": next_cursor}) if next_cursor else None,
+        stale_after=settings.stale_after,
+        remind_after=settings.remind_after,
+        oldest_pause_at=page.counts.oldest_pause_at,
+        can_resume=can_resume and not settings.read_only,
+        legend=tuple(REASON_WORDS.items()),
+    )
+
+
+async def attention_list(request: Request) -> Response:
+    ctx = context(request)
+    after_text = request.query_params.get("after")
+    after = decode_cursor(after_text) if after_text else None
+    person = person_of(request)
+    page = await off_loop(
+        lambda: build_attention_page(
+            ctx.actions, after, urls_of(request), can_resume=person.may(OPERATOR)
+        )
+    )
+    nav = Nav(pending=await off_loop(ctx.store.count_pending), attention=page.counts["total"])
+    return await respond(request, "pages/attention.html", page, nav=nav)

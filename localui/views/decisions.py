@@ -1,0 +1,294 @@
+"""``/decisions``: the decision record as data, newest first, for people and auditors.
+
+Every approval, rejection and resume localui recorded (``localui_decisions``), each
+with its run's agent and a link to the run; filtered by person, agent, outcome, kind
+and time; a page at a time (``.json`` too), or all of it as CSV streamed a page at a
+time (``/decisions.csv``, and ``localui decisions export`` on the command line, which
+writes the same columns as CSV or JSON lines).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.concurrency import iterate_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from localui.backends.base import DecisionLog
+from localui.errors import BadRequest
+from localui.records import DecisionEntry, DecisionQuery
+from localui.shortids import shortest_unique
+from localui.views.common import context, decode_cursor, encode_cursor, html_only, off_loop, respond
+from localui.views.params import parse_age, parse_instant
+from localui.views.urls import Urls, urls_of
+
+#: Entries a CSV or JSON-lines export reads at a time: memory stays flat however long
+#: the record is.
+EXPORT_CHUNK = 1000
+
+#: The columns of an export, in order; each entry's ``url`` is its run's page.
+EXPORT_COLUMNS = (
+    "id",
+    "kind",
+    "execution_id",
+    "checkpoint_id",
+    "agent",
+    "approved",
+    "approver",
+    "reason",
+    "decided_at",
+    "outcome",
+    "detail",
+    "finished_at",
+    "url",
+)
+
+#: Filters a person may give, each a query parameter of the same name.
+FILTERS = ("approver", "agent", "outcome", "kind", "since", "until")
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRow:
+    id: int
+    kind: str
+    execution_id: str
+    checkpoint_id: str
+    agent: str
+    #: True or false for an approval, null for a resume.
+    approved: bool | None
+    #: Who decided (the signed-in name, or the name typed with sign-in off).
+    approver: str
+    reason: str
+    decided_at: str
+    #: How the SDK's resume ended (``completed``, ``paused``, ``failed``,
+    #: ``already_resumed``), or ``pending`` while it is still going.
+    outcome: str
+    detail: str | None
+    finished_at: str | None
+    url: str
+    verb: str = html_only("")
+    #: The run's id as this page shows it (``localui.shortids``); the title has it whole.
+    short_id: str = html_only("")
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionFilters:
+    approver: str | None = None
+    agent: str | None = None
+    outcome: str | None = None
+    kind: str | None = None
+    #: As given: an age (``7d``) or an ISO instant.
+    since: str | None = None
+    until: str | None = None
+
+    def params(self, **changes: str | None) -> dict[str, str]:
+        values = {name: getattr(self, name) for name in FILTERS} | changes
+        return {k: v for k, v in values.items() if v}
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionsPage:
+    decisions: tuple[DecisionRow, ...]
+    next: str | None
+    next_url: str | None
+    filters: DecisionFilters
+    csv_url: str = html_only("")
+
+
+def _instant(name: str, text: str | None, now: datetime) -> str | None:
+    """An age before now (``7d``) or an ISO instant, as UTC ISO text; None when empty."""
+    if not text:
+        return None
+    value = text.strip()
+    if value[:1].isdigit() and value[-1:].lower() in "smhdw" and "-" not in value:
+        return (now - parse_age(value, name)).isoformat()
+    return parse_instant(name, value).isoformat()
+
+
+def parse_filters(request: Request) -> tuple[DecisionFilters, DecisionQuery]:
+    """The filters as given, and the query they make (without a page position)."""
+    params = request.query_params
+    values: dict[str, str | None] = {}
+    for name in FILTERS:
+        value = (params.get(name) or "").strip() or None
+        if value is not None and len(value) > 200:
+            raise BadRequest(f"{name} is longer than 200 characters")
+        values[name] = value
+    filters = DecisionFilters(**values)
+    now = datetime.now(UTC)
+    query = DecisionQuery(
+        actor=filters.approver,
+        agent=filters.agent,
+        outcome=filters.outcome,
+        kind=filters.kind,
+        since=_instant("since", filters.since, now),
+        until=_instant("until", filters.until, now),
+    )
+    return filters, query
+
+
+def decision_row(entry: DecisionEntry, urls: Urls, short_id: str = "") -> DecisionRow:
+    d = entry.decision
+    return DecisionRow(
+        id=d.id,
+        kind=d.kind,
+        execution_id=d.execution_id,
+        checkpoint_id=d.checkpoint_id,
+        agent=entry.agent,
+        approved=d.approved,
+        approver=d.actor,
+        reason=d.reason,
+        decided_at=d.decided_at,
+        outcome=d.outcome or "pending",
+        detail=d.detail,
+        finished_at=d.finished_at,
+        url=urls.run(d.execution_id),
+        verb=d.verb,
+        short_id=short_id or d.execution_id,
+    )
+
+
+def build_decisions_page(
+    log: DecisionLog,
+    filters: DecisionFilters,
+    query: DecisionQuery,
+    after: tuple[str, str] | None,
+    limit: int,
+    urls: Urls,
+) -> DecisionsPage:
+    page = log.list_decisions(
+        DecisionQuery(
+            actor=query.actor,
+            agent=query.agent,
+            outcome=query.outcome,
+            kind=query.kind,
+            since=query.since,
+            until=query.until,
+            after=after,
+            limit=limit,
+        )
+    )
+    next_cursor = encode_cursor(page.next_key) if page.next_key else None
+    shown = shortest_unique(e.decision.execution_id for e in page.entries)
+    return DecisionsPage(
+        decisions=tuple(
+            decision_row(e, urls, shown[e.decision.execution_id]) for e in page.entries
+        ),
+        next=next_cursor,
+        next_url=urls.path("decisions", filters.params(after=next_cursor)) if next_cursor else None,
+        filters=filters,
+        csv_url=urls.path("decisions_csv", filters.params()),
+    )
+
+
+def export_row(entry: DecisionEntry, run_url: Callable[[str], str]) -> dict[str, Any]:
+    """One entry as the export's columns: the view row's fields, built straight from
+    the record (an export writes a hundred thousand of them)."""
+    d = entry.decision
+    return {
+        "id": d.id,
+        "kind": d.kind,
+        "execution_id": d.execution_id,
+        "checkpoint_id": d.checkpoint_id,
+        "agent": entry.agent,
+        "approved": d.approved,
+        "approver": d.actor,
+        "reason": d.reason,
+        "decided_at": d.decided_at,
+        "outcome": d.outcome or "pending",
+        "detail": d.detail,
+        "finished_at": d.finished_at,
+        "url": run_url(d.execution_id),
+    }
+
+
+def export_rows(log: DecisionLog, query: DecisionQuery, urls: Urls) -> Iterator[dict[str, Any]]:
+    """Every entry the query matches, newest first, as the export's columns, read
+    :data:`EXPORT_CHUNK` at a time."""
+    after: tuple[str, str] | None = None
+    # A run's decisions share its link: built once per run, not once per entry.
+    run_url = functools.lru_cache(maxsize=4096)(urls.run)
+    while True:
+        page = log.list_decisions(
+            DecisionQuery(
+                actor=query.actor,
+                agent=query.agent,
+                outcome=query.outcome,
+                kind=query.kind,
+                since=query.since,
+                until=query.until,
+                after=after,
+                limit=EXPORT_CHUNK,
+            )
+        )
+        for entry in page.entries:
+            yield export_row(entry, run_url)
+        if page.next_key is None:
+            return
+        after = page.next_key
+
+
+def csv_chunks(rows: Iterator[dict[str, Any]]) -> Iterator[str]:
+    """The rows as CSV with a header line, a chunk of lines at a time. ``approved`` is
+    ``true``/``false`` (empty for a resume) and a missing value an empty field (the
+    csv module writes None so)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(EXPORT_COLUMNS)
+    approved = EXPORT_COLUMNS.index("approved")
+    count = 0
+    for row in rows:
+        values = list(row.values())
+        flag = values[approved]
+        values[approved] = "" if flag is None else ("true" if flag else "false")
+        writer.writerow(values)
+        count += 1
+        # A chunk per page read: each chunk is a hop to a worker thread and back.
+        if count % EXPORT_CHUNK == 0:
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+    yield buffer.getvalue()
+
+
+def jsonl_chunks(rows: Iterator[dict[str, Any]]) -> Iterator[str]:
+    for row in rows:
+        yield json.dumps(row, ensure_ascii=False) + "\n"
+
+
+async def decisions_list(request: Request) -> Response:
+    ctx = context(request)
+    filters, query = parse_filters(request)
+    after_text = request.query_params.get("after")
+    after = decode_cursor(after_text) if after_text else None
+    page = await off_loop(
+        build_decisions_page,
+        ctx.actions.decisions,
+        filters,
+        query,
+        after,
+        ctx.settings.page_size,
+        urls_of(request),
+    )
+    return await respond(request, "pages/decisions.html", page)
+
+
+async def decisions_csv(request: Request) -> Response:
+    """The whole record under the filters, as CSV, streamed: read and written a chunk
+    at a time in a worker thread."""
+    ctx = context(request)
+    _, query = parse_filters(request)
+    rows = export_rows(ctx.actions.decisions, query, urls_of(request))
+    return StreamingResponse(
+        iterate_in_threadpool(csv_chunks(rows)),
+        media_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": 'attachment; filename="localui-decisions.csv"'},
+    )

@@ -1,0 +1,289 @@
+"""``/metrics``: the fleet in Prometheus's text format, for the monitoring a team runs.
+
+Every value comes from what localui already keeps: run counts per state and the
+outbox totals from the runs index, the attention counts over its indexes, the pause
+count from the SDK's small pending table, and the decision record folded in a little
+at a time (each scrape reads only the decisions finished since the one before). The
+exposition is ``prometheus_client``'s, over a registry of this app's own.
+
+Metric names (``docs/monitoring.md`` has the scrape config, a dashboard and alerts):
+
+- ``localui_runs{state}``: runs per state, as the runs list counts them;
+- ``localui_pending_approvals``: pauses waiting for a person;
+- ``localui_oldest_pause_age_seconds``: how long the oldest of them has waited (0: none);
+- ``localui_stalled_runs``: unfinished runs with no row for longer than ``--stale-after``;
+- ``localui_attention_runs{reason}``: runs that need a person, per reason;
+- ``localui_outbox_rows{state}``: rows ``waiting`` for the plane, or ``quarantined``;
+- ``localui_decisions_total{kind,outcome}``: decisions localui recorded, by how they ended;
+- ``localui_decision_latency_seconds``: from the pause to its decision (a histogram);
+- ``localui_request_duration_seconds{route}``: how long this server took to answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from localui import runs
+from localui.backends.base import STATES, DecisionLog, Store
+from localui.errors import Unavailable
+from localui.records import APPROVAL, RunQuery
+from localui.settings import Settings
+from localui.views.common import AppState, attention_cutoffs, context, off_loop
+
+#: Upper bounds of the decision latency histogram, in seconds: a minute to a day.
+LATENCY_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0)
+#: Decisions read per step of a fold.
+FOLD_CHUNK = 1000
+#: Decisions finished this close to the newest one seen are read again on the next
+#: fold: SQLite processes stamp ``finished_at`` from their own clocks, and one that
+#: stamped earlier may commit later. Ids already counted are skipped.
+FOLD_OVERLAP = timedelta(seconds=10)
+
+
+@dataclass(slots=True)
+class DecisionTally:
+    """The decision record's counts and latencies, kept up to date by folding in the
+    decisions finished since the last fold (each counted once, by id)."""
+
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: Observations per bucket of :data:`LATENCY_BUCKETS` (and one past the last).
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    latency_sum: float = 0.0
+    #: ``(finished_at, id)`` of the newest decision folded in.
+    water: tuple[str, int] | None = None
+    #: Ids folded in whose ``finished_at`` is within :data:`FOLD_OVERLAP` of the water.
+    recent: dict[int, str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fold(self, log: DecisionLog, store: Store) -> None:
+        with self.lock:
+            after = self._reread_from()
+            while True:
+                found = log.finished_since(after, FOLD_CHUNK)
+                fresh = [d for d in found if d.id not in self.recent]
+                pauses = store.row_times(
+                    [d.checkpoint_id for d in fresh if d.kind == APPROVAL and d.outcome]
+                )
+                for d in fresh:
+                    outcome = d.outcome or "pending"
+                    self.counts[(d.kind, outcome)] = self.counts.get((d.kind, outcome), 0) + 1
+                    if d.kind == APPROVAL and d.checkpoint_id in pauses:
+                        self._observe(pauses[d.checkpoint_id], d.decided_at)
+                    self.recent[d.id] = d.finished_at or ""
+                if found:
+                    last = found[-1]
+                    after = (last.finished_at or "", last.id)
+                    if self.water is None or after > self.water:
+                        self.water = after
+                if len(found) < FOLD_CHUNK:
+                    break
+            self._forget_old()
+
+    def _reread_from(self) -> tuple[str, int] | None:
+        if self.water is None:
+            return None
+        newest = runs.parse_time(self.water[0])
+        if newest is None:
+            return self.water
+        return ((newest - FOLD_OVERLAP).isoformat(), 0)
+
+    def _forget_old(self) -> None:
+        if self.water is None:
+            return
+        newest = runs.parse_time(self.water[0])
+        if newest is None:
+            return
+        keep_from = newest - FOLD_OVERLAP
+        for decision_id, finished in list(self.recent.items()):
+            at = runs.parse_time(finished)
+            if at is not None and at < keep_from:
+                del self.recent[decision_id]
+
+    def _observe(self, paused_at: str, decided_at: str) -> None:
+        start, end = runs.parse_time(paused_at), runs.parse_time(decided_at)
+        if start is None or end is None:
+            return
+        seconds = max(0.0, (end - start).total_seconds())
+        self.latency_sum += seconds
+        for i, bound in enumerate(LATENCY_BUCKETS):
+            if seconds <= bound:
+                self.buckets[i] += 1
+                return
+        self.buckets[-1] += 1
+
+    def histogram(self) -> tuple[list[tuple[str, float]], float]:
+        """Cumulative buckets as Prometheus wants them, and the sum."""
+        cumulative, running = [], 0
+        for bound, n in zip((*LATENCY_BUCKETS, float("inf")), self.buckets, strict=True):
+            running += n
+            cumulative.append(("+Inf" if bound == float("inf") else str(bound), float(running)))
+        return cumulative, self.latency_sum
+
+
+class FleetCollector:
+    """What a scrape reads from the store and the decision record, in one pass."""
+
+    def __init__(self, state: Callable[[], AppState | None], tally: DecisionTally) -> None:
+        self._state = state
+        self._tally = tally
+
+    def describe(self) -> list[Metric]:
+        # Nothing to describe up front: collecting needs the store, opened by the lifespan.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        ctx = self._state()
+        if ctx is None:
+            return
+        yield from fleet_metrics(ctx.store, ctx.actions.decisions, ctx.settings, self._tally)
+
+
+def fleet_metrics(
+    store: Store, log: DecisionLog, settings: Settings, tally: DecisionTally
+) -> Iterator[Metric]:
+    page = store.list_runs(RunQuery(limit=1))
+    if page.indexing is None:
+        by_state = GaugeMetricFamily(
+            "localui_runs", "Runs per state, as the runs list counts them.", labels=["state"]
+        )
+        for state in STATES:
+            by_state.add_metric([state], page.counts.get(state, 0))
+        yield by_state
+    yield GaugeMetricFamily(
+        "localui_pending_approvals", "Pauses waiting for a person.", value=store.count_pending()
+    )
+    if page.indexing is None:
+        # While a first build of the runs index runs these wait for it: left out until then.
+        yield from _index_metrics(store, settings)
+    tally.fold(log, store)
+    with tally.lock:
+        # A counter: the record only grows (prune never touches it).
+        decisions = CounterMetricFamily(
+            "localui_decisions",
+            "Decisions localui recorded, by kind and how they ended.",
+            labels=["kind", "outcome"],
+        )
+        for (kind, outcome), n in sorted(tally.counts.items()):
+            decisions.add_metric([kind, outcome], n)
+        yield decisions
+        buckets, total = tally.histogram()
+        latency = HistogramMetricFamily(
+            "localui_decision_latency_seconds",
+            "From a pause to its approval or rejection.",
+        )
+        latency.add_metric([], buckets, total)
+        yield latency
+
+
+def _index_metrics(store: Store, settings: Settings) -> Iterator[Metric]:
+    """What the runs index counts: attention, the oldest pause, the outbox."""
+    now = datetime.now(UTC)
+    stale_before, overdue_before = attention_cutoffs(settings, now)
+    counts = store.attention_counts(stale_before, overdue_before)
+    oldest = runs.parse_time(counts.oldest_pause_at) if counts.oldest_pause_at else None
+    yield GaugeMetricFamily(
+        "localui_oldest_pause_age_seconds",
+        "How long the oldest pause has waited for a person (0 when none waits).",
+        value=max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0,
+    )
+    yield GaugeMetricFamily(
+        "localui_stalled_runs",
+        "Unfinished runs with no new row for longer than --stale-after.",
+        value=counts.stalled,
+    )
+    attention = GaugeMetricFamily(
+        "localui_attention_runs", "Runs that need a person, per reason.", labels=["reason"]
+    )
+    for reason, n in counts.by_reason().items():
+        attention.add_metric([reason], n)
+    yield attention
+    totals = store.totals()
+    outbox = GaugeMetricFamily(
+        "localui_outbox_rows", "Rows waiting for the plane, or quarantined by it.", labels=["state"]
+    )
+    outbox.add_metric(["waiting"], totals.rows_waiting)
+    outbox.add_metric(["quarantined"], totals.rows_quarantined)
+    yield outbox
+
+
+@dataclass(slots=True)
+class AppMetrics:
+    """One app's registry: the request timer, and the fleet read at each scrape."""
+
+    registry: CollectorRegistry
+    requests: Histogram
+    #: The Bearer token a scraper sends (``--metrics-token-file``), or empty.
+    token: str = ""
+
+
+def app_metrics(settings: Settings, state: Callable[[], AppState | None]) -> AppMetrics:
+    registry = CollectorRegistry(auto_describe=False)
+    requests = Histogram(
+        "localui_request_duration_seconds",
+        "How long this server took to answer, by route name.",
+        ["route"],
+        registry=registry,
+    )
+    registry.register(FleetCollector(state, DecisionTally()))
+    return AppMetrics(registry=registry, requests=requests, token=scraper_token(settings))
+
+
+def scraper_token(settings: Settings) -> str:
+    """The token in ``--metrics-token-file``, read once at start."""
+    if not settings.metrics_token_file:
+        return ""
+    try:
+        token = Path(settings.metrics_token_file).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise Unavailable(
+            f"--metrics-token-file {settings.metrics_token_file} cannot be read: {exc.strerror}"
+        ) from exc
+    if not token:
+        raise Unavailable(f"--metrics-token-file {settings.metrics_token_file} is empty")
+    return token
+
+
+class RequestTiming:
+    """Times every request by the name of the route that answered it."""
+
+    def __init__(self, app: ASGIApp, *, metrics: AppMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            route = scope.get("route")
+            name = getattr(route, "name", None) or "unmatched"
+            self.metrics.requests.labels(name).observe(time.perf_counter() - started)
+
+
+async def metrics_page(request: Request) -> Response:
+    """The exposition. Who may read it the sign-in middleware decided: anyone signed
+    in, a scraper with the token of ``--metrics-token-file``, or anyone with sign-in off."""
+    ctx = context(request)
+    metrics: AppMetrics = ctx.metrics
+    body = await off_loop(generate_latest, metrics.registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
