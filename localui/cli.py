@@ -15,7 +15,7 @@ from typing import Any
 
 from localui.errors import LocalUIError
 from localui.registry import Registry, RegistryError, load_spec
-from localui.settings import LOOPBACK_NAMES, ROLES, Settings, SignIn
+from localui.settings import APP_HOST, LOOPBACK_NAMES, ROLES, Settings, SignIn
 
 DEFAULT_PORT = 8765
 
@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("add", "reset"):
             command.add_argument(
                 "--url",
-                default=f"http://127.0.0.1:{DEFAULT_PORT}/",
+                default=f"http://{APP_HOST}:{DEFAULT_PORT}/",
                 help="The server's address as the person opens it, for the printed link.",
             )
     return parser
@@ -262,7 +262,7 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
     url = f"http://{shown_host}:{settings.port}/"
     print(f"localui: serving {backend.label} at {url}", flush=True)
-    for line in sign_in_lines(settings, url):
+    for line in sign_in_lines(settings, browser_url(settings)):
         print(f"localui: {line}", flush=True)
     if settings.root_path:
         print(f"localui: links point under {settings.root_path}/, where the proxy serves it")
@@ -295,6 +295,14 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
 
 def is_loopback_host(host: str) -> bool:
     return host in LOOPBACK_NAMES or host.startswith("127.")
+
+
+def browser_url(settings: Settings) -> str:
+    """The address a person opens: on loopback, by localui's own name (``APP_HOST``),
+    so the session cookie the link sets is sent to no other server of this machine."""
+    host = APP_HOST if settings.host in LOOPBACK_NAMES else settings.host
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{settings.port}/"
 
 
 def sign_in_problem(args: argparse.Namespace) -> str | None:
@@ -335,6 +343,7 @@ def sign_in_lines(settings: Settings, url: str) -> list[str]:
             f" are named by its {sign_in.proxy_user_header} header"
         )
     lines.append(f"sign in at {url}?token={sign_in.token} (as {sign_in.owner}, operator)")
+    lines.append(f"scripts send the header: Authorization: Bearer {sign_in.token}")
     return lines
 
 
@@ -477,6 +486,10 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_open(args: argparse.Namespace) -> int:
     from localui.bundle import BundleError, load_bundles, read_bundle
+
+    # Read-only, but a bundle holds a run's whole context: as private as the store.
+    if problem := sign_in_problem(args):
+        return fail(problem)
 
     temp_dir = tempfile.mkdtemp(prefix="localui-open-")
     try:

@@ -160,7 +160,7 @@ def test_a_person_signs_in_by_link_and_approves_as_themselves(
         # Redirected to the same place without the token, signed in by a cookie.
         assert page.url == f"{signin_server.url}/"
         [cookie] = [c for c in context.cookies() if c["name"].startswith("localui_session_")]
-        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Lax"
         assert not cookie["secure"]  # plain HTTP on loopback
         expect(page.locator("header.top")).to_contain_text("Ada Lovelace · approver")
         expect(page.locator("table")).to_be_visible()
