@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit
 
+import anyio
 import httpx
 import pytest
 from conftest import BASE_URL, copy_pg_store
 from helpers import LOOPBACK_CLIENT, TEST_TOKEN, all_at_once, free_port, sign_in_settings
 from starlette.testclient import TestClient
-from test_auth import ELSEWHERE, PUBLIC_HOST, add_user, bearer, other_client, serve
+from test_auth import ELSEWHERE, PROXY, PUBLIC_HOST, add_user, bearer, other_client, serve, users_of
 from test_auth_cli import LINK, served_store, server, users_cli  # noqa: F401
 from test_backends import (  # noqa: F401  (fixtures the backend fixture needs)
     JSON,
@@ -374,6 +375,29 @@ def test_a_live_stream_ends_when_its_person_is_removed_or_reset(
             again = httpx.get(stream.url, headers=stream.headers, trust_env=False, timeout=10)
             assert again.status_code == 401, name
         assert streams["owner"].ended_at is None
+
+
+def test_a_stream_is_asked_about_the_role_it_carries(backend: Backend) -> None:
+    desk = serve(backend, **PROXY)
+    add_user(desk, "Opal", "operator")
+    auth = desk.client.app.state.localui.auth
+    # A stream's request, as the trusted proxy sent it: the role comes from the table.
+    scope = {
+        "type": "http",
+        "client": LOOPBACK_CLIENT,
+        "headers": [(b"x-forwarded-user", b"Opal"), (b"accept", b"text/event-stream")],
+    }
+    opened = anyio.run(auth.person_now, scope, time.monotonic())
+    assert (opened.name, opened.role) == ("Opal", "operator")
+    users = users_of(desk)
+    try:
+        assert users.remove("Opal")
+        users.add("Opal", "viewer", token_hash(new_token()))
+    finally:
+        users.close()
+    # Asked after the change, the cache's older answer is not believed.
+    now = anyio.run(auth.person_now, scope, time.monotonic())
+    assert now is not None and now.role == "viewer" and now != opened
 
 
 # --- 4. localui open binds as safely as serve --------------------------------------------
