@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -281,7 +281,14 @@ class ActionService:
         approver: str,
         reason: str,
         checkpoint_id: str,
+        metadata: Mapping[str, Any] | None = None,
     ) -> Outcome:
+        """Approve or reject the pause at ``checkpoint_id``, exactly once.
+
+        ``metadata`` adds fields for the tool (a policy's typed fields, its approvers)
+        to ``Resume.metadata``; ``approver`` and ``reason`` are always the ones given
+        here. The whole dict is recorded with the claim and handed to the SDK as is.
+        """
         self.ensure_writable()
         approver = approver.strip()
         reason = reason.strip()
@@ -311,6 +318,7 @@ class ActionService:
             await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
             raise Refused(problem)
         owner = runs.run_owner(await asyncio.to_thread(self.store.list_rows, execution_id))
+        resume_metadata = {**(metadata or {}), "approver": approver, "reason": reason}
 
         claim = await asyncio.to_thread(
             lambda: self.decisions.claim(
@@ -321,6 +329,7 @@ class ActionService:
                 actor=approver,
                 reason=reason,
                 still_pending=lambda: self.store.get_pending(execution_id) is not None,
+                metadata=resume_metadata,
             )
         )
         if not claim.won:
@@ -329,7 +338,11 @@ class ActionService:
             )
         from fastaiagent import Resume
 
-        resume_value = Resume(approved=approved, metadata={"approver": approver, "reason": reason})
+        # What the record now holds, as it holds it: a recovery hands the tool the same.
+        recorded = claim.decision.metadata
+        resume_value = Resume(
+            approved=approved, metadata=dict(recorded) if recorded is not None else resume_metadata
+        )
         return await self._run_resume(
             execution_id, claim.decision, "approve" if approved else "reject", resume_value, owner
         )

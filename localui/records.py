@@ -333,6 +333,9 @@ class Decision:
     outcome: str | None
     detail: str | None
     finished_at: str | None
+    #: Exactly what the decision hands the tool as ``Resume.metadata`` (approver,
+    #: reason, and whatever a policy adds); None on a record written before it was kept.
+    metadata: Mapping[str, Any] | None = None
 
     @property
     def verb(self) -> str:

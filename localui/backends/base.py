@@ -182,7 +182,11 @@ class DecisionLog(Protocol):
         actor: str,
         reason: str,
         still_pending: Callable[[], bool],
-    ) -> Claim: ...
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Claim:
+        """Claim ``(kind, execution_id, checkpoint_id)``, recording ``metadata``: exactly
+        what the decision hands the SDK, so a recovery can carry the same decision out."""
+        ...
 
     def finish(self, decision_id: int, outcome: str, detail: str | None) -> Decision: ...
 

@@ -10,7 +10,8 @@ before the SDK is asked to do anything.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,8 +39,12 @@ COLUMN_NAMES = (
     "outcome",
     "detail",
     "finished_at",
+    "metadata",
 )
 COLUMNS = ", ".join(COLUMN_NAMES)
+#: The same list for a table made before ``metadata`` was kept, which a read-only log
+#: may not migrate: its records read as having no metadata.
+COLUMNS_BEFORE_METADATA = ", ".join((*COLUMN_NAMES[:-1], "NULL AS metadata"))
 
 
 def now_iso() -> str:
@@ -62,7 +67,27 @@ def decision_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> Dec
         outcome=None if row["outcome"] is None else str(row["outcome"]),
         detail=None if row["detail"] is None else str(row["detail"]),
         finished_at=None if row["finished_at"] is None else instant(row["finished_at"]),
+        metadata=metadata_of(row["metadata"]),
     )
+
+
+def metadata_to_text(metadata: Mapping[str, Any] | None) -> str | None:
+    """``metadata`` as the JSON text the SQLite column keeps (PostgreSQL keeps JSONB)."""
+    return None if metadata is None else json.dumps(dict(metadata), sort_keys=True)
+
+
+def metadata_of(value: Any) -> Mapping[str, Any] | None:
+    """The stored metadata (JSON text, or the driver's decoded JSONB) as a mapping.
+
+    A value that is not a JSON object reads as None: nothing the app wrote, so
+    nothing it may hand a tool.
+    """
+    if isinstance(value, str | bytes):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, dict) else None
 
 
 def abandoned(decision: Decision) -> bool:

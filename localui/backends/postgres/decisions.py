@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from localui.backends.decisions import (
     ABANDONED_AFTER_SECONDS,
@@ -32,6 +33,11 @@ from localui.records import Claim, Decision
 CLAIM_ATTEMPTS = 5
 
 _COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in COLUMN_NAMES)
+#: The same list on a table made before ``metadata`` was kept, which a read-only log
+#: may not migrate.
+_COLUMNS_BEFORE_METADATA = sql.SQL(", ").join(
+    [*(sql.Identifier(c) for c in COLUMN_NAMES[:-1]), sql.SQL("NULL AS metadata")]
+)
 
 
 def _decision(row: dict[str, Any]) -> Decision:
@@ -57,6 +63,8 @@ class PostgresDecisionLog:
         )
         #: Whether the table is known to exist (a writable log makes it now).
         self._has_table = writable
+        #: The select list the table can answer (see ``_table_exists``).
+        self._columns = _COLUMNS
         self._pool = Pool(
             dsn, name="localui-decisions", read_only=not writable, privileges=privileges
         )
@@ -82,7 +90,7 @@ class PostgresDecisionLog:
 
     def _sql(self, text: str) -> sql.Composed:
         """``text`` with ``{table}`` and ``{columns}`` filled in as quoted identifiers."""
-        return sql.SQL(text).format(table=self._table, columns=_COLUMNS)
+        return sql.SQL(text).format(table=self._table, columns=self._columns)
 
     def _create(self) -> None:
         """Schema, table and index, each only when missing: a role that was given an
@@ -92,6 +100,11 @@ class PostgresDecisionLog:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
             exists = conn.execute("SELECT to_regclass(%s)", (self._regclass(),)).fetchone()[0]
             if exists is not None:
+                if not self._has_metadata(conn):
+                    # A table made before the metadata was kept: its records keep NULL.
+                    conn.execute(
+                        self._sql("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS metadata JSONB")
+                    )
                 return
             has_schema = conn.execute(
                 "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)
@@ -112,6 +125,7 @@ class PostgresDecisionLog:
                     outcome       TEXT,
                     detail        TEXT,
                     finished_at   TIMESTAMPTZ,
+                    metadata      JSONB,
                     UNIQUE (kind, execution_id, checkpoint_id)
                 )"""
                 )
@@ -121,6 +135,14 @@ class PostgresDecisionLog:
                     sql.Identifier(f"{TABLE}_run"), self._table
                 )
             )
+
+    def _has_metadata(self, conn: Any) -> bool:
+        found = conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attname = 'metadata' AND NOT attisdropped",
+            (self._regclass(),),
+        ).fetchone()
+        return found is not None
 
     def _regclass(self) -> str:
         """The table as ``to_regclass`` parses it: quoted, so the name is taken as is."""
@@ -136,6 +158,7 @@ class PostgresDecisionLog:
         actor: str,
         reason: str,
         still_pending: Callable[[], bool],
+        metadata: Mapping[str, Any] | None = None,
     ) -> Claim:
         from psycopg.rows import dict_row
 
@@ -160,12 +183,18 @@ class PostgresDecisionLog:
                 row = cur.execute(
                     self._sql(
                         "INSERT INTO {table}"
-                        " (kind, execution_id, checkpoint_id, approved, actor, reason)"
-                        " VALUES (%s, %s, %s, %s, %s, %s)"
+                        " (kind, execution_id, checkpoint_id, approved, actor, reason, metadata)"
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s)"
                         " ON CONFLICT (kind, execution_id, checkpoint_id) DO NOTHING"
                         " RETURNING {columns}"
                     ),
-                    (*key, approved, actor, reason),
+                    (
+                        *key,
+                        approved,
+                        actor,
+                        reason,
+                        None if metadata is None else Jsonb(dict(metadata)),
+                    ),
                 ).fetchone()
                 if row is not None:
                     return Claim(won=True, decision=_decision(row))
@@ -206,6 +235,8 @@ class PostgresDecisionLog:
     def _table_exists(self, cur: Any) -> bool:
         if not self._has_table:
             found = cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()
+            if found["t"] is not None and not self._has_metadata(cur):
+                self._columns = _COLUMNS_BEFORE_METADATA
             self._has_table = found["t"] is not None
         return self._has_table
 

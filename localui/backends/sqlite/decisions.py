@@ -8,13 +8,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from localui.backends.decisions import (
     COLUMNS,
+    COLUMNS_BEFORE_METADATA,
     TABLE,
     abandoned,
     decision_from_row,
+    metadata_to_text,
     now_iso,
 )
 from localui.backends.sqlite.errors import is_busy
@@ -37,6 +39,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     outcome       TEXT,
     detail        TEXT,
     finished_at   TEXT,
+    metadata      TEXT,
     UNIQUE (kind, execution_id, checkpoint_id)
 )
 """
@@ -67,12 +70,22 @@ class SQLiteDecisionLog:
         self._conn.row_factory = sqlite3.Row
         #: Whether the table is known to exist (a writable log makes it now).
         self._has_table = writable
+        #: The select list the table can answer: an old table a read-only log may
+        #: not migrate has no ``metadata``.
+        self._columns = COLUMNS
         if writable:
             self._with_retry(self._create)
 
     def _create(self) -> None:
         self._conn.execute(SCHEMA)
         self._conn.execute(INDEX)
+        if not self._has_metadata():
+            # A table made before the metadata was kept: its records keep NULL.
+            self._conn.execute(f"ALTER TABLE {TABLE} ADD COLUMN metadata TEXT")
+
+    def _has_metadata(self) -> bool:
+        names = {str(r["name"]) for r in self._conn.execute(f"PRAGMA table_info({TABLE})")}
+        return "metadata" in names
 
     def _with_retry(self, fn: Callable[[], T], *, budget: float = 10.0) -> T:
         """Run ``fn``, waiting out "database is locked" for a bounded time."""
@@ -121,6 +134,7 @@ class SQLiteDecisionLog:
         actor: str,
         reason: str,
         still_pending: Callable[[], bool],
+        metadata: Mapping[str, Any] | None = None,
     ) -> Claim:
         def attempt() -> Claim:
             with self._transaction() as conn:
@@ -131,8 +145,8 @@ class SQLiteDecisionLog:
                     conn.execute(f"DELETE FROM {TABLE} WHERE id = ?", (existing.id,))
                 cursor = conn.execute(
                     f"INSERT INTO {TABLE}"
-                    " (kind, execution_id, checkpoint_id, approved, actor, reason, decided_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    " (kind, execution_id, checkpoint_id, approved, actor, reason, decided_at,"
+                    " metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         kind,
                         execution_id,
@@ -141,6 +155,7 @@ class SQLiteDecisionLog:
                         actor,
                         reason,
                         now_iso(),
+                        metadata_to_text(metadata),
                     ),
                 )
                 row = conn.execute(
@@ -179,6 +194,8 @@ class SQLiteDecisionLog:
             ).fetchone()
             if exists is None:
                 return False  # read-only and never written: nothing decided here yet
+            if not self._has_metadata():
+                self._columns = COLUMNS_BEFORE_METADATA
             self._has_table = True
         return True
 
@@ -187,7 +204,7 @@ class SQLiteDecisionLog:
             if not self._table_exists():
                 return ()
             rows = self._conn.execute(
-                f"SELECT {COLUMNS} FROM {TABLE} WHERE execution_id = ?"
+                f"SELECT {self._columns} FROM {TABLE} WHERE execution_id = ?"
                 " ORDER BY decided_at ASC, id ASC",
                 (execution_id,),
             ).fetchall()
@@ -209,7 +226,7 @@ class SQLiteDecisionLog:
                 chunk = wanted[start : start + 500]
                 marks = ", ".join("?" * len(chunk))
                 rows = self._conn.execute(
-                    f"SELECT {COLUMNS} FROM {TABLE} WHERE kind = ?"
+                    f"SELECT {self._columns} FROM {TABLE} WHERE kind = ?"
                     f" AND execution_id IN ({marks}) ORDER BY decided_at ASC, id ASC",
                     (kind, *chunk),
                 ).fetchall()
