@@ -138,6 +138,23 @@ def test_a_link_for_someone_else_asks_before_switching(backend: Backend) -> None
     assert again.status_code == 303
 
 
+def test_over_tls_the_session_is_a_host_only_cookie(backend: Backend) -> None:
+    desk = serve(backend)
+    tls = other_client(desk, client=LOOPBACK_CLIENT, base_url="https://127.0.0.1:8765")
+    opened = tls.get(f"/approvals?token={TEST_TOKEN}", follow_redirects=False)
+    assert opened.status_code == 303
+    cookie = opened.headers["set-cookie"]
+    assert cookie.startswith("__Host-localui_session_8765=")
+    attributes = {p.strip().lower() for p in cookie.split(";")}
+    assert {"secure", "path=/", "samesite=lax", "httponly"} <= attributes
+    assert not any(a.startswith("domain=") for a in attributes)
+    assert "the-owner · operator" in tls.get("/approvals").text
+    # Signing out clears that cookie, not a plain one of the same port.
+    out = tls.post("/signout", follow_redirects=False)
+    assert out.headers["set-cookie"].startswith('__Host-localui_session_8765=""')
+    assert tls.get("/approvals").status_code == 401
+
+
 def test_a_lax_session_still_changes_nothing_cross_site(backend: Backend) -> None:
     desk = serve(backend)
     opened = desk.client.get(f"/?token={TEST_TOKEN}", follow_redirects=False)
