@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # The policy module reads ROLES from here: only the type is needed.
+    from localui.policy import Policy
 
 #: The name localui prints its links with. Browsers resolve every ``*.localhost`` name
 #: to loopback, and keep a cookie it sets for that name alone: unlike one set on
@@ -34,6 +39,9 @@ class SignIn:
     #: decides, then ``proxy_default_role``.
     proxy_role_header: str = ""
     proxy_default_role: str = "viewer"
+    #: The header carrying that person's groups, comma-separated; without it (or
+    #: when the proxy sends none), the groups ``localui users`` gave that name.
+    proxy_groups_header: str = ""
     #: Addresses or networks (``10.0.0.0/8``) whose proxy headers are believed.
     trusted_proxies: tuple[str, ...] = ()
     #: Bad tokens from one client address: each answer after ``slow_after`` of them
@@ -77,6 +85,9 @@ class Settings:
     #: The SQLite file the SDK traced into (``--traces``); by default a SQLite
     #: store's own file, where the SDK writes its spans.
     traces: str | None = None
+    #: The approval policy (``--policy``, ``localui.policy``); None decides every pause
+    #: as without one: any approver, alone.
+    policy: Policy | None = None
 
     @property
     def host_names(self) -> frozenset[str]:
