@@ -154,6 +154,9 @@ async def _typed_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    if request.url.path.endswith(".json"):
+        # No route answered, so no ``.json`` twin set the format: a script asked for JSON.
+        request.scope["localui.format"] = "json"
     if exc.status_code == 404:
         return await error_response(request, NotFound(f"nothing at {request.url.path}"))
     error = LocalUIError(exc.detail)
@@ -318,6 +321,7 @@ def create_app(
                 AuthMiddleware,
                 auth=auth,
                 signin_page=signin_views.signin_page_renderer(templates, settings),
+                switch_page=signin_views.switch_page_renderer(templates, settings),
                 public=("/static/",),
             ),
             Middleware(PageCompression),

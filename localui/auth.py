@@ -26,13 +26,15 @@ import asyncio
 import hmac
 import html
 import ipaddress
+import re
 import secrets
+import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import anyio.to_thread
 from itsdangerous import BadSignature, URLSafeTimedSerializer
@@ -42,7 +44,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from localui.backends.base import UserDirectory
 from localui.backends.users import check_name, token_hash
-from localui.errors import BadRequest, Forbidden, LifespanNotRun
+from localui.errors import BadRequest, Forbidden, LifespanNotRun, Unavailable
 from localui.records import User
 from localui.settings import ROLES, SignIn
 
@@ -151,53 +153,103 @@ def is_loopback_client(scope: Scope) -> bool:
 
 @dataclass(slots=True)
 class _Failures:
-    count: int
-    last_at: float
+    #: Bad tokens, and attempts still being looked up (counted as bad until they are not).
+    count: int = 0
+    last_at: float = 0.0
     locked_until: float = 0.0
 
 
 class Throttle:
-    """Bad tokens per client address: later answers are slowed, then the address is
-    refused for a while. In memory, per process, bounded."""
+    """Bad tokens per client address, and from every address together. In memory, per
+    process, bounded.
+
+    Each attempt is counted *before* its token is looked up, under a lock, so a hundred
+    attempts sent at once cannot all pass a check made before any of them was counted.
+    A good token gives its own attempt back and clears nothing: good tokens in between
+    buy bad ones no more tries. Past ``slow_after`` bad tokens an address's answers are
+    slowed; at ``lock_after`` it is refused for ``lock_seconds``. IPv6 clients count by
+    their /64, which one machine usually holds whole. All addresses together may send
+    ``global_lock_after`` bad tokens in ``global_window`` seconds; past that every token
+    is refused until the window moves on (sessions carry on), so spreading guesses over
+    many addresses buys no more of them.
+
+    Written here rather than with the ``limits`` package: the ladder (slower, then
+    locked) and giving back an attempt that turned out good are not the fixed counts
+    per window that ``limits`` keeps.
+    """
 
     def __init__(self, policy: SignIn, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self.clock = clock
+        self._lock = threading.Lock()
         self._by_client: OrderedDict[str, _Failures] = OrderedDict()
+        #: When each recent bad token came, from any address, oldest first.
+        self._recent: deque[float] = deque()
+        #: Attempts from any address still being looked up.
+        self._in_flight = 0
+
+    def begin(self, client: str) -> None:
+        """Count an attempt from ``client`` before its token is looked up; raises
+        :class:`Locked` when that address, or everyone, may try no more for now."""
+        with self._lock:
+            now = self.clock()
+            window = self.policy.global_window
+            while self._recent and self._recent[0] <= now - window:
+                self._recent.popleft()
+            if len(self._recent) + self._in_flight >= self.policy.global_lock_after:
+                waited = self._recent[0] + window - now if self._recent else 1.0
+                raise Locked(max(waited, 1.0), everyone=True)
+            record = self._by_client.pop(client, None)
+            if record is not None and record.locked_until <= now:
+                if now - record.last_at > self.policy.lock_seconds and record.count > 0:
+                    record = None  # a quiet while forgives the old failures
+            record = record or _Failures(last_at=now)
+            self._by_client[client] = record
+            while len(self._by_client) > THROTTLE_CLIENTS:
+                self._by_client.popitem(last=False)
+            if record.locked_until > now:
+                raise Locked(record.locked_until - now)
+            if record.count >= self.policy.lock_after:
+                # Attempts still in flight fill the allowance: refused until they end.
+                raise Locked(1.0)
+            record.count += 1
+            record.last_at = now
+            self._in_flight += 1
+
+    def failed(self, client: str) -> float:
+        """The attempt ``begin`` counted was a bad token; the seconds to wait before
+        answering it."""
+        with self._lock:
+            now = self.clock()
+            self._in_flight -= 1
+            self._recent.append(now)
+            record = self._by_client.get(client)
+            if record is None:  # forgotten among more clients than are remembered
+                return 0.0
+            if record.count >= self.policy.lock_after:
+                record.locked_until = now + self.policy.lock_seconds
+            extra = record.count - self.policy.slow_after
+            return min(self.policy.slow_seconds * extra, 5.0) if extra > 0 else 0.0
+
+    def succeeded(self, client: str) -> None:
+        """The attempt was a good token, or could not be looked up: it is given back."""
+        with self._lock:
+            self._in_flight -= 1
+            record = self._by_client.get(client)
+            if record is not None and record.count > 0:
+                record.count -= 1
 
     def locked_for(self, client: str) -> float:
         """Seconds this client is still refused for; 0 when it is not."""
-        record = self._by_client.get(client)
-        if record is None:
-            return 0.0
-        now = self.clock()
-        if record.locked_until > now:
-            return record.locked_until - now
-        if now - record.last_at > self.policy.lock_seconds:
-            del self._by_client[client]  # a quiet while forgives the old failures
-        return 0.0
-
-    def failed(self, client: str) -> float:
-        """Count a bad token; the seconds to wait before answering it."""
-        now = self.clock()
-        record = self._by_client.pop(client, None) or _Failures(count=0, last_at=now)
-        record.count += 1
-        record.last_at = now
-        if record.count >= self.policy.lock_after:
-            record.locked_until = now + self.policy.lock_seconds
-        self._by_client[client] = record
-        while len(self._by_client) > THROTTLE_CLIENTS:
-            self._by_client.popitem(last=False)
-        extra = record.count - self.policy.slow_after
-        return min(self.policy.slow_seconds * extra, 5.0) if extra > 0 else 0.0
-
-    def succeeded(self, client: str) -> None:
-        self._by_client.pop(client, None)
+        with self._lock:
+            record = self._by_client.get(client)
+            return max(0.0, record.locked_until - self.clock()) if record is not None else 0.0
 
 
 class Locked(Exception):
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"too many bad tokens from this address: try again in {seconds:.0f} s")
+    def __init__(self, seconds: float, *, everyone: bool = False) -> None:
+        where = "from many addresses" if everyone else "from this address"
+        super().__init__(f"too many bad tokens {where}: try again in {seconds:.0f} s")
         self.seconds = seconds
 
 
@@ -217,29 +269,32 @@ class Authenticator:
         #: The Bearer token a Prometheus scraper reads ``/metrics`` with
         #: (``--metrics-token-file``); empty when there is none.
         self.scraper_token = ""
+        #: (kind, key) -> (when the users table was asked, what it said).
         self._cache: OrderedDict[tuple[str, str], tuple[float, User | None]] = OrderedDict()
         self._sessions: OrderedDict[str, tuple[float, Any]] = OrderedDict()
 
     # --- the users table, read through a short cache -----------------------------
 
-    async def _lookup(self, kind: str, key: str) -> User | None:
+    async def _lookup(self, kind: str, key: str, since: float = 0.0) -> User | None:
+        """The person a token hash or name is, as the users table said at most
+        :data:`CACHE_SECONDS` ago and no earlier than ``since`` (a monotonic time)."""
         users = self.users
         if users is None:
             return None
         now = time.monotonic()
         cached = self._cache.get((kind, key))
-        if cached is not None and cached[0] > now:
+        if cached is not None and now - cached[0] < CACHE_SECONDS and cached[0] >= since:
             return cached[1]
         find = users.by_token_hash if kind == "token" else users.by_name
         user = await anyio.to_thread.run_sync(find, key)
-        self._cache[(kind, key)] = (now + CACHE_SECONDS, user)
+        self._cache[(kind, key)] = (now, user)
         while len(self._cache) > 1000:
             self._cache.popitem(last=False)
         return user
 
     # --- tokens --------------------------------------------------------------------
 
-    async def person_for_token(self, token: str) -> tuple[Person, str] | None:
+    async def person_for_token(self, token: str, since: float = 0.0) -> tuple[Person, str] | None:
         """The person a token signs in, with the mark their session keeps."""
         digest = token_hash(token)
         # Constant time against the start-up token; a user's is found by the hash of
@@ -248,17 +303,19 @@ class Authenticator:
             return Person(name=self.policy.owner, role=OPERATOR, via="owner"), digest[:16]
         if len(token) > 200:
             return None
-        user = await self._lookup("token", digest)
+        user = await self._lookup("token", digest, since)
         if user is None or user.role not in ROLES:
             return None
         return Person(user.name, user.role, "user", user.groups), user.token_mark
 
     async def check_token(self, token: str, client: str) -> tuple[Person, str] | None:
         """``person_for_token`` with the throttle around it: raises :class:`Locked`."""
-        locked = self.throttle.locked_for(client)
-        if locked:
-            raise Locked(locked)
-        found = await self.person_for_token(token)
+        self.throttle.begin(client)
+        try:
+            found = await self.person_for_token(token)
+        except BaseException:
+            self.throttle.succeeded(client)  # not answered (the users table is down)
+            raise
         if found is None:
             delay = self.throttle.failed(client)
             if delay:
@@ -271,6 +328,22 @@ class Authenticator:
         return found
 
     # --- sessions ------------------------------------------------------------------
+
+    async def person_now(self, scope: Scope, since: float) -> Person | None:
+        """Who a request that is still being answered (a live stream) comes from now,
+        as the users table says no earlier than ``since``: None once they were removed
+        or their token reset. Many streams asking after one change share one look-up."""
+        if not self.policy.required:
+            return OPEN
+        person = await self.person_from_proxy(scope, since)
+        if person is not None:
+            return person
+        authorization = _header(scope, b"authorization") or ""
+        if authorization[:7].lower() == "bearer ":
+            found = await self.person_for_token(authorization[7:].strip(), since)
+            return found[0] if found is not None else None
+        cookie = _cookie(_header(scope, b"cookie") or "", self.cookie_name(scope))
+        return await self.person_for_session(cookie, since) if cookie is not None else None
 
     def session_value(self, person: Person, mark: str) -> str:
         return self._serializer.dumps({"n": person.name, "v": person.via, "m": mark})
@@ -291,7 +364,7 @@ class Authenticator:
             self._sessions.popitem(last=False)
         return data
 
-    async def person_for_session(self, value: str) -> Person | None:
+    async def person_for_session(self, value: str, since: float = 0.0) -> Person | None:
         data = self._session_data(value)
         if not isinstance(data, dict):
             return None
@@ -303,7 +376,7 @@ class Authenticator:
                 return None
             return Person(name=self.policy.owner, role=OPERATOR, via="owner")
         if via == "user":
-            user = await self._lookup("name", name)
+            user = await self._lookup("name", name, since)
             if user is None or user.role not in ROLES:
                 return None
             if not hmac.compare_digest(mark, user.token_mark):
@@ -311,15 +384,37 @@ class Authenticator:
             return Person(user.name, user.role, "user", user.groups)
         return None
 
+    def cookie_name(self, scope: Scope) -> str:
+        """The session cookie's name: over TLS with the ``__Host-`` prefix, which the
+        browser keeps only from a secure page of this very host, for the whole of it,
+        so no other name or plain-HTTP page of it can set or overwrite it."""
+        return f"__Host-{self.cookie}" if self.over_tls(scope) else self.cookie
+
     def set_session(self, response: Response, scope: Scope, person: Person, mark: str) -> None:
+        # Lax, not Strict: a sign-in link opened from mail or chat is a navigation from
+        # another site, which a Strict cookie is never sent with, not even after the
+        # redirect or on reload. Lax lets that link sign in, and every cross-site GET
+        # changes nothing here; every change is a POST, which GuardMiddleware refuses
+        # cross-site by Sec-Fetch-Site or Origin, whatever cookie comes with it.
+        tls = self.over_tls(scope)
         response.set_cookie(
-            self.cookie,
+            self.cookie_name(scope),
             self.session_value(person, mark),
             max_age=self.policy.session_seconds,
-            path=scope.get("root_path") or "/",
+            path="/" if tls else (scope.get("root_path") or "/"),
             httponly=True,
-            samesite="strict",
-            secure=self.over_tls(scope),
+            samesite="lax",
+            secure=tls,
+        )
+
+    def clear_session(self, response: Response, scope: Scope) -> None:
+        tls = self.over_tls(scope)
+        response.delete_cookie(
+            self.cookie_name(scope),
+            path="/" if tls else (scope.get("root_path") or "/"),
+            httponly=True,
+            samesite="lax",
+            secure=tls,
         )
 
     def over_tls(self, scope: Scope) -> bool:
@@ -336,7 +431,7 @@ class Authenticator:
         address = client_address(scope)
         return address is not None and any(address in net for net in self.trusted)
 
-    async def person_from_proxy(self, scope: Scope) -> Person | None:
+    async def person_from_proxy(self, scope: Scope, since: float = 0.0) -> Person | None:
         """The person a trusted proxy names; None when there is no such header, or it
         came from an address that is not a trusted proxy."""
         header = self.policy.proxy_user_header
@@ -360,7 +455,7 @@ class Authenticator:
         sent = _header(scope, groups_header.lower().encode("latin-1")) if groups_header else None
         groups = tuple(g.strip() for g in (sent or "").split(",") if g.strip())
         if role not in ROLES or sent is None:
-            user = await self._lookup("name", name)
+            user = await self._lookup("name", name, since)
             if role not in ROLES:
                 role = user.role if user is not None else self.policy.proxy_default_role
             if sent is None and user is not None:
@@ -379,9 +474,15 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _client_key(scope: Scope) -> str:
+def client_key(scope: Scope) -> str:
+    """Whom the throttle counts a token attempt against: the client's address, or for
+    IPv6 its /64, since one machine is usually given a whole /64 to pick from."""
     address = client_address(scope)
-    return str(address) if address is not None else "local"
+    if address is None:
+        return "local"
+    if isinstance(address, ipaddress.IPv6Address) and not address.is_loopback:
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
 
 
 def _path(scope: Scope) -> str:
@@ -390,19 +491,46 @@ def _path(scope: Scope) -> str:
     return path[len(root) :] if root and path.startswith(root) else path
 
 
+#: What stays unescaped in a path this app redirects to: RFC 3986's path characters.
+#: A backslash, space or control character is escaped, so no browser reads a host in it
+#: (Chromium takes ``/\host`` for ``//host``, and drops tabs and newlines from a URL).
+_PATH_CHARACTERS = "/!$&'()*+,;=:@-._~"
+
+
+def app_path(root_path: str, path: str, *, escaped: bool = False) -> str:
+    """``path`` as a path of this app: under ``root_path``, escaped, with every run of
+    slashes made one, so a redirect to it never leaves this server (``//host`` and
+    ``///host`` name another host to a browser). ``escaped``: ``path`` is already
+    percent-encoded (a URL's), not decoded (an ASGI scope's)."""
+    quoted = quote(path, safe=_PATH_CHARACTERS + ("%" if escaped else ""))
+    return root_path.rstrip("/") + _SLASHES.sub("/", "/" + quoted)
+
+
+_SLASHES = re.compile(r"/{2,}")
+
+
 def without_token(scope: Scope) -> str:
     """The URL being asked for, minus the token: where a sign-in link redirects to."""
     query = scope.get("query_string", b"").decode("latin-1")
     kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != TOKEN_PARAM]
-    url = (scope.get("root_path", "") + _path(scope)) or "/"
+    url = app_path(scope.get("root_path", ""), _path(scope))
     return url + (f"?{urlencode(kept)}" if kept else "")
 
 
 def safe_next(value: str, root_path: str) -> str:
-    """A same-site path to go to after signing in; anything else goes to the runs."""
-    if value.startswith("/") and not value.startswith("//") and "\\" not in value:
-        return value
-    return (root_path or "") + "/"
+    """A path of this app under ``root_path`` to go to after signing in; anything else
+    (another host, a scheme, a path outside the root) goes to the runs."""
+    home = (root_path or "") + "/"
+    if not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return home
+    parts = urlsplit(value)  # drops tabs and newlines, as browsers do
+    if parts.scheme or parts.netloc:
+        return home
+    path = app_path("", parts.path, escaped=True)
+    if root_path and not (path == root_path or path.startswith(root_path.rstrip("/") + "/")):
+        return home
+    query = quote(parts.query, safe="=&%+/?:@!$'()*,;-._~")
+    return path + (f"?{query}" if query else "")
 
 
 def wants_json(scope: Scope, headers: dict[str, str]) -> bool:
@@ -413,6 +541,9 @@ def wants_json(scope: Scope, headers: dict[str, str]) -> bool:
 
 
 SigninPage = Callable[[Scope, str, int], Response]
+#: The page a sign-in link for someone else answers to a browser already signed in:
+#: scope, who is signed in, whom the link signs in, the link's token.
+SwitchPage = Callable[[Scope, Person, Person, str], Response]
 
 
 class AuthMiddleware:
@@ -421,14 +552,22 @@ class AuthMiddleware:
     No session: the sign-in page for a browser (401), 401 JSON for scripts, and for
     htmx a 401 that reloads the page (``HX-Refresh``), which then shows the sign-in
     page; a live stream gets a plain 401, which the SSE extension backs off from.
+    A users table that cannot be read is a 503 that says so.
     """
 
     def __init__(
-        self, app: ASGIApp, *, auth: Authenticator, signin_page: SigninPage, public: tuple[str, ...]
+        self,
+        app: ASGIApp,
+        *,
+        auth: Authenticator,
+        signin_page: SigninPage,
+        switch_page: SwitchPage,
+        public: tuple[str, ...],
     ) -> None:
         self.app = app
         self.auth = auth
         self.signin_page = signin_page
+        self.switch_page = switch_page
         self.public = public
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -447,35 +586,50 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        method = scope.get("method", "GET")
-        client = _client_key(scope)
+        try:
+            answer = await self._answer(scope, headers, path)
+        except Unavailable as exc:
+            answer = self.unavailable(scope, headers, exc)
+        if isinstance(answer, Person):
+            await self._pass(scope, receive, send, answer, headers)
+        elif answer is None:
+            await self.app(scope, receive, send)  # the sign-in page, to someone signed out
+        else:
+            await answer(scope, receive, send)
 
+    async def _answer(
+        self, scope: Scope, headers: dict[str, str], path: str
+    ) -> Person | Response | None:
+        """Who asks, or the response that answers them instead (None: let the sign-in
+        page answer). Raises :class:`Unavailable` when the users table cannot be read."""
+        method = scope.get("method", "GET")
+        client = client_key(scope)
         person = await self.auth.person_from_proxy(scope)
-        if person is None:
-            authorization = headers.get("authorization", "")
-            if path == METRICS_PATH and self._is_scraper(authorization):
-                await self._pass(scope, receive, send, SCRAPER, method)
-                return
-            if authorization[:7].lower() == "bearer ":
-                await self._bearer(scope, receive, send, authorization[7:].strip(), client)
-                return
-        if person is None and method in ("GET", "HEAD"):
+        if person is not None:
+            return person
+        authorization = headers.get("authorization", "")
+        if path == METRICS_PATH and self._is_scraper(authorization):
+            return SCRAPER
+        if authorization[:7].lower() == "bearer ":
+            try:
+                found = await self.auth.check_token(authorization[7:].strip(), client)
+            except Locked as exc:
+                return self.locked(scope, headers, exc)
+            if found is None:
+                return self.refuse(scope, headers, 401, "That token is not valid.")
+            return found[0]
+        if method in ("GET", "HEAD"):
             token = _query_token(scope)
             if token is not None:
-                await self._link(scope, receive, send, token, client)
-                return
-        if person is None:
-            cookie = _cookie(headers.get("cookie", ""), self.auth.cookie)
-            if cookie is not None:
-                person = await self.auth.person_for_session(cookie)
-        if person is None:
-            if path == "/signin":
-                await self.app(scope, receive, send)
-                return
-            response = self.unauthenticated(scope, headers, "Sign in to see this server.")
-            await response(scope, receive, send)
-            return
-        await self._pass(scope, receive, send, person, method)
+                return await self._link(scope, headers, token, client)
+        cookie = _cookie(headers.get("cookie", ""), self.auth.cookie_name(scope))
+        if cookie is not None:
+            person = await self.auth.person_for_session(cookie)
+        if person is not None:
+            return person
+        if path == "/signin":
+            return None
+        return self.unauthenticated(scope, headers, "Sign in to see this server.")
 
     def _is_scraper(self, authorization: str) -> bool:
         """Whether the header carries the scraper's token (compared in constant time)."""
@@ -485,48 +639,51 @@ class AuthMiddleware:
         return hmac.compare_digest(authorization[7:].strip().encode(), token.encode())
 
     async def _pass(
-        self, scope: Scope, receive: Receive, send: Send, person: Person, method: str
+        self, scope: Scope, receive: Receive, send: Send, person: Person, headers: dict[str, str]
     ) -> None:
         changing_who = _path(scope) in ("/signin", "/signout")
-        if method not in SAFE_METHODS and not person.can_decide and not changing_who:
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            message = f"{person.name} is signed in as a viewer: viewers change nothing."
-            await self.refuse(scope, headers, 403, message)(scope, receive, send)
-            return
+        if scope.get("method", "GET") not in SAFE_METHODS and not person.can_decide:
+            if not changing_who:
+                message = f"{person.name} is signed in as a viewer: viewers change nothing."
+                await self.refuse(scope, headers, 403, message)(scope, receive, send)
+                return
         scope[SCOPE_KEY] = person
         await self.app(scope, receive, send)
 
-    async def _bearer(
-        self, scope: Scope, receive: Receive, send: Send, token: str, client: str
-    ) -> None:
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        try:
-            found = await self.auth.check_token(token, client)
-        except Locked as exc:
-            await self.locked(scope, headers, exc)(scope, receive, send)
-            return
-        if found is None:
-            await self.refuse(scope, headers, 401, "That token is not valid.")(scope, receive, send)
-            return
-        await self._pass(scope, receive, send, found[0], scope.get("method", "GET"))
-
     async def _link(
-        self, scope: Scope, receive: Receive, send: Send, token: str, client: str
-    ) -> None:
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        self, scope: Scope, headers: dict[str, str], token: str, client: str
+    ) -> Response:
         try:
             found = await self.auth.check_token(token, client)
         except Locked as exc:
-            await self.locked(scope, headers, exc)(scope, receive, send)
-            return
+            return self.locked(scope, headers, exc)
         if found is None:
             message = "That sign-in link is not valid (or no longer is): ask for a new one."
-            await self.unauthenticated(scope, headers, message)(scope, receive, send)
-            return
+            return self.unauthenticated(scope, headers, message)
         person, mark = found
+        # The session cookie is Lax, so it comes with a link followed from another site:
+        # a link for someone else never silently replaces who this browser is (login
+        # CSRF would record the victim's next decisions under the other name).
+        cookie = _cookie(headers.get("cookie", ""), self.auth.cookie_name(scope))
+        current = await self.auth.person_for_session(cookie) if cookie is not None else None
+        if current is not None and current != person:
+            return self.switch_page(scope, current, person, token)
         response = RedirectResponse(without_token(scope), status_code=303)
         self.auth.set_session(response, scope, person, mark)
-        await response(scope, receive, send)
+        return response
+
+    def unavailable(self, scope: Scope, headers: dict[str, str], exc: Unavailable) -> Response:
+        message = f"Sign-in cannot be checked right now: {exc} Try again shortly."
+        if "text/event-stream" in headers.get("accept", ""):
+            return Response(message, status_code=503, media_type="text/plain")
+        if wants_json(scope, headers) or "authorization" in headers:
+            body = {"error": {"status": 503, "title": "Sign-in", "message": message}}
+            return JSONResponse(body, status_code=503)
+        if headers.get("hx-request") == "true":
+            return HTMLResponse(
+                f"<p class='bad problem'>{html.escape(message)}</p>", status_code=503
+            )
+        return self.signin_page(scope, message, 503)
 
     def unauthenticated(self, scope: Scope, headers: dict[str, str], message: str) -> Response:
         if headers.get("hx-request") == "true":

@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 from localui.errors import LocalUIError
 from localui.policy import Policy, PolicyError, load_policy
 from localui.registry import Registry, RegistryError, load_spec
-from localui.settings import EVENT_TYPES, LOOPBACK_NAMES, ROLES, Notifications, Settings, SignIn
+from localui.settings import (
+    APP_HOST,
+    EVENT_TYPES,
+    LOOPBACK_NAMES,
+    ROLES,
+    Notifications,
+    Settings,
+    SignIn,
+)
 
 if TYPE_CHECKING:
     from localui.demo.scenarios import Seeding
@@ -340,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("add", "reset"):
             command.add_argument(
                 "--url",
-                default=f"http://127.0.0.1:{DEFAULT_PORT}/",
+                default=f"http://{APP_HOST}:{DEFAULT_PORT}/",
                 help="The server's address as the person opens it, for the printed link.",
             )
     notifications = sub.add_parser(
@@ -437,7 +445,7 @@ def serve(
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
     url = f"http://{shown_host}:{settings.port}/"
     print(f"localui: serving {backend.label} at {url}", flush=True)
-    for line in sign_in_lines(settings, url):
+    for line in sign_in_lines(settings, browser_url(settings)):
         print(f"localui: {line}", flush=True)
     if settings.root_path:
         print(f"localui: links point under {settings.root_path}/, where the proxy serves it")
@@ -475,6 +483,14 @@ def serve(
 
 def is_loopback_host(host: str) -> bool:
     return host in LOOPBACK_NAMES or host.startswith("127.")
+
+
+def browser_url(settings: Settings) -> str:
+    """The address a person opens: on loopback, by localui's own name (``APP_HOST``),
+    so the session cookie the link sets is sent to no other server of this machine."""
+    host = APP_HOST if settings.host in LOOPBACK_NAMES else settings.host
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{settings.port}/"
 
 
 def sign_in_problem(args: argparse.Namespace) -> str | None:
@@ -515,6 +531,7 @@ def sign_in_lines(settings: Settings, url: str) -> list[str]:
             f" are named by its {sign_in.proxy_user_header} header"
         )
     lines.append(f"sign in at {url}?token={sign_in.token} (as {sign_in.owner}, operator)")
+    lines.append(f"scripts send the header: Authorization: Bearer {sign_in.token}")
     return lines
 
 
@@ -794,6 +811,10 @@ def run_decisions_export(args: argparse.Namespace) -> int:
 
 def run_open(args: argparse.Namespace) -> int:
     from localui.bundle import BundleError, load_bundles, read_bundle
+
+    # Read-only, but a bundle holds a run's whole context: as private as the store.
+    if problem := sign_in_problem(args):
+        return fail(problem)
 
     temp_dir = tempfile.mkdtemp(prefix="localui-open-")
     try:

@@ -121,8 +121,10 @@ MAX_BODY_BYTES = 1_000_000
 
 
 class SecurityHeadersMiddleware:
-    """Adds the security headers to every response, and ``Cache-Control: no-store`` to
-    JSON and to the answers of actions.
+    """Adds the security headers to every response, ``Cache-Control: no-store`` to JSON
+    (errors too) and to the answers of actions, and ``Vary: Accept`` to every page and
+    JSON answer of a URL where the ``Accept`` header chose between them, so no cache
+    hands one's answer to the other.
 
     Pure ASGI rather than the ``secure`` package: ``secure`` sets headers on a
     framework's response object, and this must also reach event streams, static files,
@@ -137,6 +139,8 @@ class SecurityHeadersMiddleware:
             await self.app(scope, receive, send)
             return
         is_action = scope.get("method", "GET") not in SAFE_METHODS
+        # ``.json`` URLs answer JSON whatever Accept says; the others choose by it.
+        by_accept = not scope.get("path", "").endswith(".json")
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -147,9 +151,12 @@ class SecurityHeadersMiddleware:
                 ]
                 headers.extend(SECURITY_HEADERS)
                 content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
-                if is_action or content_type.startswith(b"application/json"):
+                is_json = content_type.startswith(b"application/json")
+                if is_action or is_json:
                     headers = [(k, v) for k, v in headers if k.lower() != b"cache-control"]
                     headers.append((b"cache-control", b"no-store"))
+                if by_accept and (is_json or content_type.startswith(b"text/html")):
+                    headers = _vary_on_accept(headers)
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -157,6 +164,18 @@ class SecurityHeadersMiddleware:
 
 
 _REPLACED_HEADERS = frozenset(name for name, _ in SECURITY_HEADERS) | {b"server"}
+
+
+def _vary_on_accept(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``headers`` with ``Accept`` among the names ``Vary`` lists (added once)."""
+    names: list[bytes] = []
+    for key, value in headers:
+        if key.lower() == b"vary":
+            names.extend(n.strip() for n in value.split(b",") if n.strip())
+    if b"accept" in {n.lower() for n in names}:
+        return headers
+    kept = [(k, v) for k, v in headers if k.lower() != b"vary"]
+    return [*kept, (b"vary", b", ".join([*names, b"Accept"]))]
 
 
 class BodyTooLarge(Exception):

@@ -9,7 +9,13 @@ if TYPE_CHECKING:
     # The policy module reads ROLES from here: only the type is needed.
     from localui.policy import Policy
 
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+#: The name localui prints its links with. Browsers resolve every ``*.localhost`` name
+#: to loopback, and keep a cookie it sets for that name alone: unlike one set on
+#: ``127.0.0.1`` or ``localhost`` (cookies ignore ports), it never goes to another web
+#: server of this machine that the browser visits by those names.
+APP_HOST = "localui.localhost"
+#: Names of this machine: accepted in ``Host`` from loopback clients only.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", APP_HOST)
 
 #: What each role may do, least first: a viewer sees, an approver also decides
 #: pauses, an operator also resumes, forks and prunes.
@@ -45,6 +51,10 @@ class SignIn:
     slow_seconds: float = 0.5
     lock_after: int = 10
     lock_seconds: float = 300.0
+    #: Bad tokens from all addresses together in ``global_window`` seconds, past which
+    #: every token is refused until the window moves on (sessions carry on).
+    global_lock_after: int = 100
+    global_window: float = 60.0
     #: How long a session cookie stays good.
     session_seconds: int = 7 * 86400
 

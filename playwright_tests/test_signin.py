@@ -37,6 +37,8 @@ class SignInServer:
     url: str
     store_args: list[str]
     workdir: Path
+    #: The start-up link ``localui serve`` printed (the owner's, an operator).
+    owner_link: str
 
 
 def _env() -> dict[str, str]:
@@ -105,8 +107,11 @@ def signin_server(
             ready="/signin",
             timeout=START_TIMEOUT_S,
         )
-        assert "sign in at" in server.output(), server.output()
-        yield SignInServer(url=server.url, store_args=store_args, workdir=workdir)
+        printed = LINK.search(server.output())
+        assert printed is not None and "sign in at" in server.output(), server.output()
+        yield SignInServer(
+            url=server.url, store_args=store_args, workdir=workdir, owner_link=printed.group(1)
+        )
     finally:
         if server is not None:
             server.stop(timeout=STOP_TIMEOUT_S)
@@ -118,13 +123,15 @@ def signin_server(
                     conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
-def add_person(server: SignInServer, name: str, role: str) -> str:
+def add_person(server: SignInServer, name: str, role: str, url: str = "") -> str:
+    """A person added with ``localui users add``; the link it printed for ``url`` (by
+    default the server's 127.0.0.1 address)."""
     args = list(server.store_args)
     if "--pg-schema" in args:
         at = args.index("--pg-schema")
         del args[at : at + 2]
     done = subprocess.run(
-        [str(LOCALUI), "users", "add", name, "--role", role, *args, "--url", server.url],
+        [str(LOCALUI), "users", "add", name, "--role", role, *args, "--url", url or server.url],
         cwd=server.workdir,
         env=_env(),
         capture_output=True,
@@ -160,7 +167,7 @@ def test_a_person_signs_in_by_link_and_approves_as_themselves(
         # Redirected to the same place without the token, signed in by a cookie.
         assert page.url == f"{signin_server.url}/"
         [cookie] = [c for c in context.cookies() if c["name"].startswith("localui_session_")]
-        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Lax"
         assert not cookie["secure"]  # plain HTTP on loopback
         expect(page.locator("header.top")).to_contain_text("Ada Lovelace · approver")
         expect(page.locator("table")).to_be_visible()

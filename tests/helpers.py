@@ -128,6 +128,20 @@ def start_localui(
 # --- the approvals queue, as a person uses it ------------------------------------------
 
 
+def wait_until_seeded(server: LocalServer, within: float = 120.0) -> None:
+    """Hold on until ``localui demo`` has written all its runs (it serves while it
+    writes); a scenario that failed fails the test with its reason."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        seeding = httpx.get(server.url + "/runs.json", timeout=10).json()["seeding"]
+        if seeding is None:
+            return
+        if seeding["finished"]:
+            pytest.fail(f"the demo failed to seed: {seeding['failures']}", pytrace=False)
+        time.sleep(0.2)
+    pytest.fail(f"the demo was still seeding after {within:.0f} s:\n{server.output()}")
+
+
 class Poster(Protocol):
     """A Starlette ``TestClient`` or an ``httpx.Client`` with a base URL."""
 

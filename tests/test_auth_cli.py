@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -78,6 +79,8 @@ def test_users_add_list_reset_remove(served_store: list[str], tmp_path: Path) ->
     reset = users_cli(served_store, "reset", "王小明", cwd=tmp_path)
     new = LINK.search(reset.stdout)
     assert reset.returncode == 0 and new is not None and new.group(2) != token
+    # Without --url, the link is on localui's own name, as serve prints its own.
+    assert new.group(1).startswith("http://localui.localhost:8765/?token=")
 
     removed = users_cli(served_store, "remove", "王小明", cwd=tmp_path)
     assert removed.returncode == 0, removed.stderr
@@ -134,21 +137,29 @@ def test_serve_prints_a_link_that_signs_in(served_store: list[str], tmp_path: Pa
     personal = LINK.search(person.stdout)
     assert personal is not None
     with server(served_store, tmp_path, port) as running:
+        # Printed on localui's own name, whose cookies no other local server receives.
         link = running.line(
-            r"sign in at (http://127\.0\.0\.1:\d+/\?token=(\S+)) \(as (.+), operator\)"
+            r"sign in at (http://localui\.localhost:(\d+)/\?token=(\S+)) \(as (.+), operator\)"
         )
+        assert int(link.group(2)) == port
+        running.line(rf"scripts send the header: Authorization: Bearer {link.group(3)}")
         base = f"http://127.0.0.1:{port}"
+        # Python resolves no *.localhost name, as browsers do: reach it on 127.0.0.1.
+        named = httpx.get(
+            f"{base}/signin", headers={"Host": f"localui.localhost:{port}"}, trust_env=False
+        )
+        assert named.status_code == 200
         with httpx.Client(base_url=base, trust_env=False, follow_redirects=True) as browser:
             page = browser.get("/")
             assert page.status_code == 401 and "<table" not in page.text
-            opened = browser.get(link.group(1))
+            opened = browser.get(f"/?token={link.group(3)}")
             # Followed to the runs page, signed in, without the token in the URL.
             assert opened.status_code == 200
             assert str(opened.url) == f"{base}/"
             assert [r.status_code for r in opened.history] == [303]
-            assert f"{link.group(3)} · operator" in opened.text
+            assert f"{link.group(4)} · operator" in opened.text
             assert len(browser.get("/runs.json").json()["runs"]) == 10
-        bearer = {"Authorization": f"Bearer {link.group(2)}"}
+        bearer = {"Authorization": f"Bearer {link.group(3)}"}
         assert httpx.get(f"{base}/runs.json", headers=bearer, trust_env=False).status_code == 200
         with httpx.Client(base_url=base, trust_env=False, follow_redirects=True) as ada:
             page = ada.get(personal.group(1))
@@ -244,11 +255,14 @@ def test_beyond_loopback_every_request_signs_in(
 
 def test_the_demo_prints_its_sign_in_link(tmp_path: Path) -> None:
     port = free_port()
-    # The demo seeds every runner shape first, a run of 550 rows among them.
+    # The demo serves at once and seeds every runner shape behind it, 550 rows among them.
     with server([], tmp_path, port, command="demo", within=120) as running:
-        link = running.line(r"sign in at (http://127\.0\.0\.1:\d+/\?token=\S+)").group(1)
+        token = running.line(r"sign in at http://localui\.localhost:\d+/\?token=(\S+)").group(1)
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/runs.json", trust_env=False).status_code == 401
         with httpx.Client(trust_env=False, follow_redirects=True) as browser:
-            assert browser.get(link).status_code == 200
-            assert len(browser.get(f"{base}/runs.json").json()["runs"]) == len(ALL_SCENARIOS)
+            assert browser.get(f"{base}/?token={token}").status_code == 200
+            deadline = time.monotonic() + 180
+            while len(browser.get(f"{base}/runs.json").json()["runs"]) < len(ALL_SCENARIOS):
+                assert time.monotonic() < deadline, "the demo's runs never all landed"
+                time.sleep(0.5)

@@ -188,13 +188,15 @@ def test_a_parent_that_skips_the_lifespan_is_told_what_to_do(app_store: Path) ->
 @pytest.fixture(scope="module")
 def behind_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``localui demo --root-path tools/localui/``, as a person starts it; its address."""
-    from helpers import start_localui
+    from helpers import start_localui, wait_until_seeded
 
     store = tmp_path_factory.mktemp("root-path") / "local.db"
     args = ["demo", "--store", str(store), "--root-path", "tools/localui/", "--no-auth"]
     cwd = tmp_path_factory.mktemp("root-path-cwd")
     server = start_localui(args, cwd=cwd, log=cwd.parent / "root-path.log", timeout=120)
     try:
+        # The demo serves while it seeds: the approvals below are among its runs.
+        wait_until_seeded(server)
         yield server.url
     finally:
         server.stop()

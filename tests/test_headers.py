@@ -140,3 +140,51 @@ def test_chunked_bodies_are_counted(client: TestClient, seeded: Seeded) -> None:
         headers={"Content-Type": "application/x-www-form-urlencoded"},
     )
     assert response.status_code == 413
+
+
+# --- JSON: never stored, and varied by Accept where Accept chose it ---------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "headers", "status"),
+    [
+        ("/no/such/page.json", {}, 404),
+        ("/no/such/page", {"Accept": "application/json"}, 404),
+        ("/runs/no-such-run", {"Accept": "application/json"}, 404),
+        ("/approvals/no-such-run.json", {}, 404),
+        ("/diff.json?a=x&b=y", {}, 404),
+        ("/runs/x.json?after=not-a-cursor", {}, 404),
+        ("/?after=not-a-cursor", {"Accept": "application/json"}, 400),
+        ("/prune.json?older_than=soon", {}, 400),
+    ],
+)
+def test_every_json_error_is_no_store(
+    client: TestClient, url: str, headers: dict[str, str], status: int
+) -> None:
+    response = client.get(url, headers=headers)
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json"), response.text
+    assert_secured(response, no_store=True)
+
+
+@pytest.mark.parametrize(
+    ("url", "accept"),
+    [
+        ("/", "application/json"),
+        ("/", "text/html"),
+        ("/approvals", "application/json"),
+        ("/approvals", "text/html"),
+        ("/runs/{completed}", "application/json"),
+        ("/runs/{completed}", "text/html"),
+        ("/runs/no-such-run", "application/json"),
+        ("/runs/no-such-run", "text/html"),
+    ],
+)
+def test_pages_chosen_by_accept_vary_on_it(
+    client: TestClient, seeded: Seeded, url: str, accept: str
+) -> None:
+    # Both answers of one URL must say so, or a cache hands the JSON to a browser.
+    response = client.get(url.format(completed=seeded.id("completed")), headers={"Accept": accept})
+    assert response.status_code in (200, 404)
+    vary = {v.strip().lower() for v in response.headers.get("vary", "").split(",")}
+    assert "accept" in vary, response.headers

@@ -602,3 +602,29 @@ def test_a_deep_link_opened_without_a_session_lands_on_its_pause_after_sign_in(
             assert signed.status_code == 303 and signed.headers["location"] == path
             card = client.get(path)
             assert card.status_code == 200 and "A-1002" in card.text
+
+
+@pytest.mark.parametrize(
+    ("host", "public_url", "base"),
+    [
+        ("127.0.0.1", "", "http://localui.localhost:8765/desk"),
+        ("localhost", "", "http://localui.localhost:8765/desk"),
+        ("10.1.2.3", "", "http://10.1.2.3:8765/desk"),
+        ("127.0.0.1", "https://ops.example.com/localui/", "https://ops.example.com/localui"),
+    ],
+)
+def test_deep_links_point_where_the_session_cookie_lives(
+    host: str, public_url: str, base: str
+) -> None:
+    """On loopback a link opens localui by its own name, as the printed sign-in link
+    does: the session cookie set there is the one the link's page is read with."""
+    from localui.settings import Notifications, Settings
+    from localui.views.urls import link_base
+
+    settings = Settings(
+        store="local.db",
+        host=host,
+        root_path="/desk",
+        notifications=Notifications(public_url=public_url),
+    )
+    assert link_base(settings) == base

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -355,11 +356,14 @@ async def live_events(
     stop: anyio.Event,
     label: Label = plain_event,
     end_when_gone: bool = True,
+    still_allowed: Callable[[float], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[ServerSentEvent]:
     """The events of one stream: the current fragments, then each change to them, until
     the feed stops or ``stop`` is set (the server is shutting down). ``label`` names
     each event; a shared stream leaves a pruned run out instead of ending
-    (``end_when_gone=False``), as its other pages still watch."""
+    (``end_when_gone=False``), as its other pages still watch. ``still_allowed(since)``
+    is asked before each change is sent: once the person watching was removed, reset
+    or given another role, the stream ends, and the browser's reconnect signs in anew."""
     feed = ctx.feed
     renders = live_renders(ctx)
     subscription = await feed.subscribe()
@@ -392,6 +396,8 @@ async def live_events(
                             yield label(view, fragment.event, fragment.html)
                 item = await _next_or_stop(subscription, stop)
                 if item is None:
+                    return
+                if still_allowed is not None and not await still_allowed(time.monotonic()):
                     return
                 if isinstance(item, Resync):
                     yield label(None, "resync", "missed changes: sending everything")
@@ -460,10 +466,18 @@ def stream(
             headers={"Retry-After": "5"},
         )
     stop = anyio.Event()
+    ctx = context(request)
+    watching = person_of(request)
+
+    async def still_allowed(since: float) -> bool:
+        try:
+            return await ctx.auth.person_now(request.scope, since) == watching
+        except LocalUIError:
+            return False  # the users table cannot be read: the reconnect says so
 
     async def events() -> AsyncIterator[ServerSentEvent]:
         with BROWSER_STREAMS.holding(browser):
-            async for event in live_events(context(request), views, stop, label, end_when_gone):
+            async for event in live_events(ctx, views, stop, label, end_when_gone, still_allowed):
                 yield event
 
     return EventSourceResponse(

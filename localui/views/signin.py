@@ -13,7 +13,16 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 from starlette.types import Scope
 
-from localui.auth import Locked, SigninPage, person_of, safe_next, without_token
+from localui.auth import (
+    Locked,
+    Person,
+    SigninPage,
+    SwitchPage,
+    client_key,
+    person_of,
+    safe_next,
+    without_token,
+)
 from localui.settings import Settings
 from localui.views.common import context
 from localui.views.urls import Urls, urls_of, urls_of_scope
@@ -29,6 +38,25 @@ def signin_page_renderer(templates: Jinja2Templates, settings: Settings) -> Sign
         looked = scope.get("method") in ("GET", "HEAD") and not here.endswith("/signin")
         next_url = here if looked else root + "/"
         return _page(templates, settings, urls_of_scope(scope), message, next_url, status)
+
+    return render
+
+
+def switch_page_renderer(templates: Jinja2Templates, settings: Settings) -> SwitchPage:
+    """What a sign-in link for someone else answers a browser already signed in: who
+    is signed in, whom the link signs in, and a button to switch (a POST, so another
+    site cannot press it); nothing changes until it is pressed."""
+
+    def render(scope: Scope, current: Person, offered: Person, token: str) -> Response:
+        html = templates.get_template("pages/signin_switch.html").render(
+            current=current,
+            offered=offered,
+            token=token,
+            next_url=without_token(scope),
+            settings=settings,
+            urls=urls_of_scope(scope),
+        )
+        return HTMLResponse(html, status_code=200, headers={"Cache-Control": "no-store"})
 
     return render
 
@@ -58,7 +86,7 @@ async def signin(request: Request) -> Response:
     form = await request.form()
     next_url = safe_next(str(form.get("next") or ""), root)
     auth = ctx.auth
-    client = request.client.host if request.client else "local"
+    client = client_key(request.scope)
     try:
         found = await auth.check_token(str(form.get("token") or "").strip(), client)
     except Locked as exc:
@@ -75,8 +103,6 @@ async def signin(request: Request) -> Response:
 
 
 async def signout(request: Request) -> Response:
-    auth = context(request).auth
-    root = request.scope.get("root_path", "")
     response = RedirectResponse(urls_of(request).path("signin"), status_code=303)
-    response.delete_cookie(auth.cookie, path=root or "/", httponly=True, samesite="strict")
+    context(request).auth.clear_session(response, request.scope)
     return response

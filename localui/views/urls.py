@@ -34,7 +34,7 @@ from starlette.routing import Mount, Route, Router
 from starlette.types import Scope
 
 from localui.notify.formats import Links
-from localui.settings import Settings
+from localui.settings import APP_HOST, LOOPBACK_NAMES, Settings
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _TILDE_BYTE = re.compile(r"(?:~[0-9A-Fa-f]{2})+")
@@ -190,12 +190,15 @@ def urls_of_scope(scope: Scope) -> Urls:
 
 def link_base(settings: Settings) -> str:
     """Where deep links in messages point: ``--public-url``, else this server's own
-    address (a wildcard ``--host`` named by the machine's name) under ``--root-path``."""
+    address (a wildcard ``--host`` named by the machine's name, loopback by localui's
+    own name, where the session cookie lives) under ``--root-path``."""
     if settings.notifications.public_url:
         return settings.notifications.public_url.rstrip("/")
     host = settings.host
     if host in ("0.0.0.0", "::", ""):
         host = socket.getfqdn()
+    elif host in LOOPBACK_NAMES:
+        host = APP_HOST
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{settings.port}{settings.root_path}"
 
