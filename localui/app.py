@@ -25,6 +25,7 @@ from localui.backends.users import new_token
 from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed
 from localui.paths import static_dir, templates_dir
+from localui.recovery import RecoverySweep
 from localui.registry import Registry
 from localui.security import BodyLimitMiddleware, GuardMiddleware, SecurityHeadersMiddleware
 from localui.settings import Settings
@@ -85,6 +86,12 @@ def build_routes() -> list[Route | Mount]:
             action_views.resume_run,
             methods=["POST"],
             name="resume_run",
+        ),
+        Route(
+            "/runs/{execution_id:localui_id}/reopen",
+            action_views.reopen_pause,
+            methods=["POST"],
+            name="reopen_pause",
         ),
         Route(
             "/runs/{execution_id:localui_id}/fork",
@@ -208,7 +215,9 @@ def create_app(
         opened = backend if backend is not None else open_backend(settings)
         templates.env.globals["store_label"] = opened.label
         registry = Registry(agents={a.name: a for a in agents})
-        decisions = opened.decision_log(writable=not settings.read_only)
+        decisions = opened.decision_log(
+            writable=not settings.read_only, lease_seconds=settings.claim_lease_seconds
+        )
         if settings.sign_in.required:
             auth.users = opened.users(writable=False)
         actions = ActionService(
@@ -232,10 +241,16 @@ def create_app(
             auth=auth,
             signer=Signer(),
         )
+        # A read-only server changes nothing, so it carries no decision out either.
+        recovery = None if settings.read_only else RecoverySweep(actions)
         await feed.start()
+        if recovery is not None:
+            await recovery.start()
         try:
             yield
         finally:
+            if recovery is not None:
+                await recovery.stop()
             # Ends every open live stream with the app.
             await feed.stop()
             decisions.close()

@@ -15,7 +15,7 @@ from typing import Any
 
 from localui.errors import LocalUIError
 from localui.registry import Registry, RegistryError, load_spec
-from localui.settings import LOOPBACK_NAMES, ROLES, Settings, SignIn
+from localui.settings import CLAIM_LEASE_SECONDS, LOOPBACK_NAMES, ROLES, Settings, SignIn
 
 DEFAULT_PORT = 8765
 
@@ -41,6 +41,15 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         help="Another Host header name to answer to (loopback names always are).",
     )
     parser.add_argument("--read-only", action="store_true", help="Show everything, change nothing.")
+    parser.add_argument(
+        "--claim-lease",
+        type=float,
+        default=CLAIM_LEASE_SECONDS,
+        metavar="SECONDS",
+        help="A decision whose process has not said it is alive for this long was left by a"
+        " process that died: another localui on the store carries it out"
+        f" (default {CLAIM_LEASE_SECONDS:g}).",
+    )
     parser.add_argument(
         "--root-path",
         default="",
@@ -347,6 +356,7 @@ def _settings(args: argparse.Namespace, store: str) -> Settings:
         host=args.host,
         port=args.port,
         read_only=args.read_only,
+        claim_lease_seconds=args.claim_lease,
         allowed_hosts=tuple(args.allow_host),
         pg_schema=getattr(args, "pg_schema", "fastaiagent"),
         pg_app_schema=getattr(args, "pg_app_schema", "localui"),

@@ -49,6 +49,7 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "run_json": (("from", "rows"), ()),
     "run_bundle": (("redact",), ()),
     "resume_run": ((), ("checkpoint_id", "actor", "confirm")),
+    "reopen_pause": ((), ("checkpoint_id", "actor")),
     "fork_run": ((), ("checkpoint_id", "input")),
     "approvals": (QUEUE, ()),
     "approvals_json": (QUEUE, ()),

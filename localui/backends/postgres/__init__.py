@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from localui import runs
 from localui.backends.base import ChangeSource, DecisionLog, Prunes, StoreTarget, UserDirectory
+from localui.backends.decisions import ABANDONED_AFTER_SECONDS
 from localui.backends.postgres.changes import PostgresChangeSource
 from localui.backends.postgres.decisions import PostgresDecisionLog
 from localui.backends.postgres.prune import PostgresPrune
@@ -38,8 +39,12 @@ class PostgresBackend:
     def change_source(self) -> ChangeSource:
         return PostgresChangeSource(self.dsn, schema=self.schema, app_schema=self.app_schema)
 
-    def decision_log(self, *, writable: bool) -> DecisionLog:
-        return PostgresDecisionLog(self.dsn, schema=self.app_schema, writable=writable)
+    def decision_log(
+        self, *, writable: bool, lease_seconds: float = ABANDONED_AFTER_SECONDS
+    ) -> DecisionLog:
+        return PostgresDecisionLog(
+            self.dsn, schema=self.app_schema, writable=writable, lease_seconds=lease_seconds
+        )
 
     def users(self, *, writable: bool) -> UserDirectory:
         return PostgresUsers(self.dsn, schema=self.app_schema, writable=writable)

@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 
 from localui.backends.decisions import (
     ABANDONED_AFTER_SECONDS,
+    ADDED_COLUMNS,
     COLUMN_NAMES,
     TABLE,
     decision_from_row,
@@ -33,10 +34,23 @@ from localui.records import Claim, Decision
 CLAIM_ATTEMPTS = 5
 
 _COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in COLUMN_NAMES)
-#: The same list on a table made before ``metadata`` was kept, which a read-only log
-#: may not migrate.
-_COLUMNS_BEFORE_METADATA = sql.SQL(", ").join(
-    [*(sql.Identifier(c) for c in COLUMN_NAMES[:-1]), sql.SQL("NULL AS metadata")]
+
+
+def _columns_of(present: set[str]) -> sql.Composable:
+    """The select list on a table holding ``present``, which a read-only log may not
+    migrate: the columns added since read as NULL."""
+    return sql.SQL(", ").join(
+        sql.Identifier(c)
+        if c in present or c not in ADDED_COLUMNS
+        else sql.SQL("NULL AS {}").format(sql.Identifier(c))
+        for c in COLUMN_NAMES
+    )
+
+
+#: A claim's lease has run out: no outcome, and no word from its process for too long.
+_ABANDONED = (
+    "outcome IS NULL AND COALESCE(heartbeat_at, decided_at)"
+    " < clock_timestamp() - make_interval(secs => %s)"
 )
 
 
@@ -47,7 +61,15 @@ def _decision(row: dict[str, Any]) -> Decision:
 class PostgresDecisionLog:
     """:class:`localui.backends.base.DecisionLog` in ``{schema}.localui_decisions``."""
 
-    def __init__(self, dsn: str, *, schema: str = "localui", writable: bool = True) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "localui",
+        writable: bool = True,
+        lease_seconds: float = ABANDONED_AFTER_SECONDS,
+    ) -> None:
+        self.lease_seconds = lease_seconds
         self.schema = identifier(schema, "--pg-app-schema")
         #: The table's name as ``to_regclass`` and messages read it.
         self.table = f"{self.schema}.{TABLE}"
@@ -64,7 +86,7 @@ class PostgresDecisionLog:
         #: Whether the table is known to exist (a writable log makes it now).
         self._has_table = writable
         #: The select list the table can answer (see ``_table_exists``).
-        self._columns = _COLUMNS
+        self._columns: sql.Composable = _COLUMNS
         self._pool = Pool(
             dsn, name="localui-decisions", read_only=not writable, privileges=privileges
         )
@@ -100,11 +122,16 @@ class PostgresDecisionLog:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
             exists = conn.execute("SELECT to_regclass(%s)", (self._regclass(),)).fetchone()[0]
             if exists is not None:
-                if not self._has_metadata(conn):
-                    # A table made before the metadata was kept: its records keep NULL.
-                    conn.execute(
-                        self._sql("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS metadata JSONB")
-                    )
+                present = self._present_columns(conn)
+                for column, (_, kind) in ADDED_COLUMNS.items():
+                    if column not in present:
+                        # A table made before the column existed: old records keep NULL.
+                        conn.execute(
+                            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
+                                self._table, sql.Identifier(column), sql.SQL(kind)
+                            )
+                        )
+                self._create_open_index(conn)
                 return
             has_schema = conn.execute(
                 "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)
@@ -126,6 +153,8 @@ class PostgresDecisionLog:
                     detail        TEXT,
                     finished_at   TIMESTAMPTZ,
                     metadata      JSONB,
+                    heartbeat_at  TIMESTAMPTZ,
+                    rearmed_checkpoint_id TEXT,
                     UNIQUE (kind, execution_id, checkpoint_id)
                 )"""
                 )
@@ -135,14 +164,23 @@ class PostgresDecisionLog:
                     sql.Identifier(f"{TABLE}_run"), self._table
                 )
             )
+            self._create_open_index(conn)
 
-    def _has_metadata(self, conn: Any) -> bool:
-        found = conn.execute(
-            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s)"
-            " AND attname = 'metadata' AND NOT attisdropped",
+    def _create_open_index(self, conn: Any) -> None:
+        """The claims still being carried out, which the recovery sweep reads each poll."""
+        conn.execute(
+            sql.SQL(
+                "CREATE INDEX IF NOT EXISTS {} ON {} (decided_at) WHERE outcome IS NULL"
+            ).format(sql.Identifier(f"{TABLE}_open"), self._table)
+        )
+
+    def _present_columns(self, conn: Any) -> set[str]:
+        rows = conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attnum > 0 AND NOT attisdropped",
             (self._regclass(),),
-        ).fetchone()
-        return found is not None
+        ).fetchall()
+        return {str(r["attname"] if isinstance(r, dict) else r[0]) for r in rows}
 
     def _regclass(self) -> str:
         """The table as ``to_regclass`` parses it: quoted, so the name is taken as is."""
@@ -167,12 +205,11 @@ class PostgresDecisionLog:
             with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 existing = cur.execute(
                     self._sql(
-                        "SELECT {columns}, outcome IS NULL AND decided_at < clock_timestamp()"
-                        " - make_interval(secs => %s) AS abandoned"
+                        "SELECT {columns}, " + _ABANDONED + " AS abandoned"
                         " FROM {table} WHERE kind = %s AND execution_id = %s"
                         " AND checkpoint_id = %s FOR UPDATE"
                     ),
-                    (ABANDONED_AFTER_SECONDS, *key),
+                    (self.lease_seconds, *key),
                 ).fetchone()
                 if existing is not None:
                     if not existing["abandoned"] or not still_pending():
@@ -228,6 +265,55 @@ class PostgresDecisionLog:
             raise LookupError(f"decision {decision_id} is gone from {self.table}")
         return _decision(row)
 
+    def heartbeat(self, decision_id: int) -> None:
+        with self._pool.connection() as conn:
+            conn.execute(
+                self._sql(
+                    "UPDATE {table} SET heartbeat_at = clock_timestamp()"
+                    " WHERE id = %s AND outcome IS NULL"
+                ),
+                (decision_id,),
+            )
+
+    def set_rearmed(self, decision_id: int, checkpoint_id: str) -> None:
+        with self._pool.connection() as conn:
+            conn.execute(
+                self._sql(
+                    "UPDATE {table} SET rearmed_checkpoint_id = %s,"
+                    " heartbeat_at = clock_timestamp() WHERE id = %s AND outcome IS NULL"
+                ),
+                (checkpoint_id, decision_id),
+            )
+
+    def list_abandoned(self) -> tuple[Decision, ...]:
+        from psycopg.rows import dict_row
+
+        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(
+                self._sql(
+                    "SELECT {columns} FROM {table} WHERE "
+                    + _ABANDONED
+                    + " ORDER BY decided_at ASC, id ASC"
+                ),
+                (self.lease_seconds,),
+            ).fetchall()
+        return tuple(_decision(r) for r in rows)
+
+    def take_over(self, decision_id: int) -> Decision | None:
+        from psycopg.rows import dict_row
+
+        # One UPDATE that only matches while the lease is out: of processes that try
+        # together, the first to lock the row wins and the others match nothing.
+        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                self._sql(
+                    "UPDATE {table} SET heartbeat_at = clock_timestamp()"
+                    " WHERE id = %s AND " + _ABANDONED + " RETURNING {columns}"
+                ),
+                (decision_id, self.lease_seconds),
+            ).fetchone()
+        return None if row is None else _decision(row)
+
     def release(self, decision_id: int) -> None:
         with self._pool.connection() as conn:
             conn.execute(self._sql("DELETE FROM {table} WHERE id = %s"), (decision_id,))
@@ -235,8 +321,8 @@ class PostgresDecisionLog:
     def _table_exists(self, cur: Any) -> bool:
         if not self._has_table:
             found = cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()
-            if found["t"] is not None and not self._has_metadata(cur):
-                self._columns = _COLUMNS_BEFORE_METADATA
+            if found["t"] is not None:
+                self._columns = _columns_of(self._present_columns(cur))
             self._has_table = found["t"] is not None
         return self._has_table
 

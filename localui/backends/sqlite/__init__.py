@@ -8,6 +8,7 @@ from typing import cast
 
 from localui import runs
 from localui.backends.base import ChangeSource, DecisionLog, Prunes, StoreTarget, UserDirectory
+from localui.backends.decisions import ABANDONED_AFTER_SECONDS
 from localui.backends.sqlite.changes import SQLiteChangeSource
 from localui.backends.sqlite.decisions import SQLiteDecisionLog
 from localui.backends.sqlite.store import SQLiteStore
@@ -28,8 +29,10 @@ class SQLiteBackend:
     def change_source(self) -> ChangeSource:
         return SQLiteChangeSource(self.store.path)
 
-    def decision_log(self, *, writable: bool) -> DecisionLog:
-        return SQLiteDecisionLog(self.path, writable=writable)
+    def decision_log(
+        self, *, writable: bool, lease_seconds: float = ABANDONED_AFTER_SECONDS
+    ) -> DecisionLog:
+        return SQLiteDecisionLog(self.path, writable=writable, lease_seconds=lease_seconds)
 
     def users(self, *, writable: bool) -> UserDirectory:
         return SQLiteUsers(self.path, writable=writable)
