@@ -194,6 +194,8 @@ class CrashStore:
     runs: list[str]
     sdk: Any
     open_log: Callable[[], DecisionLog]
+    #: What ``Settings`` needs besides ``store`` to serve it in this process.
+    settings_of: dict[str, str]
 
     def serve(self, name: str, holds: Path | None = None) -> LocalServer:
         env = dict(self.env)
@@ -245,6 +247,7 @@ def crash_store(
         path = workdir / "local.db"
         env.update(CRASH_STORE=str(path), FASTAIAGENT_LOCAL_DB=str(path))
         store_args = ["--store", str(path)]
+        settings_of: dict[str, str] = {}
 
         def open_log() -> DecisionLog:
             return SQLiteDecisionLog(path)
@@ -258,6 +261,7 @@ def crash_store(
         schema, app_schema = pg_name("crash"), pg_name("crash_ui")
         env.update(CRASH_STORE=dsn, CRASH_SCHEMA=schema)
         store_args = ["--store", dsn, "--pg-schema", schema, "--pg-app-schema", app_schema]
+        settings_of = {"pg_schema": schema, "pg_app_schema": app_schema}
 
         def open_log() -> DecisionLog:
             return PostgresDecisionLog(dsn, schema=app_schema)
@@ -275,7 +279,16 @@ def crash_store(
     try:
         runs = [asyncio.run(crash_agent.pause(agent, f"O{i}")) for i in range(1, 5)]
         yield CrashStore(
-            request.param, env["CRASH_STORE"], store_args, env, workdir, ledger, runs, sdk, open_log
+            request.param,
+            env["CRASH_STORE"],
+            store_args,
+            env,
+            workdir,
+            ledger,
+            runs,
+            sdk,
+            open_log,
+            settings_of,
         )
     finally:
         sdk.close()
@@ -418,3 +431,164 @@ def test_the_other_process_takes_over_when_the_one_holding_the_claim_dies(
     assert crash.run_ends(run) == ["completed"]
     assert len(crash.effects("pay_out", run)) == 1
     assert crash.waiting() == set(crash.runs[1:])
+
+
+# --- the operator's "Re-open this pause for a decision" ------------------------------
+
+
+@contextlib.contextmanager
+def _app(crash: CrashStore, **settings: Any) -> Iterator[TestClient]:
+    """The app over the crash store in this process, sign-in on (the start-up token is
+    an operator's), the payout-bot registered."""
+    from conftest import BASE_URL
+    from helpers import LOOPBACK_CLIENT, sign_in_settings
+    from starlette.testclient import TestClient
+
+    from bench import crash_agent
+    from localui.app import create_app
+    from localui.settings import Settings
+
+    agent = crash_agent.payout_bot()
+    made = Settings(store=crash.store, sign_in=sign_in_settings(), **crash.settings_of, **settings)
+    try:
+        with TestClient(
+            create_app(made, agents=[agent]), base_url=BASE_URL, client=LOOPBACK_CLIENT
+        ) as client:
+            yield client
+    finally:
+        agent._checkpointer.close()
+
+
+def _as(token: str, **more: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", "Accept": "application/json", **more}
+
+
+def _orphan(crash: CrashStore, run: str) -> str:
+    """What a process that claimed the pause through the SDK and died leaves: the
+    paused row newest, its pending row gone. The paused row's id."""
+    assert crash.sdk.delete_pending_interrupt_atomic(run) is not None
+    return str(crash.sdk.get_last(run).checkpoint_id)
+
+
+def _reopen(client: TestClient, run: str, checkpoint_id: str, headers: dict[str, str]) -> Any:
+    return client.post(
+        f"/runs/{run}/reopen", data={"checkpoint_id": checkpoint_id}, headers=headers
+    )
+
+
+def test_an_operator_reopens_an_orphaned_pause_once_and_it_is_decided(
+    crash_store: CrashStore,
+) -> None:
+    from helpers import TEST_TOKEN, all_at_once
+
+    from localui.backends.users import new_token, token_hash
+
+    crash = crash_store
+    run = crash.runs[0]
+    paused = _orphan(crash, run)
+    with _app(crash) as client:
+        users = client.app.state.localui.backend.users(writable=True)  # type: ignore[attr-defined]
+        approver = new_token()
+        users.add("Bea", "approver", token_hash(approver))
+        users.close()
+        operator = _as(TEST_TOKEN)
+
+        page = client.get(f"/runs/{run}.json", headers=operator).json()
+        assert (page["state"], page["orphan"]["checkpoint_id"]) == ("orphaned", paused)
+        assert page["orphan"]["carried_by"] is None
+        assert "runs again from the top" in page["orphan"]["rerun"]
+        html = client.get(f"/runs/{run}", headers={"Authorization": f"Bearer {TEST_TOKEN}"})
+        assert "Re-open this pause for a decision" in html.text
+
+        refused = _reopen(client, run, paused, _as(approver))
+        assert refused.status_code == 403 and "needs operator" in refused.json()["error"]["message"]
+        cross = _reopen(client, run, paused, _as(TEST_TOKEN, Origin="http://evil.example"))
+        assert cross.status_code == 403
+        assert client.get(f"/runs/{run}/reopen", headers=operator).status_code == 405
+        assert run not in crash.waiting()
+
+        answers = all_at_once(4, lambda _: _reopen(client, run, paused, operator))
+        assert sorted(a.status_code for a in answers) == [200, 409, 409, 409]
+        assert crash.waiting() == set(crash.runs)
+        shown = next(
+            item
+            for item in client.get("/approvals.json", headers=operator).json()["approvals"]
+            if item["execution_id"] == run
+        )
+        assert shown["checkpoint_id"] != paused
+        decided = decide(client, run, shown["checkpoint_id"], headers=operator)
+        assert decided.status_code == 200, decided.text
+        assert decided.json()["status"] == "completed"
+    assert crash.run_ends(run) == ["completed"]
+    assert len(crash.effects("pay_out", run)) == 1
+
+
+def test_reopen_refuses_a_run_that_moved_on_a_waiting_pause_and_read_only(
+    crash_store: CrashStore,
+) -> None:
+    from helpers import TEST_TOKEN
+
+    crash = crash_store
+    done, waiting, orphan = crash.runs[:3]
+    operator = _as(TEST_TOKEN)
+    orphaned_row = _orphan(crash, orphan)
+    with _app(crash) as client:
+        seen = next(
+            item["checkpoint_id"]
+            for item in client.get("/approvals.json", headers=operator).json()["approvals"]
+            if item["execution_id"] == done
+        )
+        assert decide(client, done, seen, headers=operator).status_code == 200
+        moved = _reopen(client, done, seen, operator)
+        assert moved.status_code == 409 and "moved on" in moved.json()["error"]["message"]
+        waiting_row = str(crash.sdk.get_last(waiting).checkpoint_id)
+        still = _reopen(client, waiting, waiting_row, operator)
+        assert still.status_code == 409 and "already waiting" in still.json()["error"]["message"]
+        assert _reopen(client, orphan, "", operator).status_code == 400
+    with _app(crash, read_only=True) as reader:
+        assert _reopen(reader, orphan, orphaned_row, operator).status_code == 403
+    assert crash.run_ends(done) == ["completed"]
+    assert crash.waiting() == {waiting, *crash.runs[3:]}
+
+
+def test_an_orphan_a_dead_process_decided_is_carried_out_not_reopened(
+    crash_store: CrashStore,
+) -> None:
+    from helpers import TEST_TOKEN
+
+    crash = crash_store
+    run = crash.runs[0]
+    paused = str(crash.sdk.get_last(run).checkpoint_id)
+    log = crash.open_log()
+    try:
+        # Exactly what a process killed right after the SDK's claim leaves behind.
+        claim = log.claim(
+            kind=APPROVAL,
+            execution_id=run,
+            checkpoint_id=paused,
+            approved=True,
+            actor="Cy",
+            reason="",
+            still_pending=lambda: True,
+            metadata={"approver": "Cy", "reason": ""},
+        )
+        assert claim.won
+    finally:
+        log.close()
+    _orphan(crash, run)
+    with _app(crash, claim_lease_seconds=600.0) as client:
+        # Its process may still be alive for all this one knows: nobody re-opens it.
+        page = client.get(f"/runs/{run}.json", headers=_as(TEST_TOKEN)).json()
+        assert page["state"] == "orphaned"
+        assert "Cy approved this pause" in page["orphan"]["carried_by"]
+        refused = _reopen(client, run, paused, _as(TEST_TOKEN))
+        assert refused.status_code == 409 and "carries that" in refused.json()["error"]["message"]
+    assert crash.waiting() == set(crash.runs[1:])
+    with _app(crash, claim_lease_seconds=1.0):
+        # Silent for longer than the lease: this process carries the decision out.
+        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        while crash.run_ends(run) != ["completed"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert crash.run_ends(run) == ["completed"]
+    [tool_ran] = crash.effects("tool_ran", run)
+    assert tool_ran["metadata"] == {"approver": "Cy", "reason": ""}
