@@ -16,7 +16,7 @@ Budgets, per round, read from the SDK's own rows, localui's decision record and 
 agent's ledger of real effects: 0 pauses lost (an orphaned pause, or one neither
 waiting nor ended), 0 decided twice (two run ends, two recorded decisions or two
 payouts on a run), and every recorded decision carried out once (finished, and its
-payout made exactly once).
+payout made; a payout repeated by a kill inside the tool is counted apart).
 """
 
 from __future__ import annotations
@@ -79,6 +79,10 @@ class Round:
     lost: int = 0
     decided_twice: int = 0
     not_carried_out_once: int = 0
+    #: Runs whose payout was made twice: the process died inside the tool after the
+    #: payout and before the SDK cached it (``@idempotent`` writes its cache row after
+    #: the call returns), so the re-armed tool, run again from the top, made it again.
+    repeated_effects: int = 0
     still_waiting: int = 0
     completed: int = 0
     seconds: float = 0.0
@@ -196,10 +200,9 @@ def _approve(served: Served, run: str, approver: str, result: Round, lock: threa
                 queue = client.get("/approvals.json", params={"order": "oldest"}).json()
                 cards = [a for a in queue["approvals"] if a["execution_id"] == run]
                 if not cards:
-                    detail = client.get(f"/approvals/{run}.json")
-                    if detail.status_code != 200:
-                        return  # decided, or being carried out: nothing to click
-                    cards = [detail.json()]
+                    with lock:
+                        result.answered += 1
+                    return  # decided, or being carried out: nothing left to click
                 answer = client.post(
                     f"/approvals/{run}/approve",
                     data={
@@ -218,7 +221,8 @@ def _approve(served: Served, run: str, approver: str, result: Round, lock: threa
                 else:
                     result.problems.append(f"{run}: {answer.status_code} {answer.text[:200]}")
             return
-        except (httpx.TransportError, ValueError, KeyError):
+        except (httpx.TransportError, ValueError):
+            # Cut off by a kill (or an answer cut short): sent again once it is back.
             with lock:
                 result.retried += 1
             time.sleep(0.5)
@@ -323,32 +327,43 @@ def _orphans(runs: list[str], sdk: Any) -> list[str]:
 def _judge(runs: list[str], sdk: Any, postgres: bool, env: dict[str, str], result: Round) -> None:
     ledger = Path(env["CRASH_LEDGER"])
     lines = [json.loads(x) for x in ledger.read_text().splitlines()] if ledger.exists() else []
-    payouts: dict[str, int] = {}
-    for line in lines:
-        if line["effect"] == "pay_out":
-            payouts[line["order_id"]] = payouts.get(line["order_id"], 0) + 1
     waiting = {p.execution_id for p in sdk.list_pending_interrupts(limit=1000)}
     orphans = set(_orphans(runs, sdk))
     decisions = _open_decisions(env, postgres)
     try:
         for run in runs:
             order = run.split("-")[1]
+            mine = [x for x in lines if x["order_id"] == order]
+            payouts = sum(1 for x in mine if x["effect"] == "pay_out")
+            # Each distinct decision the tool was handed.
+            seen = {
+                json.dumps([x["approved"], x["metadata"]], sort_keys=True)
+                for x in mine
+                if x["effect"] == "tool_ran"
+            }
             ends = [c.status for c in sdk.list(run, limit=500) if c.step_type == "run_end"]
-            recorded = [d for d in decisions.list_for_run(run) if d.kind == "approval"]
+            recorded = [
+                d
+                for d in decisions.list_for_run(run)
+                if d.kind == "approval" and d.outcome != "already_resumed"
+            ]
             if run in orphans or (not ends and run not in waiting):
                 result.lost += 1
             if run in waiting:
                 result.still_waiting += 1
             if ends == ["completed"]:
                 result.completed += 1
-            if len(ends) > 1 or len(recorded) > 1 or payouts.get(order, 0) > 1:
+            if len(ends) > 1 or len(recorded) > 1 or len(seen) > 1:
                 result.decided_twice += 1
+            if payouts > 1:
+                result.repeated_effects += 1
             for d in recorded:
                 if d.outcome == "completed":
                     result.recovered += 1
                 if d.rearmed_checkpoint_id is not None:
                     result.rearmed += 1
-                if d.outcome != "completed" or payouts.get(order, 0) != 1:
+                handed = json.dumps([d.approved, dict(d.metadata or {})], sort_keys=True)
+                if d.outcome != "completed" or handed not in seen or payouts == 0:
                     result.not_carried_out_once += 1
     finally:
         decisions.close()
@@ -368,16 +383,23 @@ def run_kill9(dsn: str | None, log: Log, out: Path, rounds: int = ROUNDS) -> int
         f" within {KILL_WITHIN_S} s, `--claim-lease {LEASE_SECONDS}`.",
         "",
         "| round | kills | lost | decided twice | not carried out once | carried out after"
-        " a restart | re-armed | 200 / 409 / retried | seconds |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " a restart | re-armed | payout repeated | 200 / 409 / retried | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r.number} | {r.kills} | {r.lost} | {r.decided_twice} | {r.not_carried_out_once}"
-            f" | {r.recovered} | {r.rearmed} | {r.decided_by_request} / {r.conflicts} /"
+            f" | {r.recovered} | {r.rearmed} | {r.repeated_effects}"
+            f" | {r.decided_by_request} / {r.conflicts} /"
             f" {r.retried} | {r.seconds:.0f} |"
         )
-    lines += ["", "Budgets: 0 lost, 0 decided twice, 0 not carried out once, every round."]
+    lines += [
+        "",
+        "Budgets: 0 lost, 0 decided twice, 0 not carried out once, every round. A payout"
+        " repeated is a kill inside the tool between the payout and its cache row: the"
+        " re-armed tool runs again from the top (README, SDK caveats); it is counted, not"
+        " budgeted.",
+    ]
     problems = [p for r in results for p in r.problems]
     if problems:
         lines += ["", "Problems:", *(f"- {p}" for p in problems)]

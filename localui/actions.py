@@ -321,6 +321,11 @@ class ActionService:
             # rows the check reads, so say who decided rather than what they now show.
             await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
             raise Refused(problem)
+        for earlier in await asyncio.to_thread(self.decisions.list_for_run, execution_id):
+            if earlier.kind == APPROVAL and earlier.rearmed_checkpoint_id == checkpoint_id:
+                # localui wrote this pause again to carry out a decision whose process
+                # died: that decision is being carried out, and no other may be.
+                raise AlreadyDecided(f"This pause was {_decided_words(earlier)}.", earlier)
         owner = runs.run_owner(await asyncio.to_thread(self.store.list_rows, execution_id))
         resume_metadata = {**(metadata or {}), "approver": approver, "reason": reason}
 
@@ -499,10 +504,10 @@ class ActionService:
             raise Refused(f"no runner named {owner.name!r} is registered here")
         return runner._checkpointer  # the SDK keeps it here and offers no accessor
 
-    def rearm(self, execution_id: str, checkpoint_id: str, owner: runs.Owner) -> str:
+    def rearm(self, execution_id: str, checkpoint_id: str, owner: runs.Owner, new_id: str) -> str:
         """Write the paused row ``checkpoint_id`` again with its pending row, through the
         SDK's ``record_interrupt`` (one transaction): the same node, snapshot, context
-        and agent path under a new checkpoint id. Returns that id.
+        and agent path under the checkpoint id ``new_id``. Returns that id.
 
         The SDK's own restore from its plane re-creates a pause the same way; the
         caller has checked that the run has not moved on.
@@ -513,7 +518,7 @@ class ActionService:
         paused = checkpointer.get_by_id(execution_id, checkpoint_id)
         if paused is None or paused.status != "interrupted":
             raise Conflict(f"row {checkpoint_id} of run {execution_id!r} is not a paused row")
-        again = paused.model_copy(update={"checkpoint_id": str(uuid.uuid4()), "created_at": ""})
+        again = paused.model_copy(update={"checkpoint_id": new_id, "created_at": ""})
         pending = PendingInterrupt(
             execution_id=again.execution_id,
             chain_name=again.chain_name,
@@ -561,7 +566,9 @@ class ActionService:
         execution_id = decision.execution_id
         rows = await asyncio.to_thread(self.store.list_rows, execution_id)
         pending = await asyncio.to_thread(self.store.get_pending, execution_id)
-        bound = decision.bound_checkpoint_id
+        bound = decision.checkpoint_id
+        if any(r.checkpoint_id == decision.rearmed_checkpoint_id for r in rows):
+            bound = decision.bound_checkpoint_id  # re-armed before: that row is its pause
         newest = rows[-1] if rows else None
         if newest is None or newest.checkpoint_id != bound:
             return await self._close_moved_on(decision, newest)
@@ -578,8 +585,11 @@ class ActionService:
         if pending is None:
             if newest.status != "interrupted":
                 return await self._close_moved_on(decision, newest)
-            rearmed = await asyncio.to_thread(self.rearm, execution_id, bound, owner)
+            # Recorded before the pending row exists: a person who sees the re-armed
+            # pause in the queue is told it is decided, never given it to decide again.
+            rearmed = str(uuid.uuid4())
             await asyncio.to_thread(self.decisions.set_rearmed, decision.id, rearmed)
+            await asyncio.to_thread(self.rearm, execution_id, bound, owner, rearmed)
         metadata = decision.metadata
         if metadata is None:
             # Recorded before the metadata was kept: what ``decide`` handed the SDK then.
@@ -617,7 +627,7 @@ class ActionService:
             if rows:
                 owner = runs.run_owner(rows)
                 rearmed = await asyncio.to_thread(
-                    self.rearm, execution_id, decision.checkpoint_id, owner
+                    self.rearm, execution_id, decision.checkpoint_id, owner, str(uuid.uuid4())
                 )
                 return await self._reopened(decision, rearmed)
         if pending is not None:
@@ -670,7 +680,9 @@ class ActionService:
         try:
             # Checked again under the claim: another process may have acted in between.
             await asyncio.to_thread(self.orphan_of, execution_id, checkpoint_id)
-            rearmed = await asyncio.to_thread(self.rearm, execution_id, checkpoint_id, owner)
+            rearmed = await asyncio.to_thread(
+                self.rearm, execution_id, checkpoint_id, owner, str(uuid.uuid4())
+            )
         except BaseException:
             await asyncio.to_thread(self.decisions.release, claim.decision.id)
             raise

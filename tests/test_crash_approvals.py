@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from helpers import LocalServer, card, decide, start_localui
+from helpers import TEST_TOKEN, LocalServer, card, decide, start_localui
 
+from localui import runs
 from localui.backends.base import DecisionLog
 from localui.backends.postgres.decisions import PostgresDecisionLog
 from localui.backends.sqlite.decisions import SQLiteDecisionLog
@@ -592,3 +593,39 @@ def test_an_orphan_a_dead_process_decided_is_carried_out_not_reopened(
     assert crash.run_ends(run) == ["completed"]
     [tool_ran] = crash.effects("tool_ran", run)
     assert tool_ran["metadata"] == {"approver": "Cy", "reason": ""}
+
+
+def test_a_pause_rearmed_for_a_recorded_decision_is_not_given_to_anyone_else(
+    crash_store: CrashStore,
+) -> None:
+    crash = crash_store
+    run = crash.runs[0]
+    paused = str(crash.sdk.get_last(run).checkpoint_id)
+    log = crash.open_log()
+    with _app(crash, claim_lease_seconds=600.0) as client:
+        actions = client.app.state.localui.actions  # type: ignore[attr-defined]
+        claim = log.claim(
+            kind=APPROVAL,
+            execution_id=run,
+            checkpoint_id=paused,
+            approved=False,
+            actor="Cy",
+            reason="over budget",
+            still_pending=lambda: True,
+            metadata={"approver": "Cy", "reason": "over budget"},
+        )
+        _orphan(crash, run)
+        # Half-way through a recovery: the pause written again, not yet resumed.
+        rearmed = "rearmed-" + paused
+        log.set_rearmed(claim.decision.id, rearmed)
+        rows = crash.sdk.list(run, limit=500)
+        actions.rearm(run, paused, runs.run_owner(actions.store.list_rows(run)), rearmed)
+        assert len(crash.sdk.list(run, limit=500)) == len(rows) + 1
+        assert run in crash.waiting()
+
+        answer = decide(client, run, rearmed, headers=_as(TEST_TOKEN))
+        assert answer.status_code == 409, answer.text
+        assert "being rejected by Cy" in answer.json()["error"]["message"]
+    log.close()
+    assert run in crash.waiting()
+    assert crash.effects("tool_ran", run) == []
