@@ -37,6 +37,7 @@ import httpx
 from bench import pg, report, store_cache
 from bench.browser import page_weights
 from bench.budgets import all_passed, judge
+from bench.demo_start import measure_demo
 from bench.fleet import measure_fleet
 from bench.kill9 import run_kill9
 from bench.latency import Timing, failed, follow_next, time_get, time_in_turns, warm_up
@@ -73,6 +74,8 @@ class Options:
     app_path: Path | None
     #: The store on PostgreSQL (``--backend postgres``), or None for the SQLite file.
     pg: PgTarget | None = None
+    #: The approval policy every localui server runs under (``--policy``), or None.
+    policy: Path | None = None
 
 
 def _time_all(
@@ -115,6 +118,7 @@ def _inproc(store: BuiltStore, cache: Path, urls: Mapping[str, str], options: Op
             str(options.requests),
             "--warmup",
             str(options.warmup),
+            *(["--policy", str(options.policy)] if options.policy is not None else []),
         ],
         input=json.dumps(dict(urls)),
         capture_output=True,
@@ -139,7 +143,9 @@ def measure_side_by_side(
 ) -> dict[str, Timing]:
     """Our approvals page and the SDK UI's JSON of its queue, both servers up, timed in
     turns (a later start of localui, with what the first left in ``cache``)."""
-    local = start_localui(store.path, cache_dir=cache, app_path=options.app_path, pg=options.pg)
+    local = start_localui(
+        store.path, cache_dir=cache, app_path=options.app_path, pg=options.pg, policy=options.policy
+    )
     try:
         sdk = start_sdk_ui(store.path, venv=sdk_venv)
     except Exception:
@@ -177,7 +183,11 @@ def measure_localui(
             # A cold start on PostgreSQL: no runs index in the app's schema yet.
             drop_schema(options.pg.dsn, options.pg.app_schema)
         server = start_localui(
-            store.path, cache_dir=cache, app_path=options.app_path, pg=options.pg
+            store.path,
+            cache_dir=cache,
+            app_path=options.app_path,
+            pg=options.pg,
+            policy=options.policy,
         )
         result.startup_cold_s = server.startup_s
         result.startup_cpu["cold"] = server.startup_cpu_s
@@ -217,7 +227,11 @@ def measure_localui(
             server.stop()
         # Again, with what the first start left in its cache dir.
         server = start_localui(
-            store.path, cache_dir=cache, app_path=options.app_path, pg=options.pg
+            store.path,
+            cache_dir=cache,
+            app_path=options.app_path,
+            pg=options.pg,
+            policy=options.policy,
         )
         result.startup_warm_s = server.startup_s
         result.startup_cpu["warm"] = server.startup_cpu_s
@@ -227,7 +241,12 @@ def measure_localui(
             result.side_by_side = measure_side_by_side(store, cache, sdk_venv, options, log)
         # And as a viewer, with no agent to resume with: what the app itself costs.
         server = start_localui(
-            store.path, cache_dir=cache, agents=False, app_path=options.app_path, pg=options.pg
+            store.path,
+            cache_dir=cache,
+            agents=False,
+            app_path=options.app_path,
+            pg=options.pg,
+            policy=options.policy,
         )
         try:
             result.viewer_startup_s = server.startup_s
@@ -425,6 +444,25 @@ def build_parser() -> argparse.ArgumentParser:
         " during 100 approvals over 50 pauses, 5 rounds (bench/kill9.py)",
     )
     parser.add_argument(
+        "--demo-starts",
+        type=int,
+        default=5,
+        help="times `localui demo` is started to time its first page and its seeding (the"
+        " medians are judged); 0 skips it",
+    )
+    parser.add_argument(
+        "--only-demo",
+        action="store_true",
+        help="time `localui demo` only (no stores, no pages), and judge its two budgets",
+    )
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="serve localui under this approval policy (bench/policy.toml: two approvals"
+        " and a typed field on every refund pause), so the pages carry the rule's work",
+    )
+    parser.add_argument(
         "--localui-path",
         type=Path,
         default=None,
@@ -472,12 +510,18 @@ def _main(
     sdk_sizes = set(args.sdk_sizes or [largest])
     workdir: Path = args.workdir.resolve()
     stores_dir = workdir / "stores"
-    app_path: Path = args.localui_path.resolve() if args.localui_path else workdir / "app"
+    # A run of its own in a shared --workdir: another bench there must not replace or
+    # delete the app this one serves.
+    app_path: Path = (
+        args.localui_path.resolve() if args.localui_path else workdir / f"app-{os.getpid()}"
+    )
     code = report.git_state()
     app_note = f"a copy at {app_path}, given by --localui-path"
     if args.localui_path is None:
         app_note = f"this checkout, copied at start (digest {snapshot_app(app_path)})"
     compile_app(app_path)
+    if args.only_demo:
+        return _only_demo(args, log, app_path)
     try:
         templates = make_templates(workdir / "templates", log)
         stores: list[BuiltStore] = []
@@ -485,7 +529,9 @@ def _main(
             pending = min(args.pending, size // 10)
             store = _store(templates, stores_dir, size, pending, args.fresh_stores, log)
             if dsn is not None:
-                target = PgTarget(dsn, f"bench_{size}", f"bench_{size}_localui")
+                # The app's schema (its index, dropped at each cold start) is this run's
+                # own: another bench on the same server must not drop it mid-run.
+                target = PgTarget(dsn, f"bench_{size}", f"bench_{size}_localui_{os.getpid()}")
                 key = store_cache.store_key(runs=size, pending=pending, spans=False)
                 if not args.fresh_stores and pg.copied_key(dsn, target.schema) == key:
                     log(f"store {store.label} found in PostgreSQL {target.schema}")
@@ -529,6 +575,7 @@ def _main(
             weights=at_largest and not store.spans,
             app_path=app_path,
             pg=pg_targets.get(store.label),
+            policy=args.policy.resolve() if args.policy else None,
         )
         log(f"measuring {store.label} (load average {os.getloadavg()[0]:.1f})")
         local = measure_localui(store, options, log, sdk_venv=venv)
@@ -549,6 +596,11 @@ def _main(
         runs.append(StoreRun(store=store, localui=local, sdk=sdk, fleet=fleet))
 
     judged = {r.store.label: report.budget_figures(r) for r in runs if r.store.runs == largest}
+    demo = None
+    if args.demo_starts > 0:
+        log(f"timing localui demo, {args.demo_starts} starts (load {os.getloadavg()[0]:.1f})")
+        demo = measure_demo(args.demo_starts, log, app_path)
+        judged["demo"] = demo.figures()
     verdicts = judge(
         judged,
         runs=largest,
@@ -556,9 +608,11 @@ def _main(
         # so on PostgreSQL the pair is reported beside its SQLite file, not judged.
         with_sdk_ui=dsn is None
         and any(r.localui.side_by_side for r in runs if r.store.runs == largest),
+        with_demo=demo is not None,
     )
     errors = [e for r in runs for s in (r.localui, r.sdk) if s is not None for e in s.errors]
     errors += [e for r in runs if r.fleet is not None for e in r.fleet.errors]
+    errors += demo.errors if demo is not None else []
     errors += [
         f"{r.store.label} / fleet {k}: {t.error}"
         for r in runs
@@ -601,6 +655,28 @@ def _main(
     if errors:
         for e in errors:
             log(f"ERROR {e}")
+        return 2
+    return 0 if all_passed(verdicts) else 1
+
+
+def _only_demo(args: argparse.Namespace, log: Log, app_path: Path) -> int:
+    """``--only-demo``: the demo's two budgets, judged on the medians of its starts."""
+    log(f"timing localui demo, {args.demo_starts} starts (load {os.getloadavg()[0]:.1f})")
+    demo = measure_demo(max(1, args.demo_starts), log, app_path)
+    verdicts = [
+        v
+        for v in judge({"demo": demo.figures()}, runs=0, with_sdk_ui=False, with_demo=True)
+        if v.budget.needs_demo
+    ]
+    if args.localui_path is None:
+        shutil.rmtree(app_path, ignore_errors=True)
+    log(f"demo first page: {', '.join(f'{s:.2f}' for s in demo.first_page_s)} s")
+    log(f"demo all seeded: {', '.join(f'{s:.2f}' for s in demo.seeded_s)} s")
+    for v in verdicts:
+        log(f"{'PASS' if v.passed else 'MISS'} {v.budget.what}: {v.worst:.4g} {v.budget.unit}")
+    for e in demo.errors:
+        log(f"ERROR {e}")
+    if demo.errors:
         return 2
     return 0 if all_passed(verdicts) else 1
 

@@ -30,10 +30,17 @@ class Budget:
     below_runs: int | None = None
     #: Judged only when the SDK UI was measured beside localui.
     needs_sdk_ui: bool = False
+    #: Judged only when ``localui demo`` was started (``--demo-starts``).
+    needs_demo: bool = False
 
-    def applies(self, runs: int, *, with_sdk_ui: bool) -> bool:
+    def applies(self, runs: int, *, with_sdk_ui: bool, with_demo: bool = False) -> bool:
         below = self.below_runs is None or runs < self.below_runs
-        return self.min_runs <= runs and below and (with_sdk_ui or not self.needs_sdk_ui)
+        return (
+            self.min_runs <= runs
+            and below
+            and (with_sdk_ui or not self.needs_sdk_ui)
+            and (with_demo or not self.needs_demo)
+        )
 
 
 #: Where the budgets for a million runs begin.
@@ -115,6 +122,22 @@ BUDGETS: tuple[Budget, ...] = (
         ("indexed_s",),
         min_runs=MILLION,
     ),
+    Budget(
+        "demo_first_page",
+        "localui demo: process start to first 200 on /, median of several starts",
+        3,
+        "s",
+        ("demo_first_page_s",),
+        needs_demo=True,
+    ),
+    Budget(
+        "demo_seeded",
+        "localui demo: process start to every demo run seeded, median of several starts",
+        20,
+        "s",
+        ("demo_seeded_s",),
+        needs_demo=True,
+    ),
     Budget("js_css", "JS + CSS per page, uncompressed", 80, "KB", ("js_css_kb",)),
     Budget("js_css_wire", "JS + CSS per page, on the wire", 30, "KB", ("js_css_wire_kb",)),
 )
@@ -135,19 +158,25 @@ class Verdict:
         return not self.missing and not math.isnan(self.worst) and self.worst <= self.budget.limit
 
 
-def applicable(runs: int, *, with_sdk_ui: bool) -> tuple[Budget, ...]:
+def applicable(runs: int, *, with_sdk_ui: bool, with_demo: bool = False) -> tuple[Budget, ...]:
     """The budgets that hold for a largest store of ``runs`` runs."""
-    return tuple(b for b in BUDGETS if b.applies(runs, with_sdk_ui=with_sdk_ui))
+    return tuple(
+        b for b in BUDGETS if b.applies(runs, with_sdk_ui=with_sdk_ui, with_demo=with_demo)
+    )
 
 
 def judge(
-    figures_by_store: Mapping[str, Mapping[str, float]], *, runs: int, with_sdk_ui: bool
+    figures_by_store: Mapping[str, Mapping[str, float]],
+    *,
+    runs: int,
+    with_sdk_ui: bool,
+    with_demo: bool = False,
 ) -> list[Verdict]:
     """Each budget that holds at ``runs`` runs against the figures of every store judged;
     a metric that no store has a figure for is a failure (page weight, say, is measured
     on one store only)."""
     verdicts = []
-    for budget in applicable(runs, with_sdk_ui=with_sdk_ui):
+    for budget in applicable(runs, with_sdk_ui=with_sdk_ui, with_demo=with_demo):
         figures: dict[str, float] = {}
         for store, figures_of_store in figures_by_store.items():
             for metric in budget.metrics:

@@ -51,12 +51,14 @@ async def _measure(
     warmup: int,
     sign_in: str = "off",
     pg: tuple[str, str] | None = None,
+    policy: Path | None = None,
 ) -> dict[str, Any]:
     import httpx
 
     from bench.agents import refund_bot
     from localui.app import create_app
     from localui.backends import open_backend
+    from localui.policy import load_policy
     from localui.registry import Registry
     from localui.settings import Settings, SignIn
 
@@ -66,6 +68,7 @@ async def _measure(
         sign_in=SignIn(required=sign_in != "off", token=TOKEN),
         pg_schema=pg_schema,
         pg_app_schema=pg_app_schema,
+        policy=load_policy(policy) if policy is not None else None,
     )
     opened = open_backend(settings)
     registry = Registry.build([refund_bot()], opened.target)
@@ -109,6 +112,9 @@ def main() -> int:
         " cookie or a Bearer token: what sign-in costs a page.",
     )
     parser.add_argument(
+        "--policy", type=Path, default=None, help="time the pages under this approval policy"
+    )
+    parser.add_argument(
         "--pg-schema",
         nargs=2,
         metavar=("SCHEMA", "APP_SCHEMA"),
@@ -127,7 +133,9 @@ def main() -> int:
     else:
         store = Path(args.store).resolve()
         os.environ["FASTAIAGENT_LOCAL_DB"] = str(store)
-    results = asyncio.run(_measure(store, urls, args.requests, args.warmup, args.sign_in, pg))
+    results = asyncio.run(
+        _measure(store, urls, args.requests, args.warmup, args.sign_in, pg, args.policy)
+    )
     print(json.dumps(results))
     return 0
 

@@ -245,10 +245,12 @@ def start_localui(
     agents: bool = True,
     app_path: Path | None = None,
     pg: PgTarget | None = None,
+    policy: Path | None = None,
 ) -> Server:
     """``python -m localui serve`` on ``store`` (or on ``pg``'s schema); its own files
     (the SQLite runs index) go to ``cache_dir`` through ``XDG_CACHE_HOME``, so a fresh
-    dir means a cold start (on PostgreSQL, a fresh app schema does)."""
+    dir means a cold start (on PostgreSQL, a fresh app schema does). ``policy``: served
+    under that approval policy (``--policy``)."""
     port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix="localui-bench-serve-"))
     where = [str(store)]
@@ -262,6 +264,8 @@ def start_localui(
     command.append("--no-auth")
     if agents:
         command += ["--agents", AGENTS_SPEC]
+    if policy is not None:
+        command += ["--policy", str(policy)]
     env = clean_env(XDG_CACHE_HOME=str(cache_dir), PYTHONPATH=pythonpath(app_path), **extra)
     return _start("localui", command, port=port, env=env, workdir=workdir)
 

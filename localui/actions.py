@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,19 +24,24 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from localui import runs
+from localui.auth import Person
 from localui.backends import is_busy
 from localui.backends.base import DecisionLog, Store
-from localui.backends.decisions import HEARTBEATS_PER_LEASE
-from localui.errors import BadRequest, Conflict, NotFound, ReadOnly, Refused
+from localui.backends.decisions import ABANDONED_AFTER_SECONDS, HEARTBEATS_PER_LEASE
+from localui.errors import BadRequest, Conflict, Forbidden, NotFound, ReadOnly, Refused
+from localui.policy import Rule
 from localui.records import (
+    AGAIN,
     ALREADY_RESUMED,
     APPROVAL,
+    FULL,
     REOPEN,
     RESUME,
     Decision,
     Pending,
     PrunePreview,
     RowHeader,
+    Vote,
 )
 from localui.registry import Registry, registry_kind, run_tools
 from localui.settings import Settings
@@ -59,6 +65,10 @@ class Outcome:
     decision: Decision | None
     #: For a fork: the new run.
     new_execution_id: str | None = None
+    #: For an approval that is one of several a rule needs (status ``voted``): the
+    #: votes so far, and how many the rule needs.
+    votes: tuple[Vote, ...] = ()
+    needed: int = 0
 
 
 class AlreadyDecided(Conflict):
@@ -252,6 +262,15 @@ class ActionService:
                 return name
         return runs.parse_node(node_id).tool
 
+    def pause_owner(self, pending: Pending) -> runs.Owner:
+        """Whose resume answers this pause: its row's path says, and for an agent under
+        an agent the runs index's owner of the run does (``runs.pause_owner``)."""
+        run_agent = None
+        if runs.pause_owner_needs_run(pending.agent_path):
+            facts = self.store.get_run(pending.execution_id)
+            run_agent = facts.agent if facts is not None else None
+        return runs.pause_owner(pending.agent_path, pending.agent, pending.node_id, run_agent)
+
     def approval_problem(self, pending: Pending, *, exact: bool = True) -> str | None:
         """The preflight refusal for a pending approval, shown before anyone clicks.
 
@@ -269,11 +288,33 @@ class ActionService:
             if isinstance(plan, runs.Refusal):
                 return plan.reason
             return self.plan_problem(plan)
-        owner = runs.pause_owner(pending.agent_path, pending.agent, pending.node_id)
+        owner = self.pause_owner(pending)
         member = runs.pause_member(owner, pending.agent_path, pending.agent)
         tool = runs.parse_node(pending.node_id).tool if owner.kind != runs.CHAIN else None
         node = pending.node_id if owner.kind == runs.CHAIN else None
         return self.runner_problem(owner, member=member, tool=tool, node=node)
+
+    # --- the approval policy ------------------------------------------
+
+    def rule_for(self, pending: Pending) -> Rule | None:
+        """The policy's rule for this pause: the first that matches its owner or agent,
+        reason and tool; None without a policy or a match (any approver, alone)."""
+        policy = self.settings.policy
+        if policy is None:
+            return None
+        owner = runs.pause_owner(pending.agent_path, pending.agent, pending.node_id)
+        tool = runs.parse_node(pending.node_id).tool if owner.kind != runs.CHAIN else None
+        return policy.match(
+            owner=owner.name, agent=pending.agent, reason=pending.reason, tool=tool or ""
+        )
+
+    @staticmethod
+    def may_decide(rule: Rule | None, person: Person | None) -> bool:
+        """Whether the rule lets this person decide. With sign-in off nobody is
+        identified, so the rule's count, reasons and fields apply, but not its "who"."""
+        if rule is None or person is None or not person.signed_in:
+            return True
+        return rule.allows(person.name, person.role, person.groups)
 
     # --- approve / reject --------------------------------------------
 
@@ -285,13 +326,18 @@ class ActionService:
         approver: str,
         reason: str,
         checkpoint_id: str,
-        metadata: Mapping[str, Any] | None = None,
+        person: Person | None = None,
+        fields: Mapping[str, Any] | None = None,
     ) -> Outcome:
-        """Approve or reject the pause at ``checkpoint_id``, exactly once.
+        """Approve or reject the pause at ``checkpoint_id``, exactly once. Under a rule
+        that needs several people, an approval that is not the last is recorded as a
+        vote and the run keeps waiting; the one that completes the count decides, with
+        every approver's name and the typed ``fields`` in the metadata the tool receives.
 
-        ``metadata`` adds fields for the tool (a policy's typed fields, its approvers)
-        to ``Resume.metadata``; ``approver`` and ``reason`` are always the ones given
-        here. The whole dict is recorded with the claim and handed to the SDK as is.
+        Every check that can refuse comes before anything is recorded: who may decide
+        (403), the reason and the fields (400), whether this process can resume (422).
+        The metadata is recorded with the claim and handed to the SDK as recorded, so a
+        recovery of a crashed approval carries out the same decision.
         """
         self.ensure_writable()
         approver = approver.strip()
@@ -315,19 +361,98 @@ class ActionService:
                 f"{checkpoint_id} you saw: look at the current pause before deciding",
                 pending.checkpoint_id,
             )
+        rule = self.rule_for(pending)
+        typed: dict[str, Any] = {}
+        if rule is None:
+            if fields:
+                raise BadRequest(
+                    f"this pause has no fields (no rule governs it): {', '.join(sorted(fields))}"
+                )
+        else:
+            if not self.may_decide(rule, person):
+                raise Forbidden(
+                    f"Rule {rule.name!r}: only {rule.who} may decide this pause,"
+                    f" and {approver} is not one of them"
+                )
+            if rule.needs_reason(approved) and not reason:
+                raise BadRequest(f"Rule {rule.name!r}: a reason is required to approve too")
+            typed = rule.check_fields(fields or {}, pending.context)
         problem = await asyncio.to_thread(self.approval_problem, pending)
         if problem is not None:
             # Another approval may have claimed this pause since: its resume writes the
             # rows the check reads, so say who decided rather than what they now show.
             await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
             raise Refused(problem)
-        for earlier in await asyncio.to_thread(self.decisions.list_for_run, execution_id):
-            if earlier.kind == APPROVAL and earlier.rearmed_checkpoint_id == checkpoint_id:
+        for taken in await asyncio.to_thread(self.decisions.list_for_run, execution_id):
+            if taken.kind == APPROVAL and taken.rearmed_checkpoint_id == checkpoint_id:
                 # localui wrote this pause again to carry out a decision whose process
                 # died: that decision is being carried out, and no other may be.
-                raise AlreadyDecided(f"This pause was {_decided_words(earlier)}.", earlier)
+                raise AlreadyDecided(f"This pause was {_decided_words(taken)}.", taken)
         owner = runs.run_owner(await asyncio.to_thread(self.store.list_rows, execution_id))
-        resume_metadata = {**(metadata or {}), "approver": approver, "reason": reason}
+
+        # Exactly what the tool receives, built once: recorded with the claim below.
+        resume_metadata: dict[str, Any] = {"approver": approver, "reason": reason}
+        mine: Vote | None = None
+        if rule is not None:
+            key = (execution_id, checkpoint_id)
+            if approved and rule.approvals > 1:
+                ballot = await asyncio.to_thread(
+                    lambda: self.decisions.cast_vote(
+                        execution_id=execution_id,
+                        checkpoint_id=checkpoint_id,
+                        actor=approver,
+                        reason=reason,
+                        fields_json=json.dumps(typed),
+                        needed=rule.approvals,
+                    )
+                )
+                completing = ballot.votes[: rule.approvals]
+                if ballot.result in (AGAIN, FULL) and len(completing) == rule.approvals:
+                    await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
+                    last = completing[-1]
+                    age = seconds_since(last.voted_at)
+                    if age is None or age <= ABANDONED_AFTER_SECONDS:
+                        raise AlreadyDecided(
+                            f"This pause already has its {rule.approvals} approvals: the last"
+                            f" was {last.actor}'s at {last.voted_at}, and it is being carried"
+                            " out.",
+                            None,
+                        )
+                    # The approval that completed the count was never claimed: its process
+                    # died between the two. It is carried out as it was cast, by its name,
+                    # with its reason and fields; this click adds nothing to it.
+                    approver, reason = last.actor, last.reason
+                    typed = json.loads(last.fields_json)
+                elif ballot.result == AGAIN:
+                    first = next(v for v in ballot.votes if v.actor == approver)
+                    raise Conflict(
+                        f"{approver} already approved this pause at {first.voted_at}: rule"
+                        f" {rule.name!r} needs {rule.approvals} different people"
+                    )
+                else:
+                    mine = ballot.votes[-1]
+                if len(ballot.votes) < rule.approvals:
+                    return Outcome(
+                        execution_id,
+                        "approve",
+                        "voted",
+                        None,
+                        None,
+                        None,
+                        votes=ballot.votes,
+                        needed=rule.approvals,
+                    )
+                voters = [v.actor for v in completing]
+            else:
+                earlier = await asyncio.to_thread(self.decisions.votes_for, [key])
+                voters = [v.actor for v in earlier.get(key, ())]
+            approvers = list(dict.fromkeys([*voters, approver]))
+            resume_metadata = {
+                "approver": approver,
+                "approvers": approvers,
+                "reason": reason,
+                **typed,
+            }
 
         claim = await asyncio.to_thread(
             lambda: self.decisions.claim(
@@ -342,6 +467,9 @@ class ActionService:
             )
         )
         if not claim.won:
+            if mine is not None:
+                # Another decision came first: this approval counts for nothing.
+                await asyncio.to_thread(self.decisions.withdraw_vote, mine.id)
             raise AlreadyDecided(
                 f"This pause was {_decided_words(claim.decision)}.", claim.decision
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
@@ -19,7 +20,7 @@ from starlette.types import ASGIApp
 from localui.actions import ActionService
 from localui.auth import Authenticator, AuthMiddleware, template_values
 from localui.backends import open_backend
-from localui.backends.base import Backend
+from localui.backends.base import Backend, Changes
 from localui.backends.traces import SpanIndex
 from localui.backends.users import new_token
 from localui.errors import LocalUIError, NotFound
@@ -40,7 +41,7 @@ from localui.views import row as row_views
 from localui.views import run as run_views
 from localui.views import runs as runs_views
 from localui.views import signin as signin_views
-from localui.views.common import AppState, error_response
+from localui.views.common import AppState, Seeding, error_response
 from localui.views.markup import code_spans
 from localui.views.statics import PageCompression, PrecompressedStatics
 from localui.views.urls import dom_id
@@ -192,10 +193,13 @@ def create_app(
     *,
     agents: Iterable[Any] = (),
     backend: Backend | None = None,
+    seeding: Seeding | None = None,
 ) -> Starlette:
     """The app for one store: ``backend``, or the one ``settings.store`` names, opened
     by the lifespan (and then closed by it too). ``agents`` are those this process
-    may resume; they must already be bound to the store (``localui.registry``)."""
+    may resume; they must already be bound to the store (``localui.registry``).
+    ``seeding`` writes runs into the store while it is served (``localui demo``): the
+    lifespan starts it and cancels it on shutdown."""
     templates = Jinja2Templates(
         directory=str(templates_dir()), context_processors=[template_values]
     )
@@ -240,10 +244,20 @@ def create_app(
             traces=traces,
             auth=auth,
             signer=Signer(),
+            seeding=seeding,
         )
         # A read-only server changes nothing, so it carries no decision out either.
         recovery = None if settings.read_only else RecoverySweep(actions)
         await feed.start()
+        seeder = None
+        if seeding is not None:
+
+            def landed(run: str) -> None:
+                # Announced at once, so open pages show the run (and the progress
+                # line moves) without waiting for the feed's next poll.
+                feed.publish(Changes(runs=frozenset({run})))
+
+            seeder = asyncio.create_task(seeding.run(landed), name="localui seeding")
         if recovery is not None:
             await recovery.start()
         try:
@@ -251,6 +265,10 @@ def create_app(
         finally:
             if recovery is not None:
                 await recovery.stop()
+            if seeder is not None:
+                seeder.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await seeder
             # Ends every open live stream with the app.
             await feed.stop()
             decisions.close()

@@ -66,6 +66,8 @@ class Person:
     name: str
     role: str
     via: str
+    #: The groups an approval policy's ``group:NAME`` matches (``localui.policy``).
+    groups: tuple[str, ...] = ()
 
     @property
     def signed_in(self) -> bool:
@@ -242,7 +244,7 @@ class Authenticator:
         user = await self._lookup("token", digest)
         if user is None or user.role not in ROLES:
             return None
-        return Person(name=user.name, role=user.role, via="user"), user.token_mark
+        return Person(user.name, user.role, "user", user.groups), user.token_mark
 
     async def check_token(self, token: str, client: str) -> tuple[Person, str] | None:
         """``person_for_token`` with the throttle around it: raises :class:`Locked`."""
@@ -299,7 +301,7 @@ class Authenticator:
                 return None
             if not hmac.compare_digest(mark, user.token_mark):
                 return None  # the token was reset: sessions opened with the old one end
-            return Person(name=user.name, role=user.role, via="user")
+            return Person(user.name, user.role, "user", user.groups)
         return None
 
     def set_session(self, response: Response, scope: Scope, person: Person, mark: str) -> None:
@@ -347,10 +349,16 @@ class Authenticator:
                 .strip()
                 .lower()
             )
-        if role not in ROLES:
+        groups_header = self.policy.proxy_groups_header
+        sent = _header(scope, groups_header.lower().encode("latin-1")) if groups_header else None
+        groups = tuple(g.strip() for g in (sent or "").split(",") if g.strip())
+        if role not in ROLES or sent is None:
             user = await self._lookup("name", name)
-            role = user.role if user is not None else self.policy.proxy_default_role
-        return Person(name=name, role=role if role in ROLES else VIEWER, via="proxy")
+            if role not in ROLES:
+                role = user.role if user is not None else self.policy.proxy_default_role
+            if sent is None and user is not None:
+                groups = user.groups
+        return Person(name, role if role in ROLES else VIEWER, "proxy", groups)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

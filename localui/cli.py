@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import os
 import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localui.errors import LocalUIError
+from localui.policy import Policy, PolicyError, load_policy
 from localui.registry import Registry, RegistryError, load_spec
 from localui.settings import CLAIM_LEASE_SECONDS, LOOPBACK_NAMES, ROLES, Settings, SignIn
+
+if TYPE_CHECKING:
+    from localui.demo.scenarios import Seeding
+    from localui.records import SeedProgress
+    from localui.views.common import Seeding as AppSeeding
 
 DEFAULT_PORT = 8765
 
@@ -83,6 +90,14 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         " --auth-proxy-default-role.",
     )
     auth.add_argument(
+        "--auth-proxy-groups-header",
+        default="",
+        metavar="HEADER",
+        help="With --auth-proxy-header: the header carrying the person's groups,"
+        " comma-separated, as the approval policy's group:NAME reads them. Without it, the"
+        " groups `localui users` gave that name.",
+    )
+    auth.add_argument(
         "--auth-proxy-default-role",
         default="viewer",
         choices=ROLES,
@@ -94,6 +109,16 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="ADDRESS",
         help="An address or network (10.0.0.0/8) of the proxy whose headers are believed.",
+    )
+
+
+def _add_policy_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--policy",
+        default=None,
+        metavar="FILE",
+        help="An approval policy (TOML): who may decide which pauses, how many people must"
+        " approve, and the fields they fill in for the tool. Checked at start.",
     )
 
 
@@ -143,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         "list of them, or a function returning either).",
     )
     _add_server_options(serve)
+    _add_policy_option(serve)
 
     demo = sub.add_parser(
         "demo", help="Make a fresh store of demo runs (every durability case) and serve it."
@@ -154,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed-only", action="store_true", help="Write the store, print its path, and stop."
     )
     _add_server_options(demo)
+    _add_policy_option(demo)
 
     export = sub.add_parser(
         "export", help="Write one run (rows, pause, cache, decisions, forks, spans) to a file."
@@ -195,12 +222,21 @@ def build_parser() -> argparse.ArgumentParser:
         ("list", "List the people and their roles."),
         ("remove", "Remove a person: their link and sessions stop working."),
         ("reset", "Give a person a new link: the old one and its sessions stop working."),
+        ("set", "Change a person's groups (each --group once; none at all clears them)."),
     ):
         command = users_sub.add_parser(name, help=what, description=what)
         if name != "list":
             command.add_argument("name", help="The person's name, as decisions record it.")
         if name == "add":
             command.add_argument("--role", required=True, choices=ROLES)
+        if name in ("add", "set"):
+            command.add_argument(
+                "--group",
+                action="append",
+                default=[],
+                metavar="GROUP",
+                help="A group the approval policy names as group:GROUP (repeatable).",
+            )
         command.add_argument(
             "--store", default=None, help="The store (as for serve); its database keeps the table."
         )
@@ -219,9 +255,15 @@ def fail(message: str) -> int:
     return 2
 
 
-def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str] = ()) -> int:
+def serve(
+    settings: Settings,
+    agents: Sequence[Any] = (),
+    *,
+    specs: Sequence[str] = (),
+    seeding: AppSeeding | None = None,
+) -> int:
     """Open the store, load the agents ``specs`` name, bind them and ``agents`` to it,
-    and serve until interrupted."""
+    and serve until interrupted (while ``seeding`` writes runs into it)."""
     import uvicorn
     from starlette.types import ASGIApp
 
@@ -265,7 +307,9 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
     except (LocalUIError, RegistryError) as exc:
         backend.close()
         return fail(str(exc))
-    app: ASGIApp = create_app(settings, agents=registry.agents.values(), backend=backend)
+    app: ASGIApp = create_app(
+        settings, agents=registry.agents.values(), backend=backend, seeding=seeding
+    )
     if releasing:
         app = ReleaseFreedMemory(app)
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
@@ -277,6 +321,11 @@ def serve(settings: Settings, agents: Sequence[Any] = (), *, specs: Sequence[str
         print(f"localui: links point under {settings.root_path}/, where the proxy serves it")
     if registry.agents:
         print(f"localui: agents that can be resumed here: {', '.join(registry.names())}")
+    if settings.policy is not None:
+        names = ", ".join(repr(r.name) for r in settings.policy.rules) or "none"
+        print(f"localui: approval policy {settings.policy.source}: rules {names}", flush=True)
+        for note in settings.policy.unused_notes():
+            print(f"localui: {note}", flush=True)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -369,6 +418,7 @@ def _settings(args: argparse.Namespace, store: str) -> Settings:
             proxy_user_header=args.auth_proxy_header,
             proxy_role_header=args.auth_proxy_role_header,
             proxy_default_role=args.auth_proxy_default_role,
+            proxy_groups_header=args.auth_proxy_groups_header,
             trusted_proxies=tuple(args.trusted_proxy),
         ),
     )
@@ -380,11 +430,21 @@ def normal_root_path(text: str) -> str:
     return f"/{text}" if text else ""
 
 
+def policy_of(args: argparse.Namespace) -> Policy | None:
+    """The ``--policy`` file, read and checked; :class:`PolicyError` says what is wrong."""
+    return load_policy(args.policy) if args.policy else None
+
+
 def run_serve(args: argparse.Namespace) -> int:
     if problem := sign_in_problem(args):
         return fail(problem)
+    try:
+        policy = policy_of(args)
+    except PolicyError as exc:
+        return fail(str(exc))
     store = args.store or default_store()
-    return serve(_settings(args, store), specs=args.agents)
+    settings = dataclasses.replace(_settings(args, store), policy=policy)
+    return serve(settings, specs=args.agents)
 
 
 def _exit_quietly(signum: int, frame: object) -> None:
@@ -394,6 +454,10 @@ def _exit_quietly(signum: int, frame: object) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     if problem := sign_in_problem(args):
         return fail(problem)
+    try:
+        policy = policy_of(args)
+    except PolicyError as exc:
+        return fail(str(exc))
     temp_dir: str | None = None
     if args.store:
         store = Path(args.store).resolve()
@@ -408,27 +472,29 @@ def run_demo(args: argparse.Namespace) -> int:
     # the served agent (approvals, resumes) traces there too.
     os.environ["FASTAIAGENT_TRACE_ENABLED"] = "true"
 
-    from localui.demo.scenarios import ALL_SCENARIOS, SeedError, seed
-
-    print(f"localui: seeding demo runs into {store}", flush=True)
-    try:
-        report = seed(
-            store,
-            progress=lambda line: print(f"  {line}", flush=True),
-            scenarios=ALL_SCENARIOS,
-        )
-    except SeedError as exc:
-        return fail(f"seeding the demo failed: {exc}")
-    print(f"localui: {len(report.runs)} runs seeded in {report.seconds:.1f} s", flush=True)
-    if args.seed_only:
-        print(store)
-        return 0
-
     from fastaiagent.checkpointers import SQLiteCheckpointer
 
     from localui.demo import teams
     from localui.demo.agent import build_agent
+    from localui.demo.scenarios import ALL_SCENARIOS, Seeding, create_store
 
+    def say(line: str) -> None:
+        print(f"  {line}", flush=True)
+
+    seeding = Seeding(store, scenarios=ALL_SCENARIOS, say=say)
+    if args.seed_only:
+        print(f"localui: seeding demo runs into {store}", flush=True)
+        report = asyncio.run(seeding.run())
+        failures = seeding.progress().failures
+        if failures:
+            named = "; ".join(f"{f.scenario}: {' '.join(f.reason.split())}" for f in failures)
+            return fail(f"seeding the demo failed: {named}")
+        print(f"localui: {len(report.runs)} runs seeded in {report.seconds:.1f} s", flush=True)
+        print(store)
+        return 0
+    # The store's tables, empty, so the server opens it at once; the runs arrive
+    # while it serves.
+    create_store(store)
     checkpointer = SQLiteCheckpointer(str(store))
     runners = [
         build_agent(checkpointer),
@@ -438,10 +504,40 @@ def run_demo(args: argparse.Namespace) -> int:
         teams.build_long_agent(checkpointer),
     ]
     try:
-        return serve(_settings(args, str(store)), runners)
+        return serve(
+            dataclasses.replace(_settings(args, str(store)), policy=policy),
+            runners,
+            seeding=ReportedSeeding(seeding),
+        )
     finally:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+class ReportedSeeding:
+    """The demo's seeding, saying in the terminal where it begins and how it ended."""
+
+    def __init__(self, seeding: Seeding) -> None:
+        self._seeding = seeding
+
+    def progress(self) -> SeedProgress:
+        return self._seeding.progress()
+
+    async def run(self, landed: Callable[[str], None]) -> object:
+        total = len(self._seeding.scenarios)
+        print(f"localui: seeding {total} demo runs into {self._seeding.target}", flush=True)
+        try:
+            report = await self._seeding.run(landed)
+        except Exception as exc:
+            # The server goes on showing what landed; the terminal says why the rest did not.
+            print(f"localui: seeding the demo stopped: {type(exc).__name__}: {exc}", flush=True)
+            return None
+        failed = self._seeding.progress().failures
+        words = f"{len(report.runs)} of {total} runs seeded in {report.seconds:.1f} s"
+        if failed:
+            words += f"; failed: {', '.join(f.scenario for f in failed)} (reasons above)"
+        print(f"localui: {words}", flush=True)
+        return report
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -504,7 +600,7 @@ def run_open(args: argparse.Namespace) -> int:
 def run_users(args: argparse.Namespace) -> int:
     """``localui users add|list|remove|reset``: the table servers of this store read."""
     from localui.backends import open_users, target_of
-    from localui.backends.users import check_name, new_token, token_hash
+    from localui.backends.users import check_groups, check_name, new_token, token_hash
 
     store = args.store or default_store()
     settings = Settings(store=store, pg_app_schema=args.pg_app_schema)
@@ -518,9 +614,16 @@ def run_users(args: argparse.Namespace) -> int:
     try:
         if args.users_command == "list":
             for user in users.list_users():
-                print(f"{user.name}\t{user.role}\tadded {user.created_at}")
+                groups = ",".join(user.groups) or "-"
+                print(f"{user.name}\t{user.role}\tgroups {groups}\tadded {user.created_at}")
             return 0
         name = check_name(args.name)
+        if args.users_command == "set":
+            changed = users.set_groups(name, check_groups(args.group))
+            if changed is None:
+                return fail(f"no user {name!r}")
+            print(f"localui: {name} is in groups: {', '.join(changed.groups) or 'none'}")
+            return 0
         if args.users_command == "remove":
             if not users.remove(name):
                 return fail(f"no user {name!r}")
@@ -528,14 +631,15 @@ def run_users(args: argparse.Namespace) -> int:
             return 0
         token = new_token()
         if args.users_command == "add":
-            user = users.add(name, args.role, token_hash(token))
+            user = users.add(name, args.role, token_hash(token), check_groups(args.group))
         else:
             found = users.set_token(name, token_hash(token))
             if found is None:
                 return fail(f"no user {name!r}")
             user = found
         base = args.url if args.url.endswith("/") else args.url + "/"
-        print(f"localui: {user.name} ({user.role}) signs in at {base}?token={token}")
+        groups = f", groups {', '.join(user.groups)}" if user.groups else ""
+        print(f"localui: {user.name} ({user.role}{groups}) signs in at {base}?token={token}")
         print(f"localui: scripts send the header: Authorization: Bearer {token}")
         print("localui: the token is shown only now; `localui users reset` makes a new one")
         return 0

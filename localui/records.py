@@ -132,6 +132,27 @@ class IndexProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class SeedFailure:
+    """A demo scenario that did not land, and why (its worker's own words)."""
+
+    scenario: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SeedProgress:
+    """How far ``localui demo`` has got seeding its store while it serves it."""
+
+    landed: int
+    total: int
+    failures: tuple[SeedFailure, ...] = ()
+
+    @property
+    def finished(self) -> bool:
+        return self.landed + len(self.failures) >= self.total
+
+
+@dataclass(frozen=True, slots=True)
 class RunFactsPage:
     runs: tuple[RunFacts, ...]
     #: ``(last_at, execution_id)`` of the last run on this page when more follow.
@@ -368,6 +389,34 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class Vote:
+    """One person's approval of a pause that needs more than one (``localui.policy``),
+    bound to the paused row they saw. The approval that completes the count is a
+    decision as well; a vote alone changes nothing in the run."""
+
+    id: int
+    execution_id: str
+    checkpoint_id: str
+    actor: str
+    reason: str
+    #: The fields this person filled in, as JSON text (typed values by field name).
+    fields_json: str
+    voted_at: str
+
+
+#: What casting a vote did: ``counted`` (it is among ``votes``), ``again`` (this
+#: person had voted already), ``full`` (enough people had approved already).
+COUNTED, AGAIN, FULL = "counted", "again", "full"
+
+
+@dataclass(frozen=True, slots=True)
+class Ballot:
+    result: str
+    #: The pause's votes in the order cast, after this one.
+    votes: tuple[Vote, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class User:
     """A person who may sign in to a store's servers (``localui users``)."""
 
@@ -377,6 +426,8 @@ class User:
     #: so a reset token ends the sessions opened with the old one.
     token_sha256: str
     created_at: str
+    #: The groups an approval policy's ``group:NAME`` names (``--group``).
+    groups: tuple[str, ...] = ()
 
     @property
     def token_mark(self) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -58,18 +59,23 @@ def load_spec(spec: str) -> list[Any]:
         try:
             module_spec.loader.exec_module(module)
         except Exception as exc:
-            raise RegistryError(f"--agents {spec!r}: importing {path} failed: {exc}") from exc
+            raise RegistryError(
+                f"--agents {spec!r}: importing {path} failed: "
+                f"{type(exc).__name__}: {_one_line(exc)}"
+            ) from exc
     else:
         try:
             module = importlib.import_module(target)
         except Exception as exc:
-            raise RegistryError(f"--agents {spec!r}: cannot import {target}: {exc}") from exc
+            raise RegistryError(
+                f"--agents {spec!r}: cannot import {target}: {type(exc).__name__}: {_one_line(exc)}"
+            ) from exc
     try:
         value = getattr(module, attr)
     except AttributeError as exc:
         raise RegistryError(f"--agents {spec!r}: {target} has no attribute {attr!r}") from exc
     if callable(value) and not _is_agent(value):
-        value = value()
+        value = _call_factory(spec, attr, value)
     agents = list(value) if isinstance(value, list | tuple) else [value]
     for agent in agents:
         if not _is_agent(agent):
@@ -78,6 +84,38 @@ def load_spec(spec: str) -> list[Any]:
                 "Chain, Supervisor or Swarm"
             )
     return agents
+
+
+def _call_factory(spec: str, attr: str, factory: Any) -> Any:
+    """What a factory of no arguments returns; one that needs some, or raises, is refused."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None:
+        needed = [
+            p.name
+            for p in signature.parameters.values()
+            if p.default is p.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+        if needed:
+            raise RegistryError(
+                f"--agents {spec!r}: {attr} needs arguments ({', '.join(needed)}); name an "
+                "Agent, a list of them, or a function of no arguments returning either"
+            )
+    try:
+        return factory()
+    except Exception as exc:
+        raise RegistryError(
+            f"--agents {spec!r}: calling {attr}() raised {type(exc).__name__}: {_one_line(exc)}"
+        ) from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message as one line: the error is printed as one."""
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
 
 
 def registry_kind(value: Any) -> str | None:

@@ -105,20 +105,61 @@ def _path_segment(agent_path: str | None, kind: str) -> str | None:
 
 
 def run_owner(rows: Sequence[RowHeader]) -> Owner:
-    """Who owns the run: the top of ``agent_path``, never the agent of the newest row.
+    """Who owns the run: the runner whose execution it is, never the agent of the newest row.
 
     A Supervisor's or Swarm's rows nest their members' under ``supervisor:S`` or
-    ``swarm:S``; a plain agent writes ``agent:A``. A Chain writes no path at all:
-    its rows are node ids under the chain's name.
+    ``swarm:S``; a plain agent writes ``agent:A``, and an agent it runs inside its own
+    execution writes ``agent:A/agent:B`` beside A's rows: all of those are the outer
+    runner's. An agent used as a tool with an execution id of its own writes
+    ``agent:A/agent:B`` too, but A wrote no row of that execution and never resumes
+    it: B does (``B.aresume``), so B owns it. Hence the owner is read from the
+    shallowest path of the run's rows (:func:`execution_owner`). A Chain writes no
+    path at all: its rows are node ids under the chain's name.
     """
-    for row in rows:
-        owner = _path_owner(row.agent_path)
+    shallowest = owner_path([row.agent_path for row in rows])
+    if shallowest is not None:
+        owner = execution_owner(shallowest)
         if owner is not None:
             return owner
     steps = [r for r in rows if not is_run_end(r.step_type) and not is_fork_origin(r)]
     if any(r.step_type == "node" or parse_node(r.node_id).turn is None for r in steps):
         return Owner(CHAIN, rows[0].agent if rows else "")
     return Owner(AGENT, rows[0].agent if rows else "")
+
+
+def path_depth(agent_path: str) -> int:
+    """How deep an ``agent_path`` nests: 0 for ``agent:A``, 1 for ``agent:A/agent:B``."""
+    return agent_path.count("/")
+
+
+def owner_path(paths: Sequence[str | None]) -> str | None:
+    """The shallowest of a run's ``agent_path`` values that names an owner, the first of
+    them on a tie (``paths`` in the order the rows were written); None when none does."""
+    best: str | None = None
+    for path in paths:
+        if path and execution_owner(path) is not None:
+            if best is None or path_depth(path) < path_depth(best):
+                best = path
+    return best
+
+
+#: The agents above an agent-as-tool in its own execution's paths: they wrote no row.
+#: Only those with a runner below them (``agent:A/tool:t`` is A's own tool row).
+ENCLOSING_AGENTS = r"^(?:agent:[^/]*/)+(?=(?:agent|supervisor|swarm):)"
+_ENCLOSING_AGENTS = re.compile(ENCLOSING_AGENTS)
+
+
+def execution_owner(shallowest_path: str | None) -> Owner | None:
+    """The owner a run's shallowest ``agent_path`` names (see :func:`run_owner`).
+
+    When even the shallowest row is nested under ``agent:`` segments, those agents
+    wrote nothing in this execution: the path is an agent-as-tool's, run under its
+    own id, and the owner is the first runner below them. A Supervisor or Swarm at
+    the top owns its members' rows.
+    """
+    if not shallowest_path:
+        return None
+    return _path_owner(_ENCLOSING_AGENTS.sub("", shallowest_path))
 
 
 def _path_owner(agent_path: str | None) -> Owner | None:
@@ -129,19 +170,39 @@ def _path_owner(agent_path: str | None) -> Owner | None:
     return None
 
 
-def path_owner_name(agent_path: str | None) -> str | None:
-    """The owner named at the top of an ``agent_path`` (``supervisor:desk/worker:w`` ->
-    ``desk``), or None when it names none: the runs index names runs by it."""
-    owner = _path_owner(agent_path)
+def path_owner_name(shallowest_path: str | None) -> str | None:
+    """The owner's name a run's shallowest ``agent_path`` gives, or None when it names
+    none: the runs indexes name runs by it."""
+    owner = execution_owner(shallowest_path)
     return owner.name if owner is not None else None
 
 
-def pause_owner(agent_path: str | None, agent: str, node_id: str) -> Owner:
-    """The owner as a pending approval's own row says (the queue reads no run rows)."""
-    owner = _path_owner(agent_path)
-    if owner is not None:
-        return owner
-    return Owner(AGENT if parse_node(node_id).turn is not None else CHAIN, agent)
+def pause_owner_needs_run(agent_path: str | None) -> bool:
+    """Whether a pause's ``agent_path`` alone leaves its owner open: an agent under an
+    agent, which is the outer one's in its execution, or its own under an id of its own."""
+    top = _path_owner(agent_path)
+    return top is not None and top.kind == AGENT and "/agent:" in (agent_path or "")
+
+
+def pause_owner(
+    agent_path: str | None, agent: str, node_id: str, run_agent: str | None = None
+) -> Owner:
+    """The owner as a pending approval's own row says (the queue reads no run rows).
+
+    A pause nested as ``agent:A/agent:B`` is A's when B ran inside A's execution and
+    B's when B ran as a tool under its own id; the row alone cannot tell. ``run_agent``
+    is the run's owner by name as the runs index keeps it, which can: without it, a
+    pause written by B itself (``agent`` is B) is taken for B's own execution.
+    """
+    top = _path_owner(agent_path)
+    if top is None:
+        return Owner(AGENT if parse_node(node_id).turn is not None else CHAIN, agent)
+    if top.kind != AGENT:
+        return top
+    if run_agent is not None and f"agent:{run_agent}" in (agent_path or "").split("/"):
+        return Owner(AGENT, run_agent)
+    nested = execution_owner(agent_path)
+    return nested if nested is not None else top
 
 
 def pause_member(owner: Owner, agent_path: str | None, agent: str) -> str | None:
@@ -341,9 +402,12 @@ def resume_plan(
         return _supervisor_plan(owner, row, note)
     if owner.kind == SWARM:
         agent = _path_segment(row.agent_path, "agent")
+        # The Swarm re-runs its active agent from the start of its loop, whatever row
+        # it stopped at (a tool's, for one killed in a tool): the first row the SDK
+        # writes is that agent's ``turn:0``, so that is where it re-enters.
         return ResumePlan(
             shape="turn",
-            node_id=row.node_id,
+            node_id="turn:0",
             checkpoint_id=row.checkpoint_id,
             tool=None,
             turn=0,

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # The policy module reads ROLES from here: only the type is needed.
+    from localui.policy import Policy
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
@@ -28,6 +33,9 @@ class SignIn:
     #: decides, then ``proxy_default_role``.
     proxy_role_header: str = ""
     proxy_default_role: str = "viewer"
+    #: The header carrying that person's groups, comma-separated; without it (or
+    #: when the proxy sends none), the groups ``localui users`` gave that name.
+    proxy_groups_header: str = ""
     #: Addresses or networks (``10.0.0.0/8``) whose proxy headers are believed.
     trusted_proxies: tuple[str, ...] = ()
     #: Bad tokens from one client address: each answer after ``slow_after`` of them
@@ -75,6 +83,9 @@ class Settings:
     #: The SQLite file the SDK traced into (``--traces``); by default a SQLite
     #: store's own file, where the SDK writes its spans.
     traces: str | None = None
+    #: The approval policy (``--policy``, ``localui.policy``); None decides every pause
+    #: as without one: any approver, alone.
+    policy: Policy | None = None
 
     @property
     def host_names(self) -> frozenset[str]:

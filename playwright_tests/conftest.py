@@ -8,11 +8,13 @@ through ``base_url``, so tests navigate with paths like ``page.goto("/")``.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from helpers import LocalServer, start_localui
 from playwright.sync_api import Page
@@ -32,7 +34,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 
-#: Seeding takes about 5 s on two cores; a demo that is not serving by then is stuck.
+#: The demo serves at once and seeds in about 10 s on two cores; one that is not done
+#: by then is stuck.
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 5.0
 
@@ -62,7 +65,21 @@ def start_demo(tmp_path_factory: pytest.TempPathFactory, name: str) -> DemoServe
         ready="/",
         timeout=START_TIMEOUT_S,
     )
+    wait_until_seeded(server)
     return DemoServer(server=server, store=store, workdir=workdir)
+
+
+def wait_until_seeded(server: LocalServer, within: float = START_TIMEOUT_S) -> None:
+    """Hold on until the demo has written all its runs (it serves while it writes)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        seeding = httpx.get(server.url + "/runs.json", timeout=10).json()["seeding"]
+        if seeding is None:
+            return
+        if seeding["finished"]:
+            pytest.fail(f"the demo failed to seed: {seeding['failures']}", pytrace=False)
+        time.sleep(0.2)
+    pytest.fail(f"the demo was still seeding after {within:.0f} s:\n{server.output()}")
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,13 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+from conftest import STOP_TIMEOUT_S, wait_until_seeded
+from helpers import start_localui
 from playwright.sync_api import Page, expect
 
 from localui.demo.scenarios import ALL_SCENARIOS
+from localui.shortids import shortest_unique
 
 #: The demo's runs: the refund-bot's and the other runner shapes'.
 DEMO_RUNS = len(ALL_SCENARIOS)
@@ -91,10 +95,17 @@ def test_demo_writes_nothing_into_its_working_directory(demo_workdir: Path) -> N
 def test_a_runs_short_id_copies_as_the_full_id(page: Page, page_errors: list[str]) -> None:
     page.context.grant_permissions(["clipboard-read", "clipboard-write"])
     page.goto("/")
-    row = page.locator("table.runs tbody tr").first
+    rows = page.locator("table.runs tbody tr")
+    row = rows.first
     full_id = (row.get_attribute("id") or "").removeprefix("run-")
-    expect(row.locator("code.short-id")).to_have_text(full_id[:8])
-    copy = row.get_by_role("button", name=f"Copy the id of run {full_id[:8]}")
+    page_ids = [i.removeprefix("run-") for i in rows.evaluate_all("rs => rs.map(r => r.id)")]
+    # The demo's ids are uuids: each shows as the shortest prefix no other run on the
+    # page starts with, at least 8 characters.
+    shown = shortest_unique(page_ids)[full_id]
+    assert 8 <= len(shown) < len(full_id) and full_id.startswith(shown)
+    expect(row.locator("code.short-id")).to_have_text(shown)
+    expect(row.get_by_role("link", name=shown)).to_have_attribute("title", full_id)
+    copy = row.get_by_role("button", name=f"Copy the id of run {shown}")
     copy.click()
     # A live update may redraw the table as the server renders it (every button "copy")
     # right after the click: the note stays on the redrawn button until its moment ends.
@@ -108,4 +119,41 @@ def test_a_runs_short_id_copies_as_the_full_id(page: Page, page_errors: list[str
     expect(copy).to_have_text("copied")
     assert page.evaluate("navigator.clipboard.readText()") == full_id
     expect(copy).to_have_text("copy", timeout=5_000)
+    assert page_errors == []
+
+
+def test_an_open_runs_list_fills_as_the_demo_seeds(
+    page: Page,
+    page_errors: list[str],
+    screenshot: Callable[[str], Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A person opens the demo the moment it serves: the list says how far the seeding
+    got, and the runs arrive on the open page, without a reload, until all are there."""
+    workdir = tmp_path_factory.mktemp("arriving-cwd")
+    store = tmp_path_factory.mktemp("arriving-store") / "local.db"
+    server = start_localui(
+        ["demo", "--store", str(store), "--no-auth"],
+        cwd=workdir,
+        log=workdir.parent / f"{workdir.name}.log",
+        ready="/",
+    )
+    try:
+        page.goto(server.url + "/")
+        seeding = page.locator("#seeding")
+        expect(seeding).to_contain_text(re.compile(rf"seeding the demo: \d+ of {DEMO_RUNS}"))
+        runs = page.locator("table.runs tbody tr")
+        first_seen = runs.count()
+        assert first_seen < DEMO_RUNS
+        screenshot("1-arriving")
+        # Marked now: a reload would drop the mark, so its survival proves no reload.
+        page.evaluate("document.body.dataset.openedOnce = 'yes'")
+        expect(runs).to_have_count(DEMO_RUNS, timeout=120_000)
+        expect(seeding).to_have_count(0)
+        expect(page.locator("#runs-table .tab.state-all .count")).to_have_text(str(DEMO_RUNS))
+        assert page.evaluate("document.body.dataset.openedOnce") == "yes"
+        screenshot("2-all-arrived")
+        wait_until_seeded(server)
+    finally:
+        server.stop(timeout=STOP_TIMEOUT_S)
     assert page_errors == []

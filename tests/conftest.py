@@ -380,16 +380,20 @@ ClientFactory = Callable[..., TestClient]
 
 @pytest.fixture
 def make_client() -> Iterator[ClientFactory]:
-    """``make_client(store_path, raise_server_exceptions=True, **settings)``: a
-    TestClient with the app's lifespan running, closed when the test ends. Sign-in is
+    """``make_client(store_path, raise_server_exceptions=True, seeding=None, **settings)``:
+    a TestClient with the app's lifespan running, closed when the test ends. Sign-in is
     off unless ``sign_in=sign_in_settings()`` is given."""
     with ExitStack() as stack:
 
         def make(
-            store_path: Path, *, raise_server_exceptions: bool = True, **settings: Any
+            store_path: Path,
+            *,
+            raise_server_exceptions: bool = True,
+            seeding: Any = None,
+            **settings: Any,
         ) -> TestClient:
             settings.setdefault("sign_in", NO_SIGN_IN)
-            app = create_app(Settings(store=str(store_path), **settings))
+            app = create_app(Settings(store=str(store_path), **settings), seeding=seeding)
             client = TestClient(
                 app,
                 base_url=BASE_URL,

@@ -386,7 +386,53 @@ def test_without_the_agent_an_approval_is_refused_and_the_pause_kept(
     assert decision_rows(db) == []
     html = client.get("/approvals").text
     assert approver_value(html, run) is None, "a card that cannot be decided has no form"
-    assert f"Cannot be decided here: {expected}" in page_text(html, f"approval-{run}")
+    # The queue says it once above its cards; the card's own page says it in full.
+    assert "Read-only here" in page_text(html, f"approval-{run}")
+    assert expected not in page_text(html, f"approval-{run}")
+    own = client.get(f"/approvals/{run}").text
+    assert f"Cannot be decided here: {expected}" in page_text(own, f"approval-{run}")
+
+
+def test_with_no_runner_registered_the_queue_says_so_once(
+    store_copy: Path, make_client: ClientFactory, page_text: Callable[..., str]
+) -> None:
+    """Every pause of the demo lacks its runner here: one banner names them all and how
+    to register them, and no card repeats it."""
+    client = make_client(store_copy)
+    listing = client.get("/approvals.json").json()["approvals"]
+    assert len(listing) > 3
+    html = client.get("/approvals").text
+    banner = page_text(html, "missing-runners")
+    assert "for Agent 'refund-bot' (registered: none)" in banner
+    assert "--agents MODULE:ATTR" in banner
+    whole = page_text(html, "approvals-queue")
+    assert whole.count("--agents") == 1
+    assert whole.count("Cannot decide here") == 1
+    assert "Cannot be decided here" not in whole
+    for item in listing:
+        assert "Read-only here" in page_text(html, f"approval-{item['execution_id']}")
+        # The JSON keeps each card's own reason for scripts.
+        assert "is registered in this localui process" in item["problem"]
+
+
+@pytest.mark.parametrize("scenario", ["paused-1", "crashed-in-tool"])
+def test_with_no_runner_registered_the_run_page_says_so_once(
+    store_copy: Path,
+    make_client: ClientFactory,
+    seeded: Seeded,
+    page_text: Callable[..., str],
+    scenario: str,
+) -> None:
+    client = make_client(store_copy)
+    run = seeded.id(scenario)
+    html = client.get(f"/runs/{run}").text
+    whole = page_text(html, "main")
+    assert whole.count("is registered in this localui process") == 1, whole
+    assert whole.count("--agents MODULE:ATTR") == 1
+    assert "Cannot act on this run here: No agent named 'refund-bot'" in page_text(
+        html, "runner-missing"
+    )
+    assert "Read-only here" in page_text(html, "actions")
 
 
 def test_an_agent_without_the_paused_tool_is_refused_and_the_pause_kept(
@@ -518,7 +564,8 @@ def test_a_decided_approval_page_shows_the_decision(
     assert sentences(page_text(html, "decisions")) == (
         f"Decisions Ann Approver rejected it at {decided_at}: the run completed. "
         f"Reason: “duplicate”. Done: refund of 250.00 on A-1002 declined: duplicate. "
-        f"(row {shown['checkpoint_id']})"
+        # One decision on the page: its row's id at the shortest, 8 characters.
+        f"(row {shown['checkpoint_id'][:8]})"
     )
     assert approver_value(html, run) is None
     data = desk.client.get(f"/approvals/{run}.json").json()
@@ -736,7 +783,8 @@ def test_fork_from_a_row_links_both_ways(
     assert forked["fork_of"]["source_checkpoint_id"] == row["checkpoint_id"]
     html = desk.client.get(f"/runs/{new}").text
     assert f'href="/runs/{source}#row-{row["checkpoint_id"]}"' in html
-    assert f"Forked from row turn:0/tool:refund of run {source}." in sentences(
+    # The source's id as the lineage shows it: its shortest prefix, 8 characters.
+    assert f"Forked from row turn:0/tool:refund of run {source[:8]} copy." in sentences(
         page_text(html, "lineage")
     )
 

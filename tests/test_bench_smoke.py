@@ -58,6 +58,10 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory, backend: str) -> tuple[i
             "3",
             "--warmup",
             "1",
+            # The demo's starts take minutes on a loaded machine: its budgets are judged
+            # by a full run (and by `--only-demo`), their rule below.
+            "--demo-starts",
+            "0",
             "--no-sdk-ui",
             "--out",
             str(out),
@@ -133,6 +137,8 @@ def test_every_budget_is_judged_and_the_exit_status_agrees(
         "runs_search_1m",
         "indexed",
         "approvals_vs_sdk_ui",
+        "demo_first_page",
+        "demo_seeded",
     }
     for budget in applying:
         verdict = judged[budget.what]
@@ -179,3 +185,25 @@ def test_the_budgets_of_a_million_runs_and_beside_the_sdk_ui() -> None:
         if v.budget.key == "runs_search"
     ]
     assert not search.passed
+
+
+def test_the_demo_budgets_judge_the_medians_of_its_starts() -> None:
+    """First page within 3 s and every run seeded within 20 s, on the medians: one slow
+    start of five does not miss the budget, a slow median does."""
+    from bench.budgets import judge
+    from bench.demo_start import DemoStarts
+
+    starts = DemoStarts(first_page_s=[1.2, 9.0, 1.4, 1.3, 1.5], seeded_s=[12, 14, 40, 13, 15])
+    assert starts.figures() == {"demo_first_page_s": 1.4, "demo_seeded_s": 14}
+    verdicts = {
+        v.budget.key: v
+        for v in judge({"demo": starts.figures()}, runs=0, with_sdk_ui=False, with_demo=True)
+    }
+    assert verdicts["demo_first_page"].passed and verdicts["demo_seeded"].passed
+    slow = DemoStarts(first_page_s=[3.5, 3.2, 2.0], seeded_s=[21.0, 25.0, 19.0])
+    verdicts = {
+        v.budget.key: v
+        for v in judge({"demo": slow.figures()}, runs=0, with_sdk_ui=False, with_demo=True)
+    }
+    assert not verdicts["demo_first_page"].passed and not verdicts["demo_seeded"].passed
+    assert "demo_first_page" not in {b.key for b in applicable(0, with_sdk_ui=False)}

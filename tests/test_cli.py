@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -82,6 +84,47 @@ def test_serve_an_agent_module_that_does_not_exist(cwd: Path, seeded: Seeded) ->
 def test_serve_a_malformed_agent_spec(cwd: Path, seeded: Seeded) -> None:
     done = run_cli([LOCALUI, "serve", "--store", str(seeded.path), "--agents", "justaname"], cwd)
     assert_one_line_error(done, "MODULE:ATTR")
+
+
+@pytest.mark.parametrize(
+    ("source", "attr", "fragments"),
+    [
+        (
+            "def make_agents(checkpointer, name):\n    raise AssertionError('never called')\n",
+            "make_agents",
+            ("needs arguments", "checkpointer, name"),
+        ),
+        (
+            "raise RuntimeError('no API key\\nset OPENAI_API_KEY')\n",
+            "agent",
+            ("RuntimeError", "no API key set OPENAI_API_KEY"),
+        ),
+        (
+            "def make_agents():\n    raise KeyError('REFUND_DB')\n",
+            "make_agents",
+            ("make_agents() raised KeyError", "REFUND_DB"),
+        ),
+        ("def make_agents():\n    return {'refund-bot': 1}\n", "make_agents", ("dict",)),
+        ("agent = 'refund-bot'\n", "agent", ("str is not a fastaiagent Agent",)),
+    ],
+    ids=["needs-arguments", "raises-on-import", "factory-raises", "returns-a-dict", "a-string"],
+)
+def test_serve_an_agents_spec_that_is_not_a_runner(
+    cwd: Path,
+    tmp_path: Path,
+    seeded: Seeded,
+    source: str,
+    attr: str,
+    fragments: tuple[str, ...],
+) -> None:
+    """Each ends in one line naming the spec, exit 2, and nothing served."""
+    agent_file = tmp_path / "my_agents.py"
+    agent_file.write_text(source)
+    spec = f"{agent_file}:{attr}"
+    done = run_cli([LOCALUI, "serve", "--store", str(seeded.path), "--agents", spec], cwd)
+    assert done.returncode == 2
+    assert_one_line_error(done, repr(spec), *fragments)
+    assert "serving" not in done.stdout
 
 
 def test_serve_refuses_an_agent_bound_to_another_store(
@@ -182,17 +225,99 @@ def test_serve_stops_quietly_on_ctrl_c_and_sigterm(
         assert "Traceback" not in said and "KeyboardInterrupt" not in said
 
 
+def seeded_demo(url: str, within: float = 120) -> dict[str, Any]:
+    """The demo's runs list once its seeding has finished."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        listing: dict[str, Any] = httpx.get(f"{url}/runs.json", timeout=10).json()
+        if listing["seeding"] is None or listing["seeding"]["finished"]:
+            return listing
+        time.sleep(0.2)
+    raise AssertionError(f"the demo at {url} was still seeding after {within:.0f} s")
+
+
+def test_demo_serves_at_once_and_its_runs_arrive_while_it_serves(cwd: Path, tmp_path: Path) -> None:
+    """The sign-in line comes first, the empty list answers while the runs are being
+    written and says how far the seeding got, and then every run is there."""
+    with serving(["demo"], cwd, tmp_path / "demo.log", ready="/signin") as server:
+        said = server.output().splitlines()
+        sign_in = next(i for i, line in enumerate(said) if "sign in at" in line)
+        seeding_line = next(i for i, line in enumerate(said) if "demo runs into" in line)
+        assert sign_in < seeding_line
+        token = said[sign_in].split("?token=", 1)[1].split()[0]
+        auth = {"Authorization": f"Bearer {token}"}
+        early = httpx.get(f"{server.url}/runs.json", headers=auth, timeout=10).json()
+        assert early["seeding"] is not None and not early["seeding"]["finished"]
+        assert early["seeding"]["total"] == len(ALL_SCENARIOS)
+        assert len(early["runs"]) == early["seeding"]["landed"] < len(ALL_SCENARIOS)
+        page = httpx.get(f"{server.url}/", headers=auth, timeout=10).text
+        assert re.search(rf"seeding the demo: \d+ of {len(ALL_SCENARIOS)}", page), page
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            listing = httpx.get(f"{server.url}/runs.json", headers=auth, timeout=10).json()
+            if listing["seeding"] is None:
+                break
+            time.sleep(0.2)
+        assert listing["seeding"] is None
+        assert len(listing["runs"]) == len(ALL_SCENARIOS)
+        assert "seeding the demo" not in httpx.get(f"{server.url}/", headers=auth).text
+        assert f"{len(ALL_SCENARIOS)} of {len(ALL_SCENARIOS)} runs seeded" in server.output()
+
+
 def test_demo_removes_its_temporary_store_when_stopped(cwd: Path, tmp_path: Path) -> None:
-    # The demo seeds every shape first, a run of 550 rows among them.
-    with serving(["demo", "--no-auth"], cwd, tmp_path / "demo.log", within=120) as server:
-        runs = httpx.get(f"{server.url}/runs.json", timeout=10).json()["runs"]
+    with serving(["demo", "--no-auth"], cwd, tmp_path / "demo.log") as server:
+        runs = seeded_demo(server.url)["runs"]
         assert len(runs) == len(ALL_SCENARIOS)
         server.process.send_signal(signal.SIGTERM)
         code = server.process.wait(timeout=15)
         out = server.output()
     assert code == 0, out
-    store = next(line for line in out.splitlines() if "seeding demo runs into" in line)
+    store = next(line for line in out.splitlines() if "demo runs into" in line)
     temp_dir = Path(store.rsplit(" ", 1)[1]).parent
     assert temp_dir.name.startswith("localui-demo-")
     assert not temp_dir.exists()
     assert list(cwd.iterdir()) == []
+
+
+def test_demo_stopped_while_seeding_leaves_no_process_behind(cwd: Path, tmp_path: Path) -> None:
+    """Ctrl-C while the runs are still being written ends the workers and their children,
+    and the temporary store goes with them."""
+    with serving(["demo", "--no-auth"], cwd, tmp_path / "demo.log") as server:
+        listing = httpx.get(f"{server.url}/runs.json", timeout=10).json()
+        assert listing["seeding"] is not None and not listing["seeding"]["finished"]
+        workers = _children_of(server.process.pid)
+        assert workers, "the demo should be seeding in worker processes"
+        # And the scenario each worker has forked, if it is running one right now.
+        workers += [child for pid in workers for child in _children_of(pid)]
+        server.process.send_signal(signal.SIGINT)
+        code = server.process.wait(timeout=15)
+        out = server.output()
+    assert code == 0, out
+    assert "Traceback" not in out
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid), f"worker {pid} still runs"
+    store = next(line for line in out.splitlines() if "demo runs into" in line)
+    assert not Path(store.rsplit(" ", 1)[1]).parent.exists()
+    assert list(cwd.iterdir()) == []
+
+
+def _children_of(pid: int) -> list[int]:
+    """The process ids whose parent is ``pid`` (Linux: read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

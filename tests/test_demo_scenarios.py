@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from localui.demo.scenarios import SCENARIO_NAMES, SeedReport, seed
+from localui.demo.scenarios import (
+    SCENARIO_NAMES,
+    Scenario,
+    Seeding,
+    SeedReport,
+    create_store,
+    get_scenario,
+    seed,
+)
+from localui.records import SeedProgress
+
+if TYPE_CHECKING:
+    from conftest import ClientFactory
 
 #: Reads of a store the demo wrote: also run on the lowest SDK the project declares.
 pytestmark = pytest.mark.floor
@@ -242,3 +255,63 @@ def test_worker_refuses_an_unknown_scenario(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "no-such" in done.stderr
+
+
+# --- seeding while serving: what `localui demo` runs in its lifespan ---------------
+
+
+def test_a_failed_scenario_is_named_with_its_reason_and_the_rest_go_on(
+    tmp_path: Path, make_client: ClientFactory
+) -> None:
+    """A scenario its worker cannot run fails, with the worker's words; the one waiting
+    for it fails too; the others land. The terminal lines and the runs page say so."""
+    store = tmp_path / "local.db"
+    create_store(store)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local.db"]
+    unknown = Scenario("no-such-scenario", "Refund order Z-1 for 1.00", "completed")
+    waiting = Scenario("waits-for-it", None, "completed", fork=True, after="no-such-scenario")
+    said: list[str] = []
+    seeding = Seeding(
+        store,
+        scenarios=(get_scenario("completed"), unknown, waiting, get_scenario("paused-1")),
+        say=said.append,
+    )
+    announced: list[str] = []
+    report = asyncio.run(seeding.run(announced.append))
+
+    assert set(report.runs) == {"completed", "paused-1"}
+    assert sorted(announced) == sorted(report.runs.values())
+    progress = seeding.progress()
+    assert progress.finished and progress.landed == 2 and progress.total == 4
+    failed = {f.scenario: f.reason for f in progress.failures}
+    assert set(failed) == {"no-such-scenario", "waits-for-it"}
+    assert "exited with 2" in failed["no-such-scenario"]
+    assert "no demo scenario 'no-such-scenario'" in failed["no-such-scenario"]
+    assert failed["waits-for-it"] == "waits for scenario 'no-such-scenario', which failed"
+    assert any(line.startswith("no-such-scenario") and "FAILED" in line for line in said)
+
+    client = make_client(store, seeding=_Finished(seeding))
+    listing = client.get("/runs.json").json()
+    page = client.get("/").text
+    assert len(listing["runs"]) == 2
+    assert listing["seeding"]["finished"] is True
+    assert [f["scenario"] for f in listing["seeding"]["failures"]] == [
+        "no-such-scenario",
+        "waits-for-it",
+    ]
+    assert "seeded the demo: 2 of 4; 2 failed" in page
+    assert "Scenario <code>no-such-scenario</code> failed" in page
+    assert "no demo scenario &#39;no-such-scenario&#39;" in page
+
+
+class _Finished:
+    """A seeding that already ran: the app shows its progress and runs nothing."""
+
+    def __init__(self, seeding: Seeding) -> None:
+        self._seeding = seeding
+
+    def progress(self) -> SeedProgress:
+        return self._seeding.progress()
+
+    async def run(self, landed: Callable[[str], None]) -> object:
+        return None

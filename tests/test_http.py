@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -610,3 +611,14 @@ def test_same_origin_posts_pass_the_guard(
 def test_cross_site_get_is_answered(client: TestClient) -> None:
     response = client.get("/runs.json", headers={"Sec-Fetch-Site": "cross-site"})
     assert response.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/", "/approvals", "/cache", "/prune"])
+def test_the_nav_leads_to_every_page_it_names(client: TestClient, path: str) -> None:
+    """Runs, Approvals, Cache and Prune, from every page; each link answers 200."""
+    html = client.get(path).text
+    nav = html.split('<nav aria-label="Main">', 1)[1].split("</nav>", 1)[0]
+    links = re.findall(r'<a href="([^"]+)">([A-Za-z]+)', nav)
+    assert [name for _, name in links] == ["Runs", "Approvals", "Cache", "Prune"]
+    for href, _ in links:
+        assert client.get(href).status_code == 200, href

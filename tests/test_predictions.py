@@ -36,6 +36,7 @@ from localui.backends.base import Backend, Store
 from localui.demo import teams
 from localui.demo.agent import build_agent
 from localui.demo.scenarios import ALL_SCENARIOS, SeedReport, seed
+from localui.records import RunQuery
 from localui.settings import Settings
 
 #: Also run on the lowest SDK the project declares (scripts/test.sh).
@@ -316,6 +317,7 @@ def test_a_team_or_chain_pause_is_approved_through_its_owner(
 def test_a_crashed_team_or_chain_is_resumed_through_its_owner(copy: Copy, name: str) -> None:
     execution_id = copy.report.run_id(name)
     events: list[str] = []
+    before = {r.checkpoint_id for r in copy.store.list_rows(execution_id)}
     app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
     with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
         page = client.get(f"/runs/{execution_id}.json").json()
@@ -340,13 +342,17 @@ def test_a_crashed_team_or_chain_is_resumed_through_its_owner(copy: Copy, name: 
         page["resume"]["shape"]
         == {"chain": "node", "supervisor": "team", "swarm": "turn"}[name.split("-")[0]]
     )
+    if name == "swarm-crashed":
+        # Killed in its refund tool, the Swarm re-enters where its JSON says: the SDK's
+        # first new row is the active agent's turn:0, not the tool row it died at.
+        written = [r for r in copy.store.list_rows(execution_id) if r.checkpoint_id not in before]
+        assert written[0].node_id == plan["node_id"] == "turn:0"
+        assert written[0].agent_path == f"swarm:{teams.SWARM_NAME}/agent:refunder"
 
 
 def test_the_runs_list_names_each_run_by_its_owner(copy: Copy) -> None:
     """A team's run is listed under its Supervisor or Swarm, as its page says, not under
     the member whose row is newest; the agent filter finds each run by that name."""
-    from localui.records import RunQuery
-
     listed = copy.store.list_runs(RunQuery(limit=500)).runs
     owners = {f.execution_id: runs.run_owner(copy.store.list_rows(f.execution_id)) for f in listed}
     assert {f.execution_id: f.agent for f in listed} == {e: o.name for e, o in owners.items()}
@@ -398,3 +404,114 @@ def test_a_team_s_card_says_what_its_resume_does(copy: Copy, name: str, approve:
     assert approve in card
     team = "team" if name.startswith("supervisor") else "swarm"
     assert f"then the {team} goes on" in card and "then the agent goes on" not in card
+
+
+# --- an agent used as a tool, under an execution id of its own ----------------------------
+
+FRONT_DESK = "front-desk"
+
+
+def build_front_desk(
+    checkpointer: Any, refund_bot: Any, events: list[str], *, same_execution: bool = False
+) -> Any:
+    """An agent whose one tool hands the request to ``refund_bot``: as a run of its own
+    (``refund_bot.arun`` inside the tool makes a new execution id, and its rows carry
+    ``agent:front-desk/agent:refund-bot`` though front-desk writes none of them), or,
+    ``same_execution``, inside front-desk's own run (under the id the SDK keeps for the
+    running execution)."""
+    from fastaiagent import Agent, tool
+    from fastaiagent.llm.message import MessageRole
+    from fastaiagent.testing import FunctionModel
+
+    @tool(name="ask_refund_bot", register=False)
+    async def ask_refund_bot(request: str) -> str:
+        """Hand a refund request to refund-bot."""
+        events.append(f"tool:{FRONT_DESK}:ask_refund_bot")
+        if same_execution:
+            from fastaiagent.chain.interrupt import _execution_id
+
+            result = await refund_bot.arun(request, execution_id=_execution_id.get())
+        else:
+            result = await refund_bot.arun(request)
+        return f"refund-bot answered: {result.status}"
+
+    def answer(messages: list[Any]) -> Any:
+        events.append(f"model:{FRONT_DESK}")
+        if messages and messages[-1].role == MessageRole.tool:
+            return "Handed over to refund-bot."
+        request = next(str(m.content) for m in reversed(messages) if m.role == MessageRole.user)
+        return "", [
+            {"id": "call_0_ask", "name": "ask_refund_bot", "arguments": {"request": request}}
+        ]
+
+    return Agent(
+        name=FRONT_DESK,
+        llm=FunctionModel(answer, model="front-desk-demo"),
+        tools=[ask_refund_bot],
+        checkpointer=checkpointer,
+    )
+
+
+@pytest.mark.postgres
+def test_an_agent_used_as_a_tool_owns_its_own_execution(copy: Copy) -> None:
+    """The pause is refund-bot's, listed and decided as refund-bot's: approving it
+    continues refund-bot (``refund_bot.aresume``), which writes its rows as refund-bot,
+    where resuming with front-desk would answer with front-desk's own conversation."""
+    events: list[str] = []
+    refund_bot = build_agent(copy.checkpointer, events=events)
+    desk = build_front_desk(copy.checkpointer, refund_bot, events)
+    outer = asyncio.run(desk.arun("Refund order A-1002 for 250.00"))
+    assert outer.status == "completed"
+    nested = [
+        f
+        for f in copy.store.list_runs(RunQuery(limit=500)).runs
+        if f.execution_id != outer.execution_id
+        and any(
+            r.agent_path == f"agent:{FRONT_DESK}/agent:refund-bot"
+            for r in copy.store.list_rows(f.execution_id)
+        )
+    ]
+    assert len(nested) == 1
+    helper_run = nested[0].execution_id
+    rows = copy.store.list_rows(helper_run)
+    assert {r.agent for r in rows} == {"refund-bot"}, "front-desk wrote no row of it"
+
+    # The rule, the runs index (both backends) and the queue all name refund-bot.
+    assert runs.run_owner(rows) == runs.Owner(runs.AGENT, "refund-bot")
+    assert nested[0].agent == "refund-bot"
+    assert copy.store.get_run(outer.execution_id).agent == FRONT_DESK  # type: ignore[union-attr]
+    plan = runs.resume_plan(runs.PAUSED, rows, backend=copy.backend.kind)
+    assert isinstance(plan, runs.ResumePlan) and plan.owner.name == "refund-bot"
+
+    events.clear()
+    card, response = approve_through_the_app(copy, helper_run, [refund_bot, desk])
+    assert card["pending"]["runner"] == "Agent 'refund-bot'"
+    assert card["pending"]["problem"] is None
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "completed"
+    # What the SDK did: refund-bot's paused tool again, then refund-bot's model.
+    assert events[:2] == ["tool:refund-bot:refund", "model:refund-bot"]
+    assert not any(e.startswith(f"model:{FRONT_DESK}") for e in events)
+    after = copy.store.list_rows(helper_run)
+    assert {r.agent for r in after} == {"refund-bot"}
+    assert state_of(copy.store, helper_run) == runs.COMPLETED
+    assert copy.store.get_run(helper_run).agent == "refund-bot"  # type: ignore[union-attr]
+
+
+@pytest.mark.postgres
+def test_an_agent_run_inside_another_agents_execution_is_the_outer_ones(copy: Copy) -> None:
+    """The same nesting of paths in one execution: front-desk wrote rows of it (and its
+    end), so the run stays front-desk's, in the rule and in the runs index."""
+    events: list[str] = []
+    refund_bot = build_agent(copy.checkpointer, events=events)
+    desk = build_front_desk(copy.checkpointer, refund_bot, events, same_execution=True)
+    outer = asyncio.run(desk.arun("Refund order A-1001 for 40.00"))
+    assert outer.status == "completed"
+    rows = copy.store.list_rows(outer.execution_id)
+    assert {r.agent_path for r in rows} >= {
+        f"agent:{FRONT_DESK}",
+        f"agent:{FRONT_DESK}/agent:refund-bot",
+    }
+    assert runs.run_owner(rows) == runs.Owner(runs.AGENT, FRONT_DESK)
+    assert copy.store.get_run(outer.execution_id).agent == FRONT_DESK  # type: ignore[union-attr]
+    assert state_of(copy.store, outer.execution_id) == runs.COMPLETED

@@ -516,3 +516,21 @@ def test_the_state_line_names_the_decision_that_moved_the_run(
     state: str, decision: Decision | None, line: str | None
 ) -> None:
     assert runs.decision_line(state, decision) == line
+
+
+def test_a_pause_under_an_agent_is_owned_as_the_runs_index_says() -> None:
+    """``agent:front-desk/agent:refund-bot`` is front-desk's pause inside its own run, and
+    refund-bot's in refund-bot's own execution: the row alone cannot tell, the index can."""
+    path, node = "agent:front-desk/agent:refund-bot", "turn:0/tool:refund"
+    assert runs.pause_owner_needs_run(path)
+    assert runs.pause_owner(path, "refund-bot", node, "front-desk") == runs.Owner(
+        runs.AGENT, "front-desk"
+    )
+    assert runs.pause_owner(path, "refund-bot", node, "refund-bot") == runs.Owner(
+        runs.AGENT, "refund-bot"
+    )
+    team = "swarm:refund-swarm/agent:refunder"
+    assert not runs.pause_owner_needs_run(team)
+    assert runs.pause_owner(team, "refunder", node) == runs.Owner(runs.SWARM, "refund-swarm")
+    assert runs.execution_owner("agent:a/agent:b/swarm:s/agent:c") == runs.Owner(runs.SWARM, "s")
+    assert runs.owner_path(["agent:a/agent:b", None, "agent:a", "agent:a/agent:c"]) == "agent:a"

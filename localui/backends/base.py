@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from localui.backends.decisions import ABANDONED_AFTER_SECONDS
 from localui.records import (
+    Ballot,
     CacheEntry,
     CachePage,
     Claim,
@@ -36,6 +37,7 @@ from localui.records import (
     RunQuery,
     StoreTotals,
     User,
+    Vote,
 )
 
 #: The vocabulary of run states (DESIGN.md); the rules that derive them live in
@@ -223,6 +225,36 @@ class DecisionLog(Protocol):
         in one query; runs without one are left out."""
         ...
 
+    def cast_vote(
+        self,
+        *,
+        execution_id: str,
+        checkpoint_id: str,
+        actor: str,
+        reason: str,
+        fields_json: str,
+        needed: int,
+    ) -> Ballot:
+        """Record ``actor``'s approval of the pause at ``checkpoint_id``, unless they
+        approved it already or ``needed`` people have: one vote at a time per pause,
+        across processes, so exactly one vote is the one that completes the count."""
+        ...
+
+    def withdraw_vote(self, vote_id: int) -> None:
+        """Delete a vote whose approval could not be carried out (another decision won)."""
+        ...
+
+    def votes_for(
+        self, pauses: Sequence[tuple[str, str]]
+    ) -> Mapping[tuple[str, str], tuple[Vote, ...]]:
+        """The votes on each ``(execution_id, checkpoint_id)``, in order, in one query;
+        pauses without votes are left out."""
+        ...
+
+    def votes_for_run(self, execution_id: str) -> tuple[Vote, ...]:
+        """Every vote on any pause of the run, in order (the run's decisions show them)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -236,8 +268,12 @@ class UserDirectory(Protocol):
 
     def list_users(self) -> tuple[User, ...]: ...
 
-    def add(self, name: str, role: str, digest: str) -> User:
+    def add(self, name: str, role: str, digest: str, groups: Sequence[str] = ()) -> User:
         """A new person; :class:`~localui.errors.Conflict` when the name is taken."""
+        ...
+
+    def set_groups(self, name: str, groups: Sequence[str]) -> User | None:
+        """A person's groups, replaced; None if no such person."""
         ...
 
     def set_token(self, name: str, digest: str) -> User | None:

@@ -16,10 +16,24 @@ from datetime import UTC, datetime
 from typing import Any
 
 from localui.backends.shared import NamedRow
-from localui.records import Decision
+from localui.records import Decision, Vote
 from localui.settings import CLAIM_LEASE_SECONDS
 
 TABLE = "localui_decisions"
+#: Approvals of pauses whose rule needs several people (``localui.policy``), beside
+#: the decisions; unique per person and paused row, so nobody is counted twice, in
+#: any process.
+VOTES_TABLE = "localui_votes"
+VOTE_COLUMN_NAMES = (
+    "id",
+    "execution_id",
+    "checkpoint_id",
+    "actor",
+    "reason",
+    "fields",
+    "voted_at",
+)
+VOTE_COLUMNS = ", ".join(VOTE_COLUMN_NAMES)
 
 #: A claim whose row has no outcome, and whose process has not said it is alive for
 #: this long, was left by a process that died: another may take it over. The
@@ -119,3 +133,16 @@ def abandoned(decision: Decision, lease_seconds: float = ABANDONED_AFTER_SECONDS
             return False
         return (datetime.now(UTC) - started).total_seconds() > lease_seconds
     return False
+
+
+def vote_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> Vote:
+    """A row of ``VOTE_COLUMNS`` (by name) as a :class:`Vote`."""
+    return Vote(
+        id=int(row["id"]),
+        execution_id=str(row["execution_id"]),
+        checkpoint_id=str(row["checkpoint_id"]),
+        actor=str(row["actor"]),
+        reason=str(row["reason"] or ""),
+        fields_json=str(row["fields"] or "{}"),
+        voted_at=instant(row["voted_at"]),
+    )

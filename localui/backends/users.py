@@ -1,6 +1,7 @@
 """The people who may use a server: ``localui_users``, a table localui owns.
 
-Each person has a name, a role (``viewer``, ``approver``, ``operator``) and a
+Each person has a name, a role (``viewer``, ``approver``, ``operator``), the
+groups an approval policy names (``group:finance``, ``localui.policy``) and a
 personal token, of which only the SHA-256 is stored. A plain, fast hash is
 enough because every token is 32 bytes from ``secrets``: 256 bits of chance
 leave nothing to guess or look up in a dictionary, which is what slow password
@@ -22,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from localui.backends.shared import NamedRow
@@ -35,8 +36,16 @@ TABLE = "localui_users"
 MAX_NAME = 120
 
 #: The table's columns, in the order every SELECT and RETURNING lists them.
-COLUMN_NAMES = ("name", "role", "token_sha256", "created_at")
+COLUMN_NAMES = ("name", "role", "token_sha256", "created_at", "user_groups")
 COLUMNS = ", ".join(COLUMN_NAMES)
+#: The groups column: added after the table first shipped, so a table made by an
+#: older localui gets it on its next write (``ALTER TABLE``), and reads of a table
+#: that has not been written since see nobody in any group.
+GROUPS_COLUMN = "user_groups"
+#: The SELECT list for a table without the groups column.
+LEGACY_COLUMNS = "name, role, token_sha256, created_at, '' AS user_groups"
+#: The longest group name accepted.
+MAX_GROUP = 64
 
 
 def new_token() -> str:
@@ -66,6 +75,32 @@ def check_role(role: str) -> str:
     return role
 
 
+def check_groups(groups: Sequence[str]) -> tuple[str, ...]:
+    """Group names as stored: trimmed, each printable with no comma or space (the
+    proxy's groups header is comma-separated), in the order given, once each."""
+    found: list[str] = []
+    for group in groups:
+        group = group.strip()
+        if not group:
+            raise BadRequest("a group needs a name")
+        if len(group) > MAX_GROUP:
+            raise BadRequest(f"a group name is at most {MAX_GROUP} characters")
+        if any(c == "," or c.isspace() or unicodedata.category(c).startswith("C") for c in group):
+            raise BadRequest(f"group {group!r}: no commas, spaces or control characters")
+        if group not in found:
+            found.append(group)
+    return tuple(found)
+
+
+def groups_text(groups: Sequence[str]) -> str:
+    """How the groups column keeps them: comma-separated, as the proxy header sends them."""
+    return ",".join(groups)
+
+
+def groups_of(text: str | None) -> tuple[str, ...]:
+    return tuple(g for g in (text or "").split(",") if g)
+
+
 def already_a_user(name: str) -> Conflict:
     """What adding a name that is taken raises, on either backend."""
     return Conflict(f"{name!r} is already a user (reset or remove them)")
@@ -79,4 +114,5 @@ def user_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> User:
         role=str(row["role"]),
         token_sha256=str(row["token_sha256"]),
         created_at=instant(row["created_at"]),
+        groups=groups_of(row[GROUPS_COLUMN]),
     )

@@ -114,6 +114,15 @@ def build_agent(
             if not decision.approved:
                 reason = decision.metadata.get("reason") or "no reason given"
                 return f"refund of {amount:.2f} on {order_id} declined: {reason}"
+            # Under an approval policy the approver may set the amount (a field, in
+            # Resume.metadata), and the metadata names everyone who approved.
+            approved_amount = decision.metadata.get("amount")
+            if isinstance(approved_amount, int | float) and not isinstance(approved_amount, bool):
+                amount = float(approved_amount)
+            approvers = decision.metadata.get("approvers")
+            if isinstance(approvers, list) and approvers:
+                names = ", ".join(str(a) for a in approvers)
+                return f"refunded {amount:.2f} on {order_id}, approved by {names}"
         return f"refunded {amount:.2f} on {order_id}"
 
     @tool(name="notify_customer", register=False)

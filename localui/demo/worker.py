@@ -1,19 +1,29 @@
-"""Run one demo scenario in this process: ``python -m localui.demo.worker``.
+"""Run demo scenarios: ``python -m localui.demo.worker``.
 
-``localui.demo.scenarios.seed`` starts one of these per scenario. The execution
+With ``--scenario NAME`` it runs that one scenario in this process. The execution
 id is the last line of stdout, printed and flushed before the run starts, since
 the crash scenarios end the process with ``os._exit`` and flush nothing.
-Exit status: 0 when the run ended as its scenario says, 17/18 for the seeded
+Exit status: 0 when the run ended as its scenario says, 17/18/19 for the seeded
 crashes, 1 when it ended any other way, 2 for bad arguments.
+
+With ``--pool`` it is one of the seeder's worker processes
+(``localui.demo.scenarios``): it imports the SDK once, then reads one JSON request
+a line on stdin (``{"scenario": NAME, "source": ID or null}``) and runs each in a
+child forked from itself, so a scenario costs no interpreter start and no imports,
+and a seeded crash still kills a real process of its own. For each it writes one
+JSON line on stdout: ``{"scenario", "exit", "stdout", "stderr"}``, the child's as
+above.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sqlite3
 import sys
+import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +44,11 @@ _APPROVE_ATTEMPTS = 8
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.pool:
+        return _serve_pool(args)
+    if args.scenario is None:
+        print("pass --scenario NAME, or --pool", file=sys.stderr)
+        return 2
     # The SDK caches its configuration on first use, so these go in before
     # anything imports it: traced as the caller says (the demo traces into the
     # store), and nothing defaults to ./.fastaiagent (for a PostgreSQL store the
@@ -79,10 +94,76 @@ def _parser() -> argparse.ArgumentParser:
         default="fastaiagent",
         help="with a postgresql:// store: the schema of the SDK's tables",
     )
-    parser.add_argument("--scenario", required=True, help="the scenario's name")
+    parser.add_argument("--scenario", help="the scenario's name")
+    parser.add_argument(
+        "--pool", action="store_true", help="run the scenarios named on stdin, one at a time"
+    )
     parser.add_argument("--ledger", type=Path, help="append one JSON line per side effect here")
     parser.add_argument("--source", help="the execution id a fork scenario branches from")
     return parser
+
+
+def _serve_pool(args: argparse.Namespace) -> int:
+    """Run each requested scenario in a forked child, one at a time, until stdin ends."""
+    os.environ.setdefault("FASTAIAGENT_TRACE_ENABLED", "false")
+    if not is_postgres_url(args.store):
+        os.environ["FASTAIAGENT_LOCAL_DB"] = args.store
+    # What every scenario imports, imported once here for all the children. Nothing
+    # here opens a connection or starts a thread, which a fork would not carry over.
+    import fastaiagent  # noqa: F401
+
+    import localui.demo.agent  # noqa: F401
+    import localui.demo.teams  # noqa: F401
+
+    if is_postgres_url(args.store):
+        import fastaiagent.checkpointers.postgres  # noqa: F401
+        import psycopg  # noqa: F401
+
+    fixed = ["--store", args.store, "--pg-schema", args.pg_schema]
+    if args.ledger is not None:
+        fixed += ["--ledger", str(args.ledger)]
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        argv = [*fixed, "--scenario", str(request["scenario"])]
+        if request.get("source"):
+            argv += ["--source", str(request["source"])]
+        code, out, err = _in_child(argv)
+        reply = {"scenario": request["scenario"], "exit": code, "stdout": out, "stderr": err}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+def _in_child(argv: list[str]) -> tuple[int, str, str]:
+    """``main(argv)`` in a forked child: its exit code, stdout and stderr."""
+    with tempfile.TemporaryDirectory(prefix="localui-scenario-") as captured:
+        out_path, err_path = Path(captured) / "out", Path(captured) / "err"
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                for fd, path in ((1, out_path), (2, err_path)):
+                    opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    os.dup2(opened, fd)
+                    os.close(opened)
+                code = main(argv)
+            except BaseException as exc:
+                print(f"worker raised {type(exc).__name__}: {exc}", file=sys.stderr)
+            finally:
+                # The SDK's spans and rows are written as they happen (its local trace
+                # store writes on each span's end), so nothing waits for exit handlers.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        return (
+            code,
+            out_path.read_text(errors="replace") if out_path.exists() else "",
+            err_path.read_text(errors="replace") if err_path.exists() else "",
+        )
 
 
 def _announce(execution_id: str) -> None:

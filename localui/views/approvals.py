@@ -7,11 +7,12 @@ and, before anyone clicks, whether this process can carry the decision out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, unquote
@@ -24,9 +25,21 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui import runs
 from localui.actions import ActionService, AlreadyDecided, Outcome, StaleCard
-from localui.auth import APPROVER, require
+from localui.auth import APPROVER, OPEN, Person, person_of, require
+from localui.backends.shared import pending_key
 from localui.errors import BadRequest, LocalUIError, NotFound
-from localui.records import ALREADY_RESUMED, APPROVAL, Decision, PausedCall, Pending, Unreadable
+from localui.policy import Field, Rule
+from localui.records import (
+    ALREADY_RESUMED,
+    APPROVAL,
+    Decision,
+    PausedCall,
+    Pending,
+    PendingPage,
+    Unreadable,
+    Vote,
+)
+from localui.shortids import shortest_unique
 from localui.views.common import (
     Nav,
     context,
@@ -194,9 +207,11 @@ class DecisionView:
     detail: str | None
     finished_at: str | None
     words: str = html_only("")
+    #: The row's id as the page's decisions show it (``localui.shortids``).
+    short_checkpoint_id: str = html_only("")
 
 
-def decision_view(d: Decision) -> DecisionView:
+def decision_view(d: Decision, short_checkpoint_id: str | None = None) -> DecisionView:
     if d.outcome is None:
         words = f"{d.actor} {d.verb} it at {d.decided_at}; the run is still going."
     elif d.outcome == ALREADY_RESUMED:
@@ -220,7 +235,173 @@ def decision_view(d: Decision) -> DecisionView:
         detail=d.detail,
         finished_at=d.finished_at,
         words=words,
+        short_checkpoint_id=short_checkpoint_id
+        or shortest_unique([d.checkpoint_id])[d.checkpoint_id],
     )
+
+
+# --- the rule a card is decided under (localui.policy) --------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FieldView:
+    """One input of a rule's field, filled in from the pause's context."""
+
+    #: The form's name for it: ``field.<name>``.
+    input_name: str
+    name: str
+    label: str
+    #: ``text``, ``number``, ``checkbox`` or ``select``.
+    input: str
+    value: str
+    checked: bool
+    required: bool
+    min: str | None
+    max: str | None
+    step: str | None
+    choices: tuple[str, ...]
+    #: What it accepts, in words: ``a number from 1 to 250``.
+    hint: str
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return "" if value is None else str(value)
+
+
+def field_view(field: Field, context: Any) -> FieldView:
+    value = field.default_for(context)
+    low: float | None = None
+    high: float | None = None
+    hint = {"text": "text", "number": "a number", "integer": "a whole number"}.get(field.type, "")
+    if field.type in ("number", "integer"):
+        try:
+            low, high = field.bounds(context)
+        except BadRequest as exc:
+            hint = f"cannot be checked: {exc}"
+        else:
+            if low is not None and high is not None:
+                hint += f" from {_shown(low)} to {_shown(high)}"
+            elif low is not None:
+                hint += f" of at least {_shown(low)}"
+            elif high is not None:
+                hint += f" of at most {_shown(high)}"
+    if field.type == "choice":
+        hint = "one of " + ", ".join(field.choices)
+    return FieldView(
+        input_name=f"field.{field.name}",
+        name=field.name,
+        label=field.label,
+        input={"boolean": "checkbox", "choice": "select", "text": "text"}.get(field.type, "number"),
+        value=_shown(value),
+        checked=value is True,
+        required=field.required,
+        min=None if low is None else _shown(low),
+        max=None if high is None else _shown(high),
+        step={"number": "any", "integer": "1"}.get(field.type),
+        choices=field.choices,
+        hint=hint + (" (required)" if field.required else ""),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class VoteView:
+    actor: str
+    voted_at: str
+    age: str
+
+
+@dataclass(frozen=True, slots=True)
+class RuleView:
+    """The policy's rule for a card: who decides, how many, and who approved so far."""
+
+    name: str
+    who: str
+    approvals: int
+    votes: tuple[VoteView, ...]
+    #: ``Rule 'large refunds': 2 approvals from finance — Ada approved 4 min ago; one
+    #: more person needed``.
+    words: str
+    #: Whether the person looking may decide it (else the card is read-only for them).
+    may_decide: bool
+    reason_required: str
+    fields: tuple[FieldView, ...] = html_only(())
+
+
+def _needed_words(remaining: int, *, more: bool = True) -> str:
+    if remaining == 1:
+        return "one more person needed" if more else "one person needed"
+    return f"{remaining} more people needed" if more else f"{remaining} people needed"
+
+
+def rule_view(
+    rule: Rule, votes: tuple[Vote, ...], context: Any, may_decide: bool, now: datetime
+) -> RuleView:
+    shown = tuple(VoteView(v.actor, v.voted_at, runs.age_words(v.voted_at, now)) for v in votes)
+    plural = "approval" if rule.approvals == 1 else "approvals"
+    words = f"Rule {rule.name!r}: {rule.approvals} {plural} from {rule.who}"
+    if rule.approvals > 1:
+        so_far = ", ".join(f"{v.actor} approved {v.age}" for v in shown) or "none yet"
+        remaining = max(rule.approvals - len(shown), 0)
+        words += f" — {so_far}; {_needed_words(remaining, more=bool(shown))}"
+    if rule.reason_required == "always":
+        words += "; a reason is required to approve too"
+    return RuleView(
+        name=rule.name,
+        who=rule.who,
+        approvals=rule.approvals,
+        votes=shown,
+        words=words,
+        may_decide=may_decide,
+        reason_required=rule.reason_required,
+        fields=tuple(field_view(f, context) for f in rule.fields),
+    )
+
+
+def vote_view(vote: Vote, short_checkpoint_id: str | None = None) -> DecisionView:
+    """A vote among a run's decisions: one approval a rule counted, not yet the last."""
+    return DecisionView(
+        kind="vote",
+        checkpoint_id=vote.checkpoint_id,
+        approved=True,
+        approver=vote.actor,
+        reason=vote.reason,
+        decided_at=vote.voted_at,
+        outcome="voted",
+        detail=None,
+        finished_at=vote.voted_at,
+        words=f"{vote.actor} approved it at {vote.voted_at}, one of the approvals its rule needs.",
+        short_checkpoint_id=short_checkpoint_id
+        or shortest_unique([vote.checkpoint_id])[vote.checkpoint_id],
+    )
+
+
+def decision_views(
+    actions: ActionService,
+    execution_id: str,
+    *,
+    approvals_only: bool = False,
+    recorded: tuple[Decision, ...] | None = None,
+) -> tuple[DecisionView, ...]:
+    """A run's decisions (``recorded``, when the caller read them) and votes, oldest
+    first, their rows' ids shortened to read apart from each other. The vote that
+    completed a count is a decision as well, shown once, as that."""
+    if recorded is None:
+        recorded = actions.decisions.list_for_run(execution_id)
+    decisions = [d for d in recorded if not approvals_only or d.kind == APPROVAL]
+    decided = {(d.checkpoint_id, d.actor) for d in decisions if d.kind == APPROVAL}
+    votes = [
+        v
+        for v in actions.decisions.votes_for_run(execution_id)
+        if (v.checkpoint_id, v.actor) not in decided
+    ]
+    ids = shortest_unique([d.checkpoint_id for d in decisions] + [v.checkpoint_id for v in votes])
+    shown = [(d.decided_at, decision_view(d, ids[d.checkpoint_id])) for d in decisions]
+    shown += [(v.voted_at, vote_view(v, ids[v.checkpoint_id])) for v in votes]
+    return tuple(view for _, view in sorted(shown, key=lambda pair: pair[0]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +429,13 @@ class ApprovalItem:
     #: What kind of runner resumes it (``agent``, ``chain``, ``supervisor``, ``swarm``):
     #: the card's sentences follow what each does on resume.
     runner_kind: str = html_only("")
+    #: The run's id as this page shows it (``localui.shortids``); the title has it whole.
+    short_id: str = html_only("")
+    #: No runner of the run's owner is registered here: the queue says so once, above
+    #: its cards, and the card is read-only.
+    runner_missing: bool = html_only(False)
+    #: The policy's rule for this pause; null when none governs it (any approver, alone).
+    rule: RuleView | None = None
 
 
 def approval_item(
@@ -259,17 +447,30 @@ def approval_item(
     exact: bool = True,
     paused: PausedCall | None = None,
     light: bool = False,
+    short_id: str | None = None,
+    person: Person = OPEN,
+    votes: Mapping[tuple[str, str], tuple[Vote, ...]] | None = None,
 ) -> ApprovalItem:
     """One card; ``paused`` is its paused call when the caller read a page of them at
     once, else it is read here. A ``light`` card (the queue's) leaves its context table
-    to be loaded when opened: a page of fifty stays as quick as the bare JSON."""
+    to be loaded when opened: a page of fifty stays as quick as the bare JSON. ``votes``
+    likewise: the page's votes, read at once, else this card's are read here."""
     if paused is None and pending.checkpoint_id:
         paused = actions.store.paused_calls((pending,)).get(pending.checkpoint_id)
     context_value = pending.context
     if isinstance(context_value, Unreadable):
         context_value = {"unreadable": context_value.error}
     entries = () if light else context_entries(context_value)
-    owner = runs.pause_owner(pending.agent_path, pending.agent, pending.node_id)
+    owner = actions.pause_owner(pending)
+    rule = actions.rule_for(pending)
+    shown_rule = None
+    if rule is not None:
+        key = (pending.execution_id, pending.checkpoint_id or "")
+        if votes is None:
+            votes = actions.decisions.votes_for([key]) if rule.approvals > 1 else {}
+        shown_rule = rule_view(
+            rule, votes.get(key, ()), context_value, actions.may_decide(rule, person), now
+        )
     return ApprovalItem(
         execution_id=pending.execution_id,
         agent=pending.agent,
@@ -287,6 +488,23 @@ def approval_item(
         entries=entries,
         context_keys=len(context_value) if isinstance(context_value, dict | list) else 1,
         effects=effects_of(pending, paused),
+        short_id=short_id or shortest_unique([pending.execution_id])[pending.execution_id],
+        runner_missing=actions.registry.get(owner.name) is None,
+        rule=shown_rule,
+    )
+
+
+def missing_runners_words(actions: ActionService, items: Sequence[ApprovalItem]) -> str | None:
+    """The one sentence a page of cards says when runs on it have no runner here."""
+    missing = sorted({item.runner for item in items if item.runner_missing})
+    if not missing:
+        return None
+    registered = ", ".join(actions.registry.names()) or "none"
+    return (
+        f"Cannot decide here: no runner is registered in this localui process for "
+        f"{', '.join(missing)} (registered: {registered}). Restart it with --agents "
+        "MODULE:ATTR (or FILE.py:ATTR) naming the code that builds each, bound to this "
+        "store; until then their cards below are read-only."
     )
 
 
@@ -296,8 +514,51 @@ class ApprovalsPage:
     next: str | None
     total: int
     order: str
+    #: Only the cards the person looking may decide (``?mine=1``).
+    mine: bool = False
     next_url: str | None = html_only(None)
     approver: str = html_only("")
+    #: Said once above the cards: the runners to register before these can be decided.
+    missing_runners: str | None = html_only(None)
+    #: The queue with the other filter: all cards, or only those one may decide.
+    mine_url: str = html_only("")
+    #: Whether any rule governs pauses here (the queue then offers ``mine_url``).
+    has_policy: bool = html_only(False)
+
+
+#: Pages of the queue a "cards I can decide" page reads at most to fill itself; past
+#: that it ends early and its "More" link goes on from where it stopped.
+MINE_SCAN_PAGES = 20
+
+
+def pending_page(
+    actions: ActionService,
+    after: tuple[str, str] | None,
+    newest_first: bool,
+    limit: int,
+    keep: Callable[[Pending], bool] | None,
+) -> PendingPage:
+    """A page of the queue; with ``keep``, only the pauses it keeps, read page by page
+    until the page is full (the policy is Python, not SQL, so the filter runs here)."""
+    if keep is None:
+        return actions.store.list_pending(after=after, limit=limit, newest_first=newest_first)
+    kept: list[Pending] = []
+    cursor = after
+    total = 0
+    for _ in range(MINE_SCAN_PAGES):
+        page = actions.store.list_pending(after=cursor, limit=limit, newest_first=newest_first)
+        total = page.total
+        for index, item in enumerate(page.items):
+            if not keep(item):
+                continue
+            kept.append(item)
+            if len(kept) == limit:
+                last = index == len(page.items) - 1 and page.next_key is None
+                return PendingPage(tuple(kept), None if last else pending_key(item), total)
+        if page.next_key is None:
+            return PendingPage(tuple(kept), None, total)
+        cursor = page.next_key
+    return PendingPage(tuple(kept), cursor, total)
 
 
 def build_approvals_page(
@@ -306,35 +567,59 @@ def build_approvals_page(
     newest_first: bool,
     limit: int,
     urls: Urls,
+    person: Person = OPEN,
+    mine: bool = False,
 ) -> ApprovalsPage:
-    page = actions.store.list_pending(after=after, limit=limit, newest_first=newest_first)
-    # The page's paused calls in one read, not one per card.
+    keep = None
+    if mine:
+
+        def keep(pending: Pending) -> bool:
+            return person.can_decide and actions.may_decide(actions.rule_for(pending), person)
+
+    page = pending_page(actions, after, newest_first, limit, keep)
+    # The page's paused calls in one read, not one per card; its votes too.
     calls = actions.store.paused_calls(page.items)
+    policy = actions.settings.policy
+    votes = (
+        actions.decisions.votes_for([(p.execution_id, p.checkpoint_id or "") for p in page.items])
+        if policy is not None and any(r.approvals > 1 for r in policy.rules)
+        else {}
+    )
     now = datetime.now(UTC)
     cursor = encode_cursor(page.next_key) if page.next_key else None
     order = "newest" if newest_first else "oldest"
+    newest = "newest" if newest_first else None
     next_url = None
     if cursor:
         next_url = urls.path(
-            "approvals", {"after": cursor, "order": "newest" if newest_first else None}
+            "approvals", {"after": cursor, "order": newest, "mine": "1" if mine else None}
         )
+    shown = shortest_unique(p.execution_id for p in page.items)
+    items = tuple(
+        approval_item(
+            actions,
+            p,
+            now,
+            urls,
+            exact=False,
+            paused=calls.get(p.checkpoint_id or ""),
+            light=True,
+            short_id=shown[p.execution_id],
+            person=person,
+            votes=votes,
+        )
+        for p in page.items
+    )
     return ApprovalsPage(
-        approvals=tuple(
-            approval_item(
-                actions,
-                p,
-                now,
-                urls,
-                exact=False,
-                paused=calls.get(p.checkpoint_id or ""),
-                light=True,
-            )
-            for p in page.items
-        ),
+        approvals=items,
         next=cursor,
         total=page.total,
         order=order,
+        mine=mine,
         next_url=next_url,
+        missing_runners=missing_runners_words(actions, items),
+        mine_url=urls.path("approvals", {"order": newest, "mine": None if mine else "1"}),
+        has_policy=policy is not None,
     )
 
 
@@ -356,8 +641,10 @@ class QueueCards:
         self._lock = threading.Lock()
 
     def key(self, ctx: Context, item: ApprovalItem, approver: str) -> Hashable:
-        """Everything a light card shows or is drawn from (its context is not drawn)."""
+        """Everything a light card shows or is drawn from (its context is not drawn),
+        its rule with the votes so far and whether the person looking may decide."""
         return (
+            item.rule,
             item.execution_id,
             item.checkpoint_id,
             item.agent,
@@ -372,6 +659,8 @@ class QueueCards:
             item.problem,
             item.context_keys,
             item.effects,
+            item.short_id,
+            item.runner_missing,
             approver,
             ctx["person"],
             ctx["settings"].read_only,
@@ -386,7 +675,8 @@ class QueueCards:
                 self._cards.move_to_end(key)
                 return card
         module: Any = ctx.environment.get_template(self.TEMPLATE).make_module(ctx.get_all())
-        card = Markup(module.approval_card(item, approver, bulk=True, light=True))
+        # The queue says once, above its cards, what a card without a runner lacks.
+        card = Markup(module.approval_card(item, approver, bulk=True, light=True, said_above=True))
         with self._lock:
             self._cards[key] = card
             while len(self._cards) > self._size:
@@ -422,8 +712,10 @@ async def approvals_list(request: Request) -> Response:
         order == "newest",
         queue_page_size(ctx.settings.page_size),
         urls_of(request),
+        person_of(request),
+        mine_of(request),
     )
-    page = _with_approver(request, page)
+    page = replace(page, approver=approver_of(request))
     # The queue's total is the badge's count: no second count of the pauses.
     return await respond(
         request,
@@ -435,14 +727,15 @@ async def approvals_list(request: Request) -> Response:
 
 
 def _with_approver(request: Request, page: ApprovalsPage) -> ApprovalsPage:
-    return ApprovalsPage(
-        approvals=page.approvals,
-        next=page.next,
-        total=page.total,
-        order=page.order,
-        next_url=page.next_url,
-        approver=approver_of(request),
-    )
+    return dataclasses.replace(page, approver=approver_of(request))
+
+
+def mine_of(request: Request) -> bool:
+    """``?mine=1``: only the cards the person looking may decide."""
+    mine = request.query_params.get("mine", "")
+    if mine not in ("", "0", "1"):
+        raise BadRequest(f"mine={mine!r} is not 1 (only cards you may decide) or 0")
+    return mine == "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,16 +749,18 @@ class ApprovalPage:
     approver: str = html_only("")
 
 
-def build_approval_page(actions: ActionService, execution_id: str, urls: Urls) -> ApprovalPage:
+def build_approval_page(
+    actions: ActionService, execution_id: str, urls: Urls, person: Person = OPEN
+) -> ApprovalPage:
     pending = actions.store.get_pending(execution_id)
-    decisions = tuple(
-        decision_view(d) for d in actions.decisions.list_for_run(execution_id) if d.kind == APPROVAL
-    )
+    decisions = decision_views(actions, execution_id, approvals_only=True)
     if pending is None and not decisions and actions.store.get_run(execution_id) is None:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
     return ApprovalPage(
         execution_id=execution_id,
-        pending=approval_item(actions, pending, datetime.now(UTC), urls) if pending else None,
+        pending=approval_item(actions, pending, datetime.now(UTC), urls, person=person)
+        if pending
+        else None,
         decisions=decisions,
         run_url=urls.run(execution_id),
     )
@@ -473,7 +768,9 @@ def build_approval_page(actions: ActionService, execution_id: str, urls: Urls) -
 
 async def approval_detail(request: Request) -> Response:
     execution_id = request.path_params["execution_id"]
-    page = await off_loop(build_approval_page, actions_of(request), execution_id, urls_of(request))
+    page = await off_loop(
+        build_approval_page, actions_of(request), execution_id, urls_of(request), person_of(request)
+    )
     page = ApprovalPage(
         execution_id=page.execution_id,
         pending=page.pending,
@@ -494,18 +791,32 @@ class OutcomeView:
     decision: DecisionView | None
     new_execution_id: str | None
     run_url: str
+    #: For a vote (status ``voted``): who approved so far, in order, and how many the
+    #: rule needs.
+    approvers: tuple[str, ...] = ()
+    needed: int = 0
 
 
 def outcome_view(outcome: Outcome, urls: Urls) -> OutcomeView:
+    output = outcome.output
+    approvers = tuple(v.actor for v in outcome.votes)
+    if outcome.status == "voted":
+        remaining = _needed_words(outcome.needed - len(approvers))
+        output = (
+            f"approval {len(approvers)} of {outcome.needed} recorded ({', '.join(approvers)});"
+            f" {remaining}: the run keeps waiting"
+        )
     return OutcomeView(
         execution_id=outcome.execution_id,
         action=outcome.action,
         status=outcome.status,
-        output=outcome.output,
+        output=output,
         error=outcome.error,
         decision=decision_view(outcome.decision) if outcome.decision else None,
         new_execution_id=outcome.new_execution_id,
         run_url=urls.run(outcome.new_execution_id or outcome.execution_id),
+        approvers=approvers,
+        needed=outcome.needed,
     )
 
 
@@ -525,6 +836,18 @@ async def answer_outcome(request: Request, outcome: Outcome, redirect_to: str) -
     return RedirectResponse(redirect_to, status_code=303)
 
 
+FIELD_PREFIX = "field."
+
+
+def fields_of(form: Any) -> dict[str, str]:
+    """The rule's fields a form sent, ``field.<name>``, by name (the rule checks them)."""
+    return {
+        str(k)[len(FIELD_PREFIX) :]: str(v)
+        for k, v in form.multi_items()
+        if str(k).startswith(FIELD_PREFIX)
+    }
+
+
 async def _decide(request: Request, approved: bool) -> Response:
     person = require(request, APPROVER)
     execution_id = request.path_params["execution_id"]
@@ -537,6 +860,8 @@ async def _decide(request: Request, approved: bool) -> Response:
         approver=approver,
         reason=str(form.get("reason") or ""),
         checkpoint_id=str(form.get("checkpoint_id") or ""),
+        person=person,
+        fields=fields_of(form),
     )
     response = await answer_outcome(request, outcome, urls_of(request).approval(execution_id))
     if not person.signed_in:
@@ -651,6 +976,7 @@ async def bulk_decide(request: Request) -> Response:
     if len(cards) > BULK_LIMIT:
         raise BadRequest(f"{len(cards)} cards picked; one bulk decision takes at most {BULK_LIMIT}")
     actions, urls = actions_of(request), urls_of(request)
+    fields = fields_of(form)
     items: list[BulkItem] = []
     for execution_id, checkpoint_id in cards:
         status: str | None = None
@@ -661,6 +987,8 @@ async def bulk_decide(request: Request) -> Response:
                 approver=approver,
                 reason=reason,
                 checkpoint_id=checkpoint_id,
+                person=person,
+                fields=fields,
             )
         except AlreadyDecided as exc:
             result, words = "already_decided", str(exc)
@@ -675,6 +1003,8 @@ async def bulk_decide(request: Request) -> Response:
             result = "won"
             verb_done = "approved" if verb == "approve" else "rejected"
             words = f"{approver} {verb_done} it: the run {outcome.status}"
+            if outcome.status == "voted":
+                words = f"{approver} approved it: {outcome_view(outcome, urls).output}"
             if outcome.error:
                 words += f" ({outcome.error})"
         items.append(

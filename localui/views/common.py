@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -29,7 +29,7 @@ from localui.backends.base import Backend, Store
 from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, LifespanNotRun, LocalUIError
 from localui.live import ChangeFeed
-from localui.records import Unreadable
+from localui.records import SeedProgress, Unreadable
 from localui.registry import Registry
 from localui.settings import Settings
 from localui.signing import Signer
@@ -49,6 +49,19 @@ def html_only(default: Any = dataclasses.MISSING) -> Any:
     if default is dataclasses.MISSING:
         return field(metadata=HIDDEN)
     return field(default=default, metadata=HIDDEN)
+
+
+class Seeding(Protocol):
+    """Runs written into the served store while it is served (``localui demo``).
+
+    The app's lifespan runs it beside the server and cancels it on shutdown; it calls
+    ``landed`` with each run's execution id as that run is in the store, and the runs
+    list shows ``progress`` until it is finished.
+    """
+
+    def progress(self) -> SeedProgress: ...
+
+    async def run(self, landed: Callable[[str], None]) -> object: ...
 
 
 @dataclass(slots=True)
@@ -72,6 +85,8 @@ class AppState:
     traces: SpanIndex | None = None
     #: The live pages' shared renders, made with the first stream (``views.live``).
     live_renders: LiveRenders | None = None
+    #: What ``localui demo`` is still writing into the store, or None.
+    seeding: Seeding | None = None
 
     @property
     def store(self) -> Store:

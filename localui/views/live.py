@@ -50,6 +50,7 @@ from localui.views.approvals import (
     approver_of,
     build_approvals_page,
     gone_notes,
+    mine_of,
     queue_page_size,
 )
 from localui.views.common import AppState, context, decode_cursor, nav_counts, off_loop
@@ -160,6 +161,7 @@ class RunsView:
             ctx.settings.page_size,
             self.urls,
             ctx.traces,
+            ctx.seeding.progress() if ctx.seeding is not None else None,
         )
         html = render_partial(ctx, "partials/_runs_table.html", self.urls, page=page, live=True)
         return Rendered(fragments=(Fragment("runs-table", html),))
@@ -185,7 +187,12 @@ class RunView:
 
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         page = build_run_page(
-            ctx.store, self.execution_id, self.urls, ctx.actions, traces=ctx.traces
+            ctx.store,
+            self.execution_id,
+            self.urls,
+            ctx.actions,
+            traces=ctx.traces,
+            person=self.person,
         )
         page = replace(page, approver=self.approver)
         parts = (
@@ -214,10 +221,20 @@ class QueueView:
     approver: str
     urls: Urls
     person: Person = NOBODY
+    #: Only the cards the person may decide (``?mine=1``).
+    mine: bool = False
 
     @property
     def key(self) -> Hashable:
-        return ("queue", self.after, self.newest_first, self.approver, self.urls, self.person)
+        return (
+            "queue",
+            self.after,
+            self.newest_first,
+            self.approver,
+            self.urls,
+            self.person,
+            self.mine,
+        )
 
     def affected_by(self, changes: Changes) -> bool:
         return changes.pauses_changed
@@ -230,6 +247,8 @@ class QueueView:
             self.newest_first,
             queue_page_size(ctx.settings.page_size),
             self.urls,
+            self.person,
+            self.mine,
         )
         page = replace(page, approver=self.approver)
         shown = tuple(item.execution_id for item in page.approvals)
@@ -492,6 +511,7 @@ async def approvals_views(request: Request) -> list[LiveView]:
         approver=approver_of(request),
         urls=urls_of(request),
         person=person_of(request),
+        mine=mine_of(request),
     )
     return [NAV, view]
 

@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from localui import runs
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
+from localui.auth import OPEN, Person, person_of
 from localui.backends.base import Store
 from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, NotFound
@@ -29,12 +30,13 @@ from localui.records import (
     RowDetail,
     RowHeader,
 )
+from localui.shortids import shortest_unique
 from localui.views.approvals import (
     ApprovalItem,
     DecisionView,
     approval_item,
     approver_of,
-    decision_view,
+    decision_views,
 )
 from localui.views.common import context, html_only, off_loop, pretty_json, respond
 from localui.views.params import parse_count
@@ -137,6 +139,10 @@ class ForkView:
     url: str
     source_url: str | None
     forks: tuple[ForkView, ...] = ()
+    #: The ids as the lineage shows them (``localui.shortids``): the fork's, unique
+    #: among the runs of this lineage, and its source run's.
+    short_id: str = html_only("")
+    source_short_id: str = html_only("")
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +241,8 @@ class RunPage:
     resume_needs_confirm: bool = html_only(False)
     forkable: tuple[RowView, ...] = html_only(())
     fork_problem: str | None = html_only(None)
+    #: Why nothing can be done with this run here: no runner of its owner is registered.
+    runner_missing: str | None = html_only(None)
     approval: ApprovalItem | None = html_only(None)
     #: The approver this browser last decided as, to prefill the card.
     approver: str = html_only("")
@@ -300,6 +308,9 @@ def cache_view(entry: CacheEntry, rows: Sequence[RowHeader] = ()) -> CacheView:
 
 
 def fork_view(link: ForkLink, urls: Urls, children: tuple[ForkView, ...] = ()) -> ForkView:
+    """One fork link, its ids shown as a page of these two runs would show them."""
+    ids = [link.execution_id, *([link.source_execution_id] if link.source_execution_id else [])]
+    shown = shortest_unique(ids)
     source_url = None
     if link.source_execution_id:
         source_url = urls.run(
@@ -314,11 +325,14 @@ def fork_view(link: ForkLink, urls: Urls, children: tuple[ForkView, ...] = ()) -
         url=urls.run(link.execution_id),
         source_url=source_url,
         forks=children,
+        short_id=shown.get(link.execution_id, link.execution_id),
+        source_short_id=shown.get(link.source_execution_id or "", ""),
     )
 
 
 def lineage(store: Store, execution_id: str, urls: Urls) -> tuple[ForkView, ...]:
-    """This run's forks, and theirs, depth first, at most ``MAX_LINEAGE`` in all."""
+    """This run's forks, and theirs, depth first, at most ``MAX_LINEAGE`` in all; their
+    ids shortened so that each reads apart from every other run of the lineage."""
     seen = {execution_id}
 
     def walk(run_id: str) -> tuple[ForkView, ...]:
@@ -330,7 +344,21 @@ def lineage(store: Store, execution_id: str, urls: Urls) -> tuple[ForkView, ...]
             views.append(fork_view(link, urls, walk(link.execution_id)))
         return tuple(views)
 
-    return walk(execution_id)
+    tree = walk(execution_id)
+    shown = shortest_unique(seen)
+
+    def shorten(views: tuple[ForkView, ...]) -> tuple[ForkView, ...]:
+        return tuple(
+            dataclasses.replace(
+                view,
+                short_id=shown[view.execution_id],
+                source_short_id=shown.get(view.source_execution_id or "", ""),
+                forks=shorten(view.forks),
+            )
+            for view in views
+        )
+
+    return shorten(tree)
 
 
 def _run_error(detail: RowDetail | None) -> str | None:
@@ -463,6 +491,9 @@ class ActionsSection:
     resume_problem: str | None = None
     fork_problem: str | None = None
     approval: ApprovalItem | None = None
+    #: No runner of the run's owner is registered here: said once, above the panels,
+    #: which then are read-only without saying it again.
+    runner_missing: str | None = None
 
 
 def actions_section(
@@ -473,17 +504,26 @@ def actions_section(
     pending: Pending | None,
     now: datetime,
     urls: Urls,
+    person: Person = OPEN,
 ) -> ActionsSection:
     resume_problem = None
     if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
         resume_problem = actions.plan_problem(plan)
+    fork_problem = actions.fork_problem(owner)
+    missing = actions.runner_problem(owner) if actions.registry.get(owner.name) is None else None
     recorded = actions.decisions.list_for_run(execution_id)
     return ActionsSection(
-        decisions=tuple(decision_view(d) for d in recorded),
+        decisions=decision_views(actions, execution_id, recorded=recorded),
         last_approval=next((d for d in reversed(recorded) if d.kind == APPROVAL), None),
-        resume_problem=resume_problem,
-        fork_problem=actions.fork_problem(owner),
-        approval=approval_item(actions, pending, now, urls) if pending is not None else None,
+        # What the missing runner explains is not said again in a panel of its own.
+        resume_problem=None
+        if missing is not None and resume_problem == missing
+        else resume_problem,
+        fork_problem=None if missing is not None and fork_problem == missing else fork_problem,
+        approval=approval_item(actions, pending, now, urls, person=person)
+        if pending is not None
+        else None,
+        runner_missing=missing,
     )
 
 
@@ -496,7 +536,9 @@ def build_run_page(
     start: int | None = None,
     window: int = TIMELINE_ROWS,
     traces: SpanIndex | None = None,
+    person: Person = OPEN,
 ) -> RunPage:
+    """The run page; ``person`` is who looks (a pause's rule may leave its card read-only)."""
     facts = store.get_run(execution_id)
     if facts is None:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
@@ -536,7 +578,7 @@ def build_run_page(
         reentries(trace, headers),
     )
     origin = store.get_fork_origin(execution_id)
-    acting = actions_section(actions, execution_id, owner, plan, pending, now, urls)
+    acting = actions_section(actions, execution_id, owner, plan, pending, now, urls, person)
     orphan = None
     if state == runs.ORPHANED and last.status == "interrupted":
         recorded = actions.decisions.list_for_run(execution_id)
@@ -568,6 +610,7 @@ def build_run_page(
         forkable=timeline.forkable,
         fork_problem=acting.fork_problem,
         approval=acting.approval,
+        runner_missing=acting.runner_missing,
     )
 
 
@@ -595,6 +638,7 @@ async def run_page(request: Request) -> Response:
             start=start,
             window=window,
             traces=ctx.traces,
+            person=person_of(request),
         )
     )
     page = dataclasses.replace(page, approver=approver_of(request))

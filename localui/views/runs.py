@@ -13,7 +13,17 @@ from localui import runs
 from localui.backends.base import STATES, DecisionLog, Store
 from localui.backends.traces import RunSummary, SpanIndex
 from localui.errors import BadRequest
-from localui.records import APPROVAL, Decision, IndexProgress, RunFacts, RunQuery, StoreTotals
+from localui.records import (
+    APPROVAL,
+    Decision,
+    IndexProgress,
+    RunFacts,
+    RunQuery,
+    SeedFailure,
+    SeedProgress,
+    StoreTotals,
+)
+from localui.shortids import shortest_unique
 from localui.views.common import (
     context,
     decode_cursor,
@@ -110,6 +120,38 @@ class RunsPage:
     tabs: tuple[StateTab, ...] = html_only(())
     #: The stream that keeps this table live, under the same filters and page.
     live_url: str = html_only("")
+    #: While ``localui demo`` writes its runs (or when some failed): how far it got.
+    seeding: SeedingNote | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SeedingNote:
+    """``seeding the demo: 12 of 19``, and each scenario that failed with its reason."""
+
+    landed: int
+    total: int
+    finished: bool
+    failures: tuple[SeedFailure, ...]
+    words: str = html_only("")
+
+
+def seeding_note(progress: SeedProgress | None) -> SeedingNote | None:
+    """The line the runs list shows while seeding, or when a scenario failed."""
+    if progress is None or (progress.finished and not progress.failures):
+        return None
+    if progress.finished:
+        words = f"seeded the demo: {progress.landed} of {progress.total}"
+    else:
+        words = f"seeding the demo: {progress.landed} of {progress.total}"
+    if progress.failures:
+        words += f"; {len(progress.failures)} failed"
+    return SeedingNote(
+        landed=progress.landed,
+        total=progress.total,
+        finished=progress.finished,
+        failures=progress.failures,
+        words=words,
+    )
 
 
 #: The runs list shows this much of an input or an outcome; the run page has the rest.
@@ -161,7 +203,10 @@ def run_row(
     urls: Urls,
     summary: RunSummary | None = None,
     decision: Decision | None = None,
+    short_id: str | None = None,
 ) -> RunRow:
+    """One row of the list; ``short_id`` is the id as the page shows it (see
+    ``localui.shortids``), by default as a page of this one run would."""
     state = run_state(facts)
     decided = runs.decision_line(state, decision)
     stopped_at = None
@@ -190,7 +235,7 @@ def run_row(
         duration_ms=duration_ms,
         decided=decided,
         last_ago=runs.age_words(facts.last_at, now),
-        short_id=facts.execution_id[:8],
+        short_id=short_id or shortest_unique([facts.execution_id])[facts.execution_id],
         first_local=local_time(facts.first_at),
         last_local=local_time(facts.last_at),
         duration=duration_words(duration_ms) if duration_ms is not None else "",
@@ -224,6 +269,7 @@ def build_runs_page(
     limit: int,
     urls: Urls,
     traces: SpanIndex | None = None,
+    seeding: SeedProgress | None = None,
 ) -> RunsPage:
     query = RunQuery(
         state=filters.state,
@@ -271,9 +317,17 @@ def build_runs_page(
         )
         for state in STATES
     )
+    shown = shortest_unique(f.execution_id for f in page.runs)
     return RunsPage(
         runs=tuple(
-            run_row(f, now, urls, summaries.get(f.execution_id), decided.get(f.execution_id))
+            run_row(
+                f,
+                now,
+                urls,
+                summaries.get(f.execution_id),
+                decided.get(f.execution_id),
+                shown[f.execution_id],
+            )
             for f in page.runs
         ),
         next=next_cursor,
@@ -286,6 +340,7 @@ def build_runs_page(
         live_url=urls.path(
             "live_runs", filters.params(after=encode_cursor(after) if after else None)
         ),
+        seeding=seeding_note(seeding),
     )
 
 
@@ -301,5 +356,6 @@ async def runs_list(request: Request) -> Response:
         ctx.settings.page_size,
         urls_of(request),
         ctx.traces,
+        ctx.seeding.progress() if ctx.seeding is not None else None,
     )
     return await respond(request, "pages/runs.html", page, partial="partials/_runs_table.html")

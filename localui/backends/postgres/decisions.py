@@ -22,11 +22,14 @@ from localui.backends.decisions import (
     ADDED_COLUMNS,
     COLUMN_NAMES,
     TABLE,
+    VOTE_COLUMN_NAMES,
+    VOTES_TABLE,
     decision_from_row,
+    vote_from_row,
 )
 from localui.backends.postgres.pool import Pool, StaleConnection, identifier, iso
 from localui.errors import Unavailable
-from localui.records import Claim, Decision
+from localui.records import AGAIN, COUNTED, FULL, Ballot, Claim, Decision, Vote
 
 #: How many times a claim starts over when the row that beat it vanished before it
 #: could be read (taken over and released in between). Each round needs another
@@ -34,6 +37,7 @@ from localui.records import Claim, Decision
 CLAIM_ATTEMPTS = 5
 
 _COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in COLUMN_NAMES)
+_VOTE_COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in VOTE_COLUMN_NAMES)
 
 
 def _columns_of(present: set[str]) -> sql.Composable:
@@ -74,6 +78,7 @@ class PostgresDecisionLog:
         #: The table's name as ``to_regclass`` and messages read it.
         self.table = f"{self.schema}.{TABLE}"
         self._table = sql.Identifier(self.schema, TABLE)
+        self._votes = sql.Identifier(self.schema, VOTES_TABLE)
         self.writable = writable
         privileges = (
             f"localui keeps its decisions in {self.table}: it needs CREATE on the database"
@@ -111,8 +116,27 @@ class PostgresDecisionLog:
                 raise
 
     def _sql(self, text: str) -> sql.Composed:
-        """``text`` with ``{table}`` and ``{columns}`` filled in as quoted identifiers."""
-        return sql.SQL(text).format(table=self._table, columns=self._columns)
+        """``text`` with ``{table}``, ``{columns}``, ``{votes}`` and ``{vote_columns}``
+        filled in as quoted identifiers."""
+        return sql.SQL(text).format(
+            table=self._table, columns=self._columns, votes=self._votes, vote_columns=_VOTE_COLUMNS
+        )
+
+    def _create_votes(self, conn: Any) -> None:
+        conn.execute(
+            self._sql(
+                """CREATE TABLE IF NOT EXISTS {votes} (
+                id            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                execution_id  TEXT NOT NULL,
+                checkpoint_id TEXT NOT NULL,
+                actor         TEXT NOT NULL,
+                reason        TEXT NOT NULL DEFAULT '',
+                fields        TEXT NOT NULL DEFAULT '{{}}',
+                voted_at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+                UNIQUE (execution_id, checkpoint_id, actor)
+            )"""
+            )
+        )
 
     def _create(self) -> None:
         """Schema, table and index, each only when missing: a role that was given an
@@ -132,6 +156,8 @@ class PostgresDecisionLog:
                             )
                         )
                 self._create_open_index(conn)
+                # The votes table came later than the decisions: made beside them now.
+                self._create_votes(conn)
                 return
             has_schema = conn.execute(
                 "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)
@@ -165,6 +191,7 @@ class PostgresDecisionLog:
                 )
             )
             self._create_open_index(conn)
+            self._create_votes(conn)
 
     def _create_open_index(self, conn: Any) -> None:
         """The claims still being carried out, which the recovery sweep reads each poll."""
@@ -372,6 +399,91 @@ class PostgresDecisionLog:
                 (kind, wanted),
             ).fetchall()
         return {str(r["execution_id"]): _decision(r) for r in rows}
+
+    # --- votes -------------------------------------------------------------------
+
+    def cast_vote(
+        self,
+        *,
+        execution_id: str,
+        checkpoint_id: str,
+        actor: str,
+        reason: str,
+        fields_json: str,
+        needed: int,
+    ) -> Ballot:
+        from psycopg.rows import dict_row
+
+        key = (execution_id, checkpoint_id)
+        select = self._sql(
+            "SELECT {vote_columns} FROM {votes}"
+            " WHERE execution_id = %s AND checkpoint_id = %s ORDER BY id"
+        )
+        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            # One ballot at a time per pause, in every process: the count read is the
+            # count the insert adds to, so exactly one vote completes it.
+            cur.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(%s))",
+                (f"{self.schema}.{VOTES_TABLE}:{execution_id}:{checkpoint_id}",),
+            )
+            votes = tuple(vote_from_row(r, iso) for r in cur.execute(select, key).fetchall())
+            if any(v.actor == actor for v in votes):
+                return Ballot(AGAIN, votes)
+            if len(votes) >= needed:
+                return Ballot(FULL, votes)
+            cur.execute(
+                self._sql(
+                    "INSERT INTO {votes} (execution_id, checkpoint_id, actor, reason, fields)"
+                    " VALUES (%s, %s, %s, %s, %s)"
+                ),
+                (*key, actor, reason, fields_json),
+            )
+            votes = tuple(vote_from_row(r, iso) for r in cur.execute(select, key).fetchall())
+        return Ballot(COUNTED, votes)
+
+    def withdraw_vote(self, vote_id: int) -> None:
+        with self._pool.connection() as conn:
+            conn.execute(self._sql("DELETE FROM {votes} WHERE id = %s"), (vote_id,))
+
+    def _read_votes(self, text: str, params: tuple[Any, ...]) -> list[Vote]:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        try:
+            with self._reads.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                found = cur.execute(
+                    "SELECT to_regclass(%s) AS t", (self._votes.as_string(),)
+                ).fetchone()
+                if found["t"] is None:
+                    return []  # read-only and never voted on here
+                rows = cur.execute(self._sql(text), params).fetchall()
+        except psycopg.errors.UndefinedTable:
+            return []
+        return [vote_from_row(r, iso) for r in rows]
+
+    def votes_for(
+        self, pauses: Sequence[tuple[str, str]]
+    ) -> Mapping[tuple[str, str], tuple[Vote, ...]]:
+        wanted = list(dict.fromkeys(pauses))
+        if not wanted:
+            return {}
+        found: dict[tuple[str, str], list[Vote]] = {}
+        votes = self._read_votes(
+            "SELECT {vote_columns} FROM {votes} WHERE (execution_id, checkpoint_id) IN"
+            " (SELECT * FROM unnest(%s::text[], %s::text[])) ORDER BY id",
+            ([p[0] for p in wanted], [p[1] for p in wanted]),
+        )
+        for vote in votes:
+            found.setdefault((vote.execution_id, vote.checkpoint_id), []).append(vote)
+        return {k: tuple(v) for k, v in found.items()}
+
+    def votes_for_run(self, execution_id: str) -> tuple[Vote, ...]:
+        return tuple(
+            self._read_votes(
+                "SELECT {vote_columns} FROM {votes} WHERE execution_id = %s ORDER BY id",
+                (execution_id,),
+            )
+        )
 
     def close(self) -> None:
         self._reads.close()

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from localui import runs
 from localui.backends import shared
 from localui.backends.postgres.index import (
     BACKGROUND_FROM_ROWS,
@@ -293,15 +294,18 @@ class PostgresStore:
             if "parent_checkpoint_id" in s.checkpoint_columns
             else "NULL"
         )
-        # Whose run it is, as ``localui.runs.run_owner`` says: the owner at the top of the
-        # first ``agent_path`` naming one (a team, not the member of its newest row),
-        # else the first row's agent.
+        # Whose run it is, as ``localui.runs.run_owner`` says: the owner the shallowest
+        # ``agent_path`` names, the earliest on a tie (a team, not the member of its
+        # newest row; an agent-as-tool, not the agents above it that wrote no row
+        # here: ``runs.execution_owner`` strips them), else the first row's agent.
         owner = "NULL"
         if "agent_path" in s.checkpoint_columns:
-            top = "split_part(agent_path, '/', 1)"
+            own = f"regexp_replace(agent_path, '{runs.ENCLOSING_AGENTS}', '')"
+            top = f"split_part({own}, '/', 1)"
             name = f"substr({top}, strpos({top}, ':') + 1)"
+            depth = "length(agent_path) - length(replace(agent_path, '/', ''))"
             owner = (
-                f"(array_agg({name} ORDER BY {OLDEST_FIRST}) FILTER (WHERE"
+                f"(array_agg({name} ORDER BY {depth}, {OLDEST_FIRST}) FILTER (WHERE"
                 f" split_part({top}, ':', 1) IN ('agent', 'supervisor', 'swarm')"
                 f" AND strpos({top}, ':') > 0 AND {name} <> ''))[1]"
             )

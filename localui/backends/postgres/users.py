@@ -4,15 +4,27 @@ the database reads the same people."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg import sql
 
 from localui.backends.postgres.pool import Pool, identifier, iso
-from localui.backends.users import COLUMN_NAMES, TABLE, already_a_user, user_from_row
+from localui.backends.users import (
+    COLUMN_NAMES,
+    GROUPS_COLUMN,
+    TABLE,
+    already_a_user,
+    groups_text,
+    user_from_row,
+)
 from localui.records import User
 
 _COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in COLUMN_NAMES)
+#: The SELECT list for a table an older localui made, before the groups column.
+_LEGACY_COLUMNS = sql.SQL(", ").join(
+    [*(sql.Identifier(c) for c in COLUMN_NAMES if c != GROUPS_COLUMN), sql.SQL("'' AS user_groups")]
+)
 
 
 class PostgresUsers:
@@ -44,9 +56,9 @@ class PostgresUsers:
                 self._pool.close()
                 raise
 
-    def _sql(self, text: str) -> sql.Composed:
+    def _sql(self, text: str, columns: sql.Composable = _COLUMNS) -> sql.Composed:
         """``text`` with ``{table}`` and ``{columns}`` filled in as quoted identifiers."""
-        return sql.SQL(text).format(table=self._table, columns=_COLUMNS)
+        return sql.SQL(text).format(table=self._table, columns=columns)
 
     def _regclass(self) -> str:
         """The table as ``to_regclass`` parses it: quoted, so the name is taken as is."""
@@ -57,6 +69,13 @@ class PostgresUsers:
             # Two processes starting together would race on the catalog.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
             if conn.execute("SELECT to_regclass(%s)", (self._regclass(),)).fetchone()[0]:
+                # Made by an older localui: the groups column comes with this write.
+                conn.execute(
+                    self._sql(
+                        "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS user_groups"
+                        " TEXT NOT NULL DEFAULT ''"
+                    )
+                )
                 return
             has_schema = conn.execute(
                 "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)
@@ -70,7 +89,8 @@ class PostgresUsers:
                     name         TEXT PRIMARY KEY,
                     role         TEXT NOT NULL,
                     token_sha256 TEXT NOT NULL UNIQUE,
-                    created_at   TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+                    created_at   TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+                    user_groups  TEXT NOT NULL DEFAULT ''
                 )"""
                 )
             )
@@ -79,9 +99,15 @@ class PostgresUsers:
         from psycopg.rows import dict_row
 
         with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            if cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()["t"]:
-                return list(cur.execute(self._sql(text), params).fetchall())
-            return []  # nobody added yet
+            if not cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()["t"]:
+                return []  # nobody added yet
+            has_groups = cur.execute(
+                "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+                " AND attname = %s AND NOT attisdropped",
+                (self._regclass(), GROUPS_COLUMN),
+            ).fetchone()
+            columns = _COLUMNS if has_groups else _LEGACY_COLUMNS
+            return list(cur.execute(self._sql(text, columns), params).fetchall())
 
     def _changed(self, text: str, params: tuple[Any, ...]) -> Any:
         from psycopg.rows import dict_row
@@ -101,11 +127,11 @@ class PostgresUsers:
         rows = self._rows("SELECT {columns} FROM {table} ORDER BY name", ())
         return tuple(user_from_row(r, iso) for r in rows)
 
-    def add(self, name: str, role: str, digest: str) -> User:
+    def add(self, name: str, role: str, digest: str, groups: Sequence[str] = ()) -> User:
         row = self._changed(
-            "INSERT INTO {table} (name, role, token_sha256) VALUES (%s, %s, %s)"
+            "INSERT INTO {table} (name, role, token_sha256, user_groups) VALUES (%s, %s, %s, %s)"
             " ON CONFLICT (name) DO NOTHING RETURNING {columns}",
-            (name, role, digest),
+            (name, role, digest, groups_text(groups)),
         )
         if row is None:
             raise already_a_user(name)
@@ -115,6 +141,13 @@ class PostgresUsers:
         row = self._changed(
             "UPDATE {table} SET token_sha256 = %s WHERE name = %s RETURNING {columns}",
             (digest, name),
+        )
+        return user_from_row(row, iso) if row is not None else None
+
+    def set_groups(self, name: str, groups: Sequence[str]) -> User | None:
+        row = self._changed(
+            "UPDATE {table} SET user_groups = %s WHERE name = %s RETURNING {columns}",
+            (groups_text(groups), name),
         )
         return user_from_row(row, iso) if row is not None else None
 

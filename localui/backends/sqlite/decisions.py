@@ -15,16 +15,19 @@ from localui.backends.decisions import (
     ADDED_COLUMNS,
     COLUMNS,
     TABLE,
+    VOTE_COLUMNS,
+    VOTES_TABLE,
     abandoned,
     columns_of,
     decision_from_row,
     metadata_to_text,
     now_iso,
+    vote_from_row,
 )
 from localui.backends.sqlite.errors import is_busy
 from localui.backends.sqlite.files import read_uri
 from localui.errors import Unavailable
-from localui.records import Claim, Decision
+from localui.records import AGAIN, COUNTED, FULL, Ballot, Claim, Decision, Vote
 
 T = TypeVar("T")
 
@@ -52,6 +55,18 @@ INDEX = f"CREATE INDEX IF NOT EXISTS {TABLE}_run ON {TABLE} (execution_id, decid
 OPEN_INDEX = (
     f"CREATE INDEX IF NOT EXISTS {TABLE}_open ON {TABLE} (decided_at) WHERE outcome IS NULL"
 )
+VOTES_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {VOTES_TABLE} (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    execution_id  TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    actor         TEXT NOT NULL,
+    reason        TEXT NOT NULL DEFAULT '',
+    fields        TEXT NOT NULL DEFAULT '{{}}',
+    voted_at      TEXT NOT NULL,
+    UNIQUE (execution_id, checkpoint_id, actor)
+)
+"""
 
 
 def _decision(row: sqlite3.Row) -> Decision:
@@ -86,6 +101,7 @@ class SQLiteDecisionLog:
         self._conn.row_factory = sqlite3.Row
         #: Whether the table is known to exist (a writable log makes it now).
         self._has_table = writable
+        self._has_votes = writable
         #: The select list the table can answer: an old table a read-only log may
         #: not migrate lacks the columns added since.
         self._columns = COLUMNS
@@ -101,6 +117,7 @@ class SQLiteDecisionLog:
                 self._conn.execute(f"ALTER TABLE {TABLE} ADD COLUMN {column} {kind}")
         self._conn.execute(INDEX)
         self._conn.execute(OPEN_INDEX)
+        self._conn.execute(VOTES_SCHEMA)
 
     def _present_columns(self) -> set[str]:
         return {str(r["name"]) for r in self._conn.execute(f"PRAGMA table_info({TABLE})")}
@@ -297,6 +314,100 @@ class SQLiteDecisionLog:
                 for row in rows:
                     latest[str(row["execution_id"])] = _decision(row)
             return latest
+
+        return self._with_retry(read)
+
+    # --- votes -------------------------------------------------------------------
+
+    def _votes(self, execution_id: str, checkpoint_id: str) -> tuple[Vote, ...]:
+        rows = self._conn.execute(
+            f"SELECT {VOTE_COLUMNS} FROM {VOTES_TABLE}"
+            " WHERE execution_id = ? AND checkpoint_id = ? ORDER BY id",
+            (execution_id, checkpoint_id),
+        ).fetchall()
+        return tuple(vote_from_row(r) for r in rows)
+
+    def cast_vote(
+        self,
+        *,
+        execution_id: str,
+        checkpoint_id: str,
+        actor: str,
+        reason: str,
+        fields_json: str,
+        needed: int,
+    ) -> Ballot:
+        def attempt() -> Ballot:
+            # IMMEDIATE: one ballot at a time on the file, so the count read is the
+            # count the insert adds to.
+            with self._transaction() as conn:
+                votes = self._votes(execution_id, checkpoint_id)
+                if any(v.actor == actor for v in votes):
+                    return Ballot(AGAIN, votes)
+                if len(votes) >= needed:
+                    return Ballot(FULL, votes)
+                conn.execute(
+                    f"INSERT INTO {VOTES_TABLE}"
+                    " (execution_id, checkpoint_id, actor, reason, fields, voted_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (execution_id, checkpoint_id, actor, reason, fields_json, now_iso()),
+                )
+                return Ballot(COUNTED, self._votes(execution_id, checkpoint_id))
+
+        return self._with_retry(attempt)
+
+    def withdraw_vote(self, vote_id: int) -> None:
+        def attempt() -> None:
+            with self._transaction() as conn:
+                conn.execute(f"DELETE FROM {VOTES_TABLE} WHERE id = ?", (vote_id,))
+
+        self._with_retry(attempt)
+
+    def _votes_exist(self) -> bool:
+        if not self._has_votes:
+            exists = self._conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (VOTES_TABLE,)
+            ).fetchone()
+            if exists is None:
+                return False  # read-only and never voted on here
+            self._has_votes = True
+        return True
+
+    def votes_for(
+        self, pauses: Sequence[tuple[str, str]]
+    ) -> Mapping[tuple[str, str], tuple[Vote, ...]]:
+        wanted = list(dict.fromkeys(pauses))
+        if not wanted:
+            return {}
+
+        def read() -> dict[tuple[str, str], tuple[Vote, ...]]:
+            if not self._votes_exist():
+                return {}
+            found: dict[tuple[str, str], list[Vote]] = {}
+            for start in range(0, len(wanted), 400):
+                chunk = wanted[start : start + 400]
+                marks = ", ".join("(?, ?)" for _ in chunk)
+                rows = self._conn.execute(
+                    f"SELECT {VOTE_COLUMNS} FROM {VOTES_TABLE}"
+                    f" WHERE (execution_id, checkpoint_id) IN (VALUES {marks}) ORDER BY id",
+                    [x for pair in chunk for x in pair],
+                ).fetchall()
+                for row in rows:
+                    vote = vote_from_row(row)
+                    found.setdefault((vote.execution_id, vote.checkpoint_id), []).append(vote)
+            return {k: tuple(v) for k, v in found.items()}
+
+        return self._with_retry(read)
+
+    def votes_for_run(self, execution_id: str) -> tuple[Vote, ...]:
+        def read() -> tuple[Vote, ...]:
+            if not self._votes_exist():
+                return ()
+            rows = self._conn.execute(
+                f"SELECT {VOTE_COLUMNS} FROM {VOTES_TABLE} WHERE execution_id = ? ORDER BY id",
+                (execution_id,),
+            ).fetchall()
+            return tuple(vote_from_row(r) for r in rows)
 
         return self._with_retry(read)
 

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from localui.backends.users import COLUMNS, TABLE, already_a_user, user_from_row
+from localui.backends.users import (
+    COLUMNS,
+    GROUPS_COLUMN,
+    LEGACY_COLUMNS,
+    TABLE,
+    already_a_user,
+    groups_text,
+    user_from_row,
+)
 from localui.errors import Unavailable
 from localui.records import User
 
@@ -19,7 +27,8 @@ SCHEMA = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
     name         TEXT PRIMARY KEY,
     role         TEXT NOT NULL,
     token_sha256 TEXT NOT NULL UNIQUE,
-    created_at   TEXT NOT NULL
+    created_at   TEXT NOT NULL,
+    user_groups  TEXT NOT NULL DEFAULT ''
 )"""
 
 
@@ -43,10 +52,21 @@ class SQLiteUsers:
             self._conn.row_factory = sqlite3.Row
             if writable:
                 self._conn.execute(SCHEMA)
+                if not self._has_groups_column():
+                    self._conn.execute(
+                        f"ALTER TABLE {TABLE} ADD COLUMN {GROUPS_COLUMN} TEXT NOT NULL DEFAULT ''"
+                    )
         except sqlite3.Error as exc:
             raise Unavailable(f"localui's users table in {path} cannot be opened: {exc}") from exc
         #: Whether the table is known to exist (a writable directory makes it now).
         self._has_table = writable
+        #: The SELECT list: a table an older localui made has no groups column until
+        #: ``localui users`` next writes it.
+        self._columns = COLUMNS
+
+    def _has_groups_column(self) -> bool:
+        names = {r[1] for r in self._conn.execute(f"PRAGMA table_info({TABLE})")}
+        return GROUPS_COLUMN in names
 
     def _read(self, read: Callable[[sqlite3.Connection], T], nobody: T) -> T:
         """``read`` on the connection, or ``nobody`` while there is no table yet."""
@@ -59,32 +79,42 @@ class SQLiteUsers:
                     if exists is None:
                         return nobody  # nobody added yet
                     self._has_table = True
+                    self._columns = COLUMNS if self._has_groups_column() else LEGACY_COLUMNS
                 return read(self._conn)
             except sqlite3.Error as exc:
                 raise Unavailable(f"localui's users table cannot be read: {exc}") from exc
 
-    def _one(self, sql: str, params: tuple[Any, ...]) -> User | None:
-        row = self._read(lambda conn: conn.execute(sql, params).fetchone(), None)
+    def _one(self, where: str, params: tuple[Any, ...]) -> User | None:
+        row = self._read(
+            lambda conn: conn.execute(
+                f"SELECT {self._columns} FROM {TABLE} WHERE {where}", params
+            ).fetchone(),
+            None,
+        )
         return user_from_row(row) if row is not None else None
 
     def by_token_hash(self, digest: str) -> User | None:
-        return self._one(f"SELECT {COLUMNS} FROM {TABLE} WHERE token_sha256 = ?", (digest,))
+        return self._one("token_sha256 = ?", (digest,))
 
     def by_name(self, name: str) -> User | None:
-        return self._one(f"SELECT {COLUMNS} FROM {TABLE} WHERE name = ?", (name,))
+        return self._one("name = ?", (name,))
 
     def list_users(self) -> tuple[User, ...]:
-        sql = f"SELECT {COLUMNS} FROM {TABLE} ORDER BY name"
         nobody: list[sqlite3.Row] = []
-        rows = self._read(lambda conn: conn.execute(sql).fetchall(), nobody)
+        rows = self._read(
+            lambda conn: conn.execute(
+                f"SELECT {self._columns} FROM {TABLE} ORDER BY name"
+            ).fetchall(),
+            nobody,
+        )
         return tuple(user_from_row(r) for r in rows)
 
-    def add(self, name: str, role: str, digest: str) -> User:
+    def add(self, name: str, role: str, digest: str, groups: Sequence[str] = ()) -> User:
         with self._lock:
             try:
                 self._conn.execute(
-                    f"INSERT INTO {TABLE} ({COLUMNS}) VALUES (?, ?, ?, ?)",
-                    (name, role, digest, datetime.now(UTC).isoformat()),
+                    f"INSERT INTO {TABLE} ({COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                    (name, role, digest, datetime.now(UTC).isoformat(), groups_text(groups)),
                 )
             except sqlite3.IntegrityError as exc:
                 raise already_a_user(name) from exc
@@ -96,6 +126,14 @@ class SQLiteUsers:
         with self._lock:
             self._conn.execute(
                 f"UPDATE {TABLE} SET token_sha256 = ? WHERE name = ?", (digest, name)
+            )
+        return self.by_name(name)
+
+    def set_groups(self, name: str, groups: Sequence[str]) -> User | None:
+        with self._lock:
+            self._conn.execute(
+                f"UPDATE {TABLE} SET {GROUPS_COLUMN} = ? WHERE name = ?",
+                (groups_text(groups), name),
             )
         return self.by_name(name)
 

@@ -26,7 +26,8 @@ from typing import Any
 #: Bump when the tables, or what a row holds, change: an index of another version is
 #: built anew. 2: ``agent`` is the run's owner (a team), not its newest row's agent.
 #: 3: a build in chunks walks the SDK table's blocks (its cursor is a block number).
-VERSION = "3"
+#: 4: the owner of an agent-as-tool's own execution is that agent, not the one above it.
+VERSION = "4"
 
 #: The columns of ``runs_<store>`` a fold fills, in the order a build inserts them.
 RUN_COLUMNS = (

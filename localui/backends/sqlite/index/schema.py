@@ -26,8 +26,10 @@ from urllib.parse import quote
 from localui.backends.sqlite.files import read_uri
 from localui.errors import Unavailable
 
-#: Bump when the index's tables change: an index of another version is rebuilt.
-VERSION = "5"
+#: Bump when the index's tables change, or what a row holds: an index of another version
+#: is rebuilt. 6: the owner of an agent-as-tool's own execution is that agent, not the
+#: one above it.
+VERSION = "6"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

@@ -90,14 +90,16 @@ class StoreColumns:
 class _Summary:
     """One run folded from its rows (:data:`FOLD_COLUMNS` tuples), in any order.
 
-    ``agent`` is the run's owner, as ``localui.runs.run_owner`` says: the top of the
-    first ``agent_path`` that names one (a Supervisor or Swarm, not the member whose
-    row is newest), else the first row's agent.
+    ``agent`` is the run's owner, as ``localui.runs.run_owner`` says: the one the
+    shallowest ``agent_path`` names, the earliest of them on a tie (a Supervisor or
+    Swarm, not the member whose row is newest; an agent used as a tool under its own
+    id, not the agent above it that wrote no row here), else the first row's agent.
     """
 
     __slots__ = (
         "agent",
         "owner",
+        "owner_depth",
         "owner_at",
         "owner_rowid",
         "first_rowid",
@@ -120,9 +122,11 @@ class _Summary:
         self.agent, self.cid, self.node, self.step = agent or "", cid or "", node or "", step
         self.status, self.at, self.rowid = status or "completed", at or "", rowid
         self.count, self.first, self.first_rowid = 1, at or "", rowid
-        # The owner, and the row it was read from: the earliest whose path names one.
+        # The owner, and the row it was read from: the shallowest (then earliest) whose
+        # path names one.
         owner = runs.path_owner_name(path)
         self.owner = owner or ""
+        self.owner_depth = runs.path_depth(path) if path and owner is not None else 0
         self.owner_at: str = self.first if owner is not None else ""
         self.owner_rowid: int = rowid if owner is not None else -1  # -1: no owner yet
         self.fork_parent = parent if node == FORK_ORIGIN_NODE else None
@@ -145,12 +149,16 @@ class _Summary:
             self.first, self.first_rowid, self.agent = at, rowid, agent or ""
         if path and (
             self.owner_rowid < 0
-            or at < self.owner_at
-            or (at == self.owner_at and rowid < self.owner_rowid)
+            or (depth := runs.path_depth(path)) < self.owner_depth
+            or (
+                depth == self.owner_depth
+                and (at < self.owner_at or (at == self.owner_at and rowid < self.owner_rowid))
+            )
         ):
             owner = runs.path_owner_name(path)
             if owner is not None:
                 self.owner, self.owner_at, self.owner_rowid = owner, at, rowid
+                self.owner_depth = runs.path_depth(path)
         # The SDK's newest row: created_at, then insertion order (get_last).
         if at > self.at or (at == self.at and rowid > self.rowid):
             self.cid, self.node, self.step = cid or "", node or "", step
