@@ -13,8 +13,8 @@ Once every approval was answered, the last server runs until nothing is left to
 carry out.
 
 Budgets, per round, read from the SDK's own rows, localui's decision record and the
-agent's ledger of real effects: 0 pauses lost (an orphaned pause, or one neither
-waiting nor ended), 0 decided twice (two run ends, two recorded decisions or two
+agent's ledger of real effects: 0 pauses lost (a pause left orphaned: its paused row
+newest and no pending row), 0 decided twice (two run ends, two recorded decisions or two
 payouts on a run), and every recorded decision carried out once (finished, and its
 payout made; a payout repeated by a kill inside the tool is counted apart).
 """
@@ -83,6 +83,9 @@ class Round:
     #: payout and before the SDK cached it (``@idempotent`` writes its cache row after
     #: the call returns), so the re-armed tool, run again from the top, made it again.
     repeated_effects: int = 0
+    #: Runs whose decision reached the tool, and whose process died at a later step
+    #: (before the run ended): crashed runs to resume, counted apart.
+    crashed_after: int = 0
     still_waiting: int = 0
     completed: int = 0
     seconds: float = 0.0
@@ -347,8 +350,12 @@ def _judge(runs: list[str], sdk: Any, postgres: bool, env: dict[str, str], resul
                 for d in decisions.list_for_run(run)
                 if d.kind == "approval" and d.outcome != "already_resumed"
             ]
-            if run in orphans or (not ends and run not in waiting):
+            if run in orphans:
                 result.lost += 1
+            elif not ends and run not in waiting:
+                # The decision reached the tool and the run went on; its process died at
+                # a later step. A crashed run the run page offers to resume, not a pause.
+                result.crashed_after += 1
             if run in waiting:
                 result.still_waiting += 1
             if ends == ["completed"]:
@@ -363,7 +370,10 @@ def _judge(runs: list[str], sdk: Any, postgres: bool, env: dict[str, str], resul
                 if d.rearmed_checkpoint_id is not None:
                     result.rearmed += 1
                 handed = json.dumps([d.approved, dict(d.metadata or {})], sort_keys=True)
-                if d.outcome != "completed" or handed not in seen or payouts == 0:
+                reached = d.outcome == "completed" or (
+                    d.outcome == "unfinished" and run not in orphans
+                )
+                if not reached or handed not in seen or payouts == 0:
                     result.not_carried_out_once += 1
     finally:
         decisions.close()
@@ -383,13 +393,14 @@ def run_kill9(dsn: str | None, log: Log, out: Path, rounds: int = ROUNDS) -> int
         f" within {KILL_WITHIN_S} s, `--claim-lease {LEASE_SECONDS}`.",
         "",
         "| round | kills | lost | decided twice | not carried out once | carried out after"
-        " a restart | re-armed | payout repeated | 200 / 409 / retried | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " a restart | re-armed | payout repeated | crashed later | 200 / 409 / retried"
+        " | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r.number} | {r.kills} | {r.lost} | {r.decided_twice} | {r.not_carried_out_once}"
-            f" | {r.recovered} | {r.rearmed} | {r.repeated_effects}"
+            f" | {r.recovered} | {r.rearmed} | {r.repeated_effects} | {r.crashed_after}"
             f" | {r.decided_by_request} / {r.conflicts} /"
             f" {r.retried} | {r.seconds:.0f} |"
         )
@@ -398,7 +409,8 @@ def run_kill9(dsn: str | None, log: Log, out: Path, rounds: int = ROUNDS) -> int
         "Budgets: 0 lost, 0 decided twice, 0 not carried out once, every round. A payout"
         " repeated is a kill inside the tool between the payout and its cache row: the"
         " re-armed tool runs again from the top (README, SDK caveats); it is counted, not"
-        " budgeted.",
+        " budgeted. Crashed later: the decision reached the tool and the process died at a"
+        " later step of the run, which then waits for an operator's resume like any crash.",
     ]
     problems = [p for r in results for p in r.problems]
     if problems:
