@@ -14,9 +14,10 @@ carry out.
 
 Budgets, per round, read from the SDK's own rows, localui's decision record and the
 agent's ledger of real effects: 0 pauses lost (a pause left orphaned: its paused row
-newest and no pending row), 0 decided twice (two run ends, two recorded decisions or two
-payouts on a run), and every recorded decision carried out once (finished, and its
-payout made; a payout repeated by a kill inside the tool is counted apart).
+newest and no pending row), 0 decided twice (two run ends, two decisions carried out, or
+the tool handed two different decisions), and every recorded decision carried out once (it
+reached the tool, and its payout was made; a payout repeated by a kill inside the tool is
+counted apart).
 """
 
 from __future__ import annotations
