@@ -34,14 +34,15 @@ from typing import Any
 
 import httpx
 
-from bench import pg, report, store_cache
+from bench import pg, report, store_cache, writes
 from bench.browser import page_weights
-from bench.budgets import all_passed, judge
+from bench.budgets import Verdict, all_passed, judge
 from bench.demo_start import measure_demo
 from bench.fleet import measure_fleet
 from bench.kill9 import run_kill9
 from bench.latency import Timing, failed, follow_next, time_get, time_in_turns, warm_up
 from bench.model import DEEP_PAGES, SDK_QUEUE, ServerRun, StoreRun, localui_urls, sdk_urls
+from bench.notify import NOTIFY_BUDGETS, run_notify_bench
 from bench.pg import drop_schema
 from bench.sdk_ui import ensure_venv, installed, sdk_version
 from bench.servers import (
@@ -380,6 +381,32 @@ def _spanned(
     return spanned
 
 
+def _measure_writes(
+    stores: Sequence[BuiltStore], out: Path, app_path: Path, log: Log
+) -> list[Verdict]:
+    """The figures under writes (``bench.writes``), their raw samples beside ``out``
+    (``-writes.json``): readers on the largest store up to 100,000 runs, the outbox
+    on the largest store from 100,000 runs."""
+    plain = [s for s in stores if not s.spans]
+    readers_on = max((s for s in plain if s.runs <= 100_000), key=lambda s: s.runs, default=None)
+    outbox_on = max((s for s in plain if s.runs >= 100_000), key=lambda s: s.runs, default=None)
+    found: list[Verdict] = []
+    raw: dict[str, Any] = {}
+    if readers_on is not None:
+        log(f"measuring {readers_on.label} under writes (load average {os.getloadavg()[0]:.1f})")
+        under = writes.measure_writes(readers_on.path, app_path=app_path, log=log)
+        raw["writes"] = {"store": readers_on.label, **under.as_json()}
+        found += writes.verdicts(readers_on.label, under, None)
+    if outbox_on is not None:
+        log(f"measuring {outbox_on.label} while the outbox drains")
+        drained = writes.measure_outbox(outbox_on.path, app_path=app_path, log=log)
+        raw["outbox"] = {"store": outbox_on.label, **drained.as_json()}
+        found += writes.verdicts(outbox_on.label, None, drained)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_name(f"{out.stem}-writes.json").write_text(json.dumps(raw, indent=1))
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -430,6 +457,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-fleet",
         action="store_true",
         help="on PostgreSQL, skip the fleet figure (two servers while a third process writes)",
+    )
+    parser.add_argument(
+        "--no-writes",
+        action="store_true",
+        help="on SQLite, skip the figures under writes (readers while another process"
+        " writes runs; the runs list while the outbox drains)",
+    )
+    parser.add_argument(
+        "--notify-burst",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="pauses written back to back for the notification rows; 0 skips those rows",
+    )
+    parser.add_argument(
+        "--notify-samples",
+        type=int,
+        default=30,
+        metavar="N",
+        help="pauses timed one at a time, pause written -> webhook received",
     )
     parser.add_argument(
         "--only-build",
@@ -610,7 +657,21 @@ def _main(
         and any(r.localui.side_by_side for r in runs if r.store.runs == largest),
         with_demo=demo is not None,
     )
+    if dsn is None and not args.no_writes:
+        verdicts += _measure_writes(stores, args.out, app_path, log)
     errors = [e for r in runs for s in (r.localui, r.sdk) if s is not None for e in s.errors]
+    if args.notify_burst > 0:
+        # On a fresh store of its own (the figures do not depend on the store's size), in
+        # a process of its own: it runs the SDK's agent, whose configuration is its own.
+        log(f"measuring notifications (load average {os.getloadavg()[0]:.1f})")
+        notified, notify_errors = run_notify_bench(
+            backend=args.backend, dsn=dsn, samples=args.notify_samples, burst=args.notify_burst
+        )
+        label = next(r.store.label for r in runs if r.store.runs == largest)
+        verdicts += judge(
+            {label: notified}, runs=largest, with_sdk_ui=False, budgets=NOTIFY_BUDGETS
+        )
+        errors += notify_errors
     errors += [e for r in runs if r.fleet is not None for e in r.fleet.errors]
     errors += demo.errors if demo is not None else []
     errors += [

@@ -25,6 +25,7 @@ from localui.backends.traces import SpanIndex
 from localui.backends.users import new_token
 from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed
+from localui.notify.watcher import Watcher, make_watcher
 from localui.paths import static_dir, templates_dir
 from localui.recovery import RecoverySweep
 from localui.registry import Registry
@@ -37,6 +38,7 @@ from localui.views import bundle as bundle_views
 from localui.views import cache as cache_views
 from localui.views import diff as diff_views
 from localui.views import live as live_views
+from localui.views import notifications as notification_views
 from localui.views import row as row_views
 from localui.views import run as run_views
 from localui.views import runs as runs_views
@@ -44,7 +46,7 @@ from localui.views import signin as signin_views
 from localui.views.common import AppState, Seeding, error_response
 from localui.views.markup import code_spans
 from localui.views.statics import PageCompression, PrecompressedStatics
-from localui.views.urls import dom_id
+from localui.views.urls import deep_links, dom_id, link_base
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -123,6 +125,7 @@ def build_routes() -> list[Route | Mount]:
             name="reject",
         ),
         *page_routes("/cache", cache_views.store_cache, "cache"),
+        *page_routes("/notifications", notification_views.notifications_page, "notifications"),
         Route("/live/nav", live_views.live_nav, name="live_nav"),
         Route("/live/runs", live_views.live_runs, name="live_runs"),
         Route("/live/runs/{execution_id:localui_id}", live_views.live_run, name="live_run"),
@@ -233,6 +236,16 @@ def create_app(
             make_checkpointer=opened.checkpointer,
         )
         feed = ChangeFeed(opened.change_source(), interval=settings.poll_interval)
+        watcher: Watcher | None = None
+        # Read-only writes nothing, and the outbox is a table (the CLI refuses the pair).
+        if settings.notifications.configured and not settings.read_only:
+            watcher = make_watcher(
+                settings,
+                feed=feed,
+                backend=opened,
+                decisions=decisions,
+                links=deep_links(app.router, link_base(settings)),
+            )
         traces = trace_index(settings, opened)
         app.state.localui = AppState(
             settings=settings,
@@ -245,10 +258,13 @@ def create_app(
             auth=auth,
             signer=Signer(),
             seeding=seeding,
+            watcher=watcher,
         )
         # A read-only server changes nothing, so it carries no decision out either.
         recovery = None if settings.read_only else RecoverySweep(actions)
         await feed.start()
+        if watcher is not None:
+            await watcher.start()
         seeder = None
         if seeding is not None:
 
@@ -269,6 +285,9 @@ def create_app(
                 seeder.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await seeder
+            if watcher is not None:
+                await watcher.stop()
+                watcher.outbox.close()
             # Ends every open live stream with the app.
             await feed.stop()
             decisions.close()

@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 from localui.errors import LocalUIError
 from localui.policy import Policy, PolicyError, load_policy
 from localui.registry import Registry, RegistryError, load_spec
-from localui.settings import CLAIM_LEASE_SECONDS, LOOPBACK_NAMES, ROLES, Settings, SignIn
+from localui.settings import (
+    CLAIM_LEASE_SECONDS,
+    EVENT_TYPES,
+    LOOPBACK_NAMES,
+    ROLES,
+    Notifications,
+    Settings,
+    SignIn,
+)
 
 if TYPE_CHECKING:
     from localui.demo.scenarios import Seeding
@@ -122,6 +130,85 @@ def _add_policy_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_notify_options(parser: argparse.ArgumentParser) -> None:
+    notify = parser.add_argument_group(
+        "notifications",
+        "Tell people when a run waits, is decided, fails or stalls: every event once, from"
+        " an outbox in the store's database, retried until the target takes it.",
+    )
+    notify.add_argument(
+        "--notify",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="An Apprise URL (slack://…, msteams://…, mailto://…, ntfy://…, json://host/path):"
+        " one message per poll, listing what happened (repeatable).",
+    )
+    notify.add_argument(
+        "--webhook",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="An http(s) URL that gets one signed JSON POST per event, as Standard Webhooks"
+        " lays it out (repeatable; needs --webhook-secret-file).",
+    )
+    notify.add_argument(
+        "--webhook-secret-file",
+        default=None,
+        metavar="FILE",
+        help="A file holding the webhooks' signing secret, in its whsec_… form.",
+    )
+    notify.add_argument(
+        "--public-url",
+        default="",
+        metavar="URL",
+        help="Where people open this server (https://ops.example.com/localui): the base of"
+        " the links in messages (default: built from --host, --port and --root-path).",
+    )
+    notify.add_argument(
+        "--notify-on",
+        default="paused,decided,failed,stalled,overdue",
+        metavar="EVENTS",
+        help="Which events to announce (default: paused,decided,failed,stalled,overdue).",
+    )
+    notify.add_argument(
+        "--notify-redact",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="Never send the values of this key of a pause's context or call (repeatable).",
+    )
+    notify.add_argument(
+        "--stale-after",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="An unfinished run silent this long is stalled (default: 600).",
+    )
+    notify.add_argument(
+        "--remind-after",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="Remind about a pause waiting this long, then again each interval (default: 3600).",
+    )
+    notify.add_argument(
+        "--notify-lease",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="How long a server holds the deliveries it is making: if it dies meanwhile,"
+        " another server (or this one restarted) sends them after this (default: 60).",
+    )
+    notify.add_argument(
+        "--remind-times",
+        type=int,
+        default=3,
+        metavar="N",
+        help="Remind about one pause at most N times (default: 3).",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="localui",
@@ -169,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_server_options(serve)
     _add_policy_option(serve)
+    _add_notify_options(serve)
 
     demo = sub.add_parser(
         "demo", help="Make a fresh store of demo runs (every durability case) and serve it."
@@ -181,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_server_options(demo)
     _add_policy_option(demo)
+    _add_notify_options(demo)
 
     export = sub.add_parser(
         "export", help="Write one run (rows, pause, cache, decisions, forks, spans) to a file."
@@ -247,6 +336,23 @@ def build_parser() -> argparse.ArgumentParser:
                 default=f"http://127.0.0.1:{DEFAULT_PORT}/",
                 help="The server's address as the person opens it, for the printed link.",
             )
+    notifications = sub.add_parser(
+        "notifications", help="What was announced, and each target's deliveries."
+    )
+    notifications_sub = notifications.add_subparsers(dest="notifications_command", required=True)
+    for name, what in (
+        ("list", "List the newest announcements and each target's deliveries."),
+        ("retry", "Send the announcements given up on once more."),
+    ):
+        command = notifications_sub.add_parser(name, help=what, description=what)
+        command.add_argument("--store", default=None, help="The store, as for serve.")
+        command.add_argument("--pg-app-schema", default="localui", metavar="SCHEMA")
+        if name == "list":
+            command.add_argument("--limit", type=int, default=50, metavar="N")
+        else:
+            command.add_argument(
+                "--target", default=None, metavar="ID", help="Only this target's (as listed)."
+            )
     return parser
 
 
@@ -285,6 +391,15 @@ def serve(
             return fail(
                 f"no store at {target.sqlite_path} (pass --store or set FASTAIAGENT_LOCAL_DB)"
             )
+    if settings.notifications.configured:
+        from localui.notify.targets import TargetError, targets_of
+
+        if settings.read_only:
+            return fail("--read-only writes nothing, and notifications keep an outbox: pick one")
+        try:
+            targets_of(settings.notifications)
+        except TargetError as exc:
+            return fail(str(exc))
     # The agents are imported before the store opens: opening may start indexing it
     # in a thread, which would slow the imports down.
     loaded = list(agents)
@@ -396,6 +511,45 @@ def sign_in_lines(settings: Settings, url: str) -> list[str]:
     return lines
 
 
+def _notifications(args: argparse.Namespace) -> Notifications:
+    """The notification options; raises :class:`NotifyOptionError` with a one-line reason."""
+    from localui.notify.events import UnknownEvent, parse_notify_on
+
+    if not hasattr(args, "notify"):
+        return Notifications()
+    try:
+        events = parse_notify_on(args.notify_on)
+    except UnknownEvent as exc:
+        raise NotifyOptionError(str(exc)) from exc
+    secret = ""
+    if args.webhook_secret_file:
+        try:
+            secret = Path(args.webhook_secret_file).read_text().strip()
+        except OSError as exc:
+            raise NotifyOptionError(
+                f"--webhook-secret-file {args.webhook_secret_file}: {exc.strerror}"
+            ) from exc
+    if min(args.stale_after, args.remind_after, args.notify_lease) <= 0 or args.remind_times < 0:
+        raise NotifyOptionError(
+            "--stale-after, --remind-after and --notify-lease must be positive,"
+            " --remind-times at least 0"
+        )
+    return Notifications(
+        chat=tuple(args.notify),
+        webhooks=tuple(args.webhook),
+        webhook_secret=secret,
+        public_url=args.public_url,
+        events=tuple(t for t in EVENT_TYPES if t in events),
+        redact=tuple(args.notify_redact),
+        remind_times=args.remind_times,
+        lease=args.notify_lease,
+    )
+
+
+class NotifyOptionError(ValueError):
+    """Notification options that cannot be served."""
+
+
 def _settings(args: argparse.Namespace, store: str) -> Settings:
     from localui.auth import owner_name
     from localui.backends.users import new_token
@@ -411,6 +565,9 @@ def _settings(args: argparse.Namespace, store: str) -> Settings:
         pg_app_schema=getattr(args, "pg_app_schema", "localui"),
         root_path=normal_root_path(args.root_path),
         traces=getattr(args, "traces", None),
+        stale_after=getattr(args, "stale_after", 600.0),
+        remind_after=getattr(args, "remind_after", 3600.0),
+        notifications=_notifications(args),
         sign_in=SignIn(
             required=not args.no_auth,
             token=new_token(),
@@ -443,7 +600,10 @@ def run_serve(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         return fail(str(exc))
     store = args.store or default_store()
-    settings = dataclasses.replace(_settings(args, store), policy=policy)
+    try:
+        settings = dataclasses.replace(_settings(args, store), policy=policy)
+    except NotifyOptionError as exc:
+        return fail(str(exc))
     return serve(settings, specs=args.agents)
 
 
@@ -456,7 +616,8 @@ def run_demo(args: argparse.Namespace) -> int:
         return fail(problem)
     try:
         policy = policy_of(args)
-    except PolicyError as exc:
+        _notifications(args)
+    except (PolicyError, NotifyOptionError) as exc:
         return fail(str(exc))
     temp_dir: str | None = None
     if args.store:
@@ -649,6 +810,54 @@ def run_users(args: argparse.Namespace) -> int:
         users.close()
 
 
+def run_notifications(args: argparse.Namespace) -> int:
+    """``localui notifications list|retry``: the outbox servers of this store share."""
+    import time
+    from datetime import UTC, datetime
+
+    from localui.backends import open_outbox, target_of
+
+    settings = Settings(store=args.store or default_store(), pg_app_schema=args.pg_app_schema)
+    sqlite_path = target_of(settings).sqlite_path
+    if sqlite_path is not None and not sqlite_path.is_file():
+        return fail(f"no store at {settings.store} (pass --store or set FASTAIAGENT_LOCAL_DB)")
+    try:
+        outbox = open_outbox(settings)
+    except LocalUIError as exc:
+        return fail(str(exc))
+
+    def when(stamp: float | None) -> str:
+        if stamp is None:
+            return "never"
+        return datetime.fromtimestamp(stamp, UTC).isoformat(timespec="seconds")
+
+    try:
+        if args.notifications_command == "retry":
+            now = time.time()
+            again = outbox.retry_failed(
+                now=now, give_up_at=now + Notifications().retry_for, target=args.target
+            )
+            print(f"localui: {again} given-up announcement(s) will be sent again")
+            return 0
+        for status in outbox.target_statuses():
+            error = f"; last error: {status.last_error}" if status.last_error else ""
+            print(
+                f"target {status.target}: {status.sent} sent (last {when(status.last_sent_at)}),"
+                f" {status.pending} pending, {status.failed} given up{error}"
+            )
+        for row in outbox.list_recent(args.limit):
+            error = f"\t{row.last_error}" if row.last_error else ""
+            print(
+                f"{when(row.created_at)}\t{row.event_type}\t{row.execution_id}\t{row.state}"
+                f"\t{row.attempts} attempt(s)\t{row.target}{error}"
+            )
+        return 0
+    except LocalUIError as exc:
+        return fail(str(exc))
+    finally:
+        outbox.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
@@ -659,4 +868,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_open(args)
     if args.command == "users":
         return run_users(args)
+    if args.command == "notifications":
+        return run_notifications(args)
     return run_demo(args)

@@ -8,7 +8,9 @@ a live page renders only when the feed says its data changed.
 
 - With no subscribers the feed does not touch the store at all; the first
   subscriber takes a fresh baseline, so what happened meanwhile is in the
-  state it renders, not in an event.
+  state it renders, not in an event. With a notification target configured,
+  the watcher (``localui.notify.watcher``) is a subscriber for the app's whole
+  life, so the feed polls whether or not a page is open.
 - A subscriber whose queue is full (a client that stopped reading) loses its
   queued changes and gets one :class:`Resync` instead: it re-renders
   everything it shows once it reads again. Others are never held up.
@@ -44,6 +46,25 @@ class Resync:
     """The subscriber missed changes (its queue overflowed): render everything again."""
 
     seq: int
+
+
+async def to_the_end(call: Callable[[], T]) -> T:
+    """``call()`` in a worker thread, holding on until it returns even when the
+    awaiting task is cancelled: whoever closes what the thread reads must wait for it
+    (SQLite answers a connection closed under a read with a segmentation fault, not
+    an exception). A task cancelled again while it waits keeps waiting; the
+    cancellation is passed on once the thread has returned."""
+    running = asyncio.ensure_future(asyncio.to_thread(call))
+    cancelled = False
+    while not running.done():
+        try:
+            # ``wait`` never cancels what it waits for, unlike awaiting it.
+            await asyncio.wait({running})
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return running.result()
 
 
 # --- the feed -----------------------------------------------------------------
@@ -214,23 +235,10 @@ class ChangeFeed:
         return stamped
 
     async def _in_thread(self, call: Callable[[], T]) -> T:
-        """``call()`` in a worker thread, holding on until it returns even when the
-        awaiting task is cancelled: the caller's lock on the source must not be let go
-        while a thread still reads it, or ``stop`` would close the connection under
-        that read (SQLite answers that with a segmentation fault, not an exception).
-        A task cancelled again while it waits keeps waiting; the cancellation is
-        passed on once the thread has returned."""
-        running = asyncio.ensure_future(asyncio.to_thread(call))
-        cancelled = False
-        while not running.done():
-            try:
-                # ``wait`` never cancels what it waits for, unlike awaiting it.
-                await asyncio.wait({running})
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
-        return running.result()
+        """``call()`` in a worker thread (see :func:`to_the_end`): the caller's lock on
+        the source must not be let go while a thread still reads it, or ``stop`` would
+        close the connection under that read."""
+        return await to_the_end(call)
 
     async def poll_once(self) -> Changes | None:
         """One poll of the source, published when something changed."""

@@ -622,6 +622,31 @@ def age_words(value: str, now: datetime) -> str:
     return f"{seconds // 86400} d ago"
 
 
+def is_stalled(state: str, last_at: str, now: datetime, stale_after: float) -> bool:
+    """Whether an unfinished run has written nothing for longer than ``stale_after``
+    seconds: its process most likely died (the SDK has no watchdog to say so)."""
+    if state != UNFINISHED:
+        return False
+    then = parse_time(last_at)
+    return then is not None and (now - then).total_seconds() > stale_after
+
+
+def _argument(value: Any) -> str:
+    # JSON keeps each value's exact text (250.0 stays 250.0, strings stay quoted).
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def call_text(tool: str, arguments: Any) -> str:
+    """A call as it is written: ``refund(order_id="A-1002", amount=250.0)``."""
+    if isinstance(arguments, dict):
+        inside = ", ".join(f"{k}={_argument(v)}" for k, v in arguments.items())
+    elif arguments in (None, ""):
+        inside = ""
+    else:
+        inside = _argument(arguments)
+    return f"{tool}({inside})"
+
+
 def decided_words(decision: Decision) -> str:
     """``"rejected by Ada: over budget"``: who decided a pause, how, and why."""
     words = f"{decision.verb} by {decision.actor}"

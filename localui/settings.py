@@ -54,6 +54,47 @@ class SignIn:
 CLAIM_LEASE_SECONDS = 30.0
 
 
+#: Every event a watcher announces (``localui.notify.events``).
+EVENT_TYPES = ("run.paused", "run.decided", "run.failed", "run.stalled", "pause.overdue")
+
+
+@dataclass(frozen=True, slots=True)
+class Notifications:
+    """Where events are announced (``localui.notify``), and how deliveries are retried."""
+
+    #: Apprise URLs (``slack://…``, ``mailto://…``, ``json://host/path``): one digest
+    #: message per poll each.
+    chat: tuple[str, ...] = ()
+    #: URLs that get one signed JSON POST per event (Standard Webhooks).
+    webhooks: tuple[str, ...] = ()
+    #: The webhooks' signing secret in its ``whsec_…`` form.
+    webhook_secret: str = ""
+    #: The absolute base of deep links; empty: built from host, port and root path.
+    public_url: str = ""
+    #: The event types announced.
+    events: tuple[str, ...] = EVENT_TYPES
+    #: Keys whose values never leave in a message (anywhere in a pause's context).
+    redact: tuple[str, ...] = ()
+    #: How many overdue reminders a pause gets at most.
+    remind_times: int = 3
+    #: Retries: the first after ``retry_initial`` seconds, each wait twice the last,
+    #: at most ``retry_max``; given up on ``retry_for`` seconds after the event.
+    retry_initial: float = 1.0
+    retry_max: float = 300.0
+    retry_for: float = 86400.0
+    #: How long a sender holds the rows it claimed: a process that died holding them
+    #: lets them go after this, and another process sends them.
+    lease: float = 60.0
+    #: How often the watcher looks for stalled runs and overdue pauses, in seconds.
+    sweep_interval: float = 10.0
+    #: Each webhook POST or chat message gives up after this many seconds.
+    timeout: float = 10.0
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.chat or self.webhooks)
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything ``create_app`` needs to know; built by the CLI or a test."""
@@ -86,6 +127,11 @@ class Settings:
     #: The approval policy (``--policy``, ``localui.policy``); None decides every pause
     #: as without one: any approver, alone.
     policy: Policy | None = None
+    #: An unfinished run whose newest row is older than this many seconds is stalled.
+    stale_after: float = 600.0
+    #: A pause waiting longer than this many seconds is overdue (and again each interval).
+    remind_after: float = 3600.0
+    notifications: Notifications = Notifications()
 
     @property
     def host_names(self) -> frozenset[str]:

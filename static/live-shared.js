@@ -4,19 +4,30 @@
  * a stream; this file does only that. In a page it replaces htmx.createEventSource with
  * a stand-in fed by a SharedWorker (this same file), which holds one EventSource on
  * /live/mux for the union of the URLs the tabs watch. Without SharedWorker each page
- * keeps its own stream (the server caps them), and pages say when live updates pause. */
+ * keeps its own stream (the server caps them), and pages say when live updates pause.
+ * It also keeps the waiting count in the title ("(3) Approvals · localui"), and, for a
+ * person who asked with "Notify me", has one tab of the browser (not every tab) show a
+ * notification when the queue grows. */
 (function () {
   "use strict";
   if (typeof SharedWorkerGlobalScope !== "undefined" && self instanceof SharedWorkerGlobalScope) {
     var watchers = new Map(); // "port#id" -> {port, id, url, sent: event -> data}
     var latest = new Map(); // url -> (event -> data) from the open stream
     var es = null, urls = [], mux = "", timer = 0, retry = 1000, ports = 0;
+    var waiting = -1; // the queue's size as the newest nav badge says; -1 before the first
     var post = function (w, m) { try { w.port.postMessage(m); } catch (e) { /* tab gone */ } };
     var all = function (type) { watchers.forEach(function (w) { post(w, { type: type, id: w.id }); }); };
     var deliver = function (w, event, data) {
       if (w.sent.get(event) === data) return;
       w.sent.set(event, data);
       post(w, { type: "event", id: w.id, event: event, data: data });
+    };
+    // Every tab's stream carries the badge: the count going up, not each copy of it,
+    // is news, told to one tab only.
+    var counted = function (html) {
+      var found = />\s*(\d+)\s*</.exec(html), n = found ? +found[1] : -1, first = watchers.values().next().value;
+      if (waiting >= 0 && n > waiting && first) post(first, { type: "pause", id: first.id, count: n });
+      if (n >= 0) waiting = n;
     };
     var schedule = function () { if (!timer) timer = setTimeout(open, 30); }; // tabs opening together share one reconnect
     var open = function () {
@@ -46,6 +57,7 @@
           latest.get(u).set(event, data);
         });
         watchers.forEach(function (w) { if (mine.indexOf(w.url) >= 0) deliver(w, event, data); });
+        if (event === "nav-badge") counted(data);
       });
     };
     self.onconnect = function (c) {
@@ -80,6 +92,36 @@
   };
   document.addEventListener("htmx:sseError", function () { paused(true); });
   document.addEventListener("htmx:sseOpen", function () { paused(false); });
+
+  var titled = function () {
+    var badge = document.getElementById("nav-pending"), n = badge ? +badge.textContent : 0;
+    var base = document.title.replace(/^\(\d+\) /, "");
+    document.title = n > 0 ? "(" + n + ") " + base : base;
+  };
+  ["DOMContentLoaded", "htmx:afterSettle", "htmx:sseMessage"].forEach(function (e) { document.addEventListener(e, titled); });
+  // "Notify me": chosen per browser (localStorage), shown only once permission is granted.
+  var button, on = function () {
+    try { return localStorage.getItem("localui-notify") === "on" && Notification.permission === "granted"; } catch (e) { return false; }
+  };
+  var shown = function () { button.setAttribute("aria-pressed", on()); button.textContent = on() ? "Notifying" : "Notify me"; };
+  document.addEventListener("DOMContentLoaded", function () {
+    button = document.getElementById("notify-toggle");
+    if (!button || !window.Notification) return;
+    button.hidden = false;
+    shown();
+    button.onclick = function () {
+      var keep = function (yes) { try { localStorage.setItem("localui-notify", yes ? "on" : "off"); } catch (e) { /* not kept */ } shown(); };
+      if (on()) keep(false);
+      else Notification.requestPermission().then(function (answer) { keep(answer === "granted"); });
+    };
+  });
+  var notify = function (n) {
+    if (!button || !on()) return;
+    new Notification((n === 1 ? "1 run waits" : n + " runs wait") + " for a person", {
+      body: "A new pause is in the approvals queue.", tag: "localui-approvals"
+    }).onclick = function () { window.focus(); location.href = button.getAttribute("data-approvals"); };
+  };
+
   if (typeof SharedWorker === "undefined" || !window.htmx || !script) return;
   var port;
   try { port = new SharedWorker(script.src, { name: "localui-live" }).port; } catch (e) { return; }
@@ -112,6 +154,7 @@
   };
   port.onmessage = function (m) {
     var msg = m.data, s = sources.get(msg.id);
+    if (msg.type === "pause") { notify(msg.count); return; }
     if (!s) return;
     if (msg.type === "event") {
       var e = new MessageEvent(msg.event, { data: msg.data });

@@ -61,6 +61,8 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "approval_context": ((), ()),
     "cache": (("older_than", "after"), ()),
     "cache_json": (("older_than", "after"), ()),
+    "notifications": ((), ()),
+    "notifications_json": ((), ()),
     "live_nav": ((), ()),
     "live_runs": (RUNS_FILTERS, ()),
     "live_run": ((), ()),

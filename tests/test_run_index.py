@@ -6,6 +6,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -552,4 +553,103 @@ def test_while_rows_are_only_added_the_store_is_not_counted_on_every_change(
     assert states(store) == direct_states(store)
     assert full_counts() == 1
     assert store.totals().rows == sum(len(store.list_rows(eid)) for eid in direct_states(store))
+    store.close()
+
+
+def test_runs_folded_in_after_the_trigram_index_is_complete_are_found_then_batched(
+    store_copy: Path, tmp_path: Path, raw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run folded in once the trigram index is complete waits for the next batch
+    (one FTS5 segment for many runs, not one per catch-up): search scans it meanwhile
+    and finds exactly what it finds once the batch has put it in."""
+    from localui.backends.sqlite.index import schema, sync
+
+    monkeypatch.setattr(sync, "TEXT_BATCH_EVERY_S", 3600.0)
+    store = SQLiteStore(store_copy, index_dir=tmp_path / "index")
+    states(store)
+    index = store._index._sync
+    with index.lock:
+        assert schema.text_complete(index.conn)
+        upto = schema.text_upto(index.conn)
+    new_run = _add_run(store_copy, tmp_path)
+    fields = _searched_fields(raw, store_copy)
+    _assert_search_agrees(store, fields)
+    with index.lock:
+        assert schema.text_upto(index.conn) == upto  # not in the trigram index yet
+        [tail] = index.conn.execute("SELECT execution_id FROM runs WHERE rowid > ?", (upto,))
+    assert tail == (new_run,)
+    assert [f.execution_id for f in store.list_runs(RunQuery(text=new_run[2:14])).runs] == [new_run]
+
+    monkeypatch.setattr(sync, "TEXT_BATCH_EVERY_S", 0.0)
+    _add_run(store_copy, tmp_path)
+    fields = _searched_fields(raw, store_copy)
+    _assert_search_agrees(store, fields)
+    with index.lock:
+        top = index.conn.execute("SELECT MAX(rowid) FROM runs").fetchone()[0]
+        assert schema.text_upto(index.conn) == top
+        in_text = index.conn.execute("SELECT COUNT(*) FROM run_text_docsize").fetchone()[0]
+        assert in_text == index.conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    _assert_search_agrees(store, fields)
+    store.close()
+
+
+def _waiting_in_refresh(thread: Any) -> bool:
+    """Whether ``thread`` has asked for a refresh (it waits for the index's lock)."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == "refresh" and "asked" in frame.f_locals:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_readers_waiting_on_a_catch_up_share_it(
+    store_copy: Path, tmp_path: Path, seeded: Any
+) -> None:
+    """Readers that asked while another was catching up need only the next catch-up,
+    not one each, even when rows land during it: whatever they could ask to see was
+    committed before that next catch-up began. A reader that asks after a row landed
+    sees it."""
+    import threading
+
+    store = SQLiteStore(store_copy, index_dir=tmp_path / "index")
+    states(store)
+    index = store._index._sync
+    sdk = SQLiteCheckpointer(str(store_copy))
+    template = sdk.list(seeded.id("completed"))[0]
+
+    def write_a_run() -> str:
+        execution_id = f"landed-{len(written)}"
+        sdk.put(template.model_copy(update={"execution_id": execution_id, "checkpoint_id": ""}))
+        written.append(execution_id)
+        return execution_id
+
+    written: list[str] = []
+    catch_ups: list[str] = []
+
+    def traced(statement: str) -> None:
+        # A catch-up begins by reading the store's newest row; a run lands as it does,
+        # as it would while a fleet writes.
+        if statement.startswith("SELECT COALESCE(MAX(rowid), 0) FROM s.checkpoints"):
+            catch_ups.append(statement)
+            if len(catch_ups) == 1:
+                write_a_run()
+
+    write_a_run()
+    index.conn.set_trace_callback(traced)
+    readers = [threading.Thread(target=store.list_runs, args=(RunQuery(),)) for _ in range(8)]
+    with index.lock:  # every reader asks while the index is busy
+        for reader in readers:
+            reader.start()
+        while not all(_waiting_in_refresh(reader) for reader in readers):
+            time.sleep(0.01)
+    for reader in readers:
+        reader.join(30)
+    # One catch-up for the eight (the run that landed during it is the next one's).
+    assert len(catch_ups) == 1
+    listed = {f.execution_id for f in store.list_runs(RunQuery(limit=500)).runs}
+    assert set(written) <= listed
+    assert len(catch_ups) == 2
+    index.conn.set_trace_callback(None)
+    sdk.close()
     store.close()

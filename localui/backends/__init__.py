@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from localui.backends.base import STATES, Backend, Store, StoreTarget, UserDirectory
+from localui.backends.base import STATES, Backend, Outbox, Store, StoreTarget, UserDirectory
 from localui.backends.urls import is_postgres_url
 from localui.settings import Settings
 
@@ -24,6 +24,7 @@ __all__ = [
     "is_busy",
     "is_postgres_url",
     "open_backend",
+    "open_outbox",
     "open_users",
     "target_of",
 ]
@@ -69,6 +70,20 @@ def open_users(settings: Settings, *, writable: bool) -> UserDirectory:
 
     assert target.sqlite_path is not None
     return SQLiteUsers(target.sqlite_path, writable=writable)
+
+
+def open_outbox(settings: Settings) -> Outbox:
+    """The notifications outbox of the store ``settings`` names, without opening the
+    store (``localui notifications``). A server asks its backend (``Backend.outbox``)."""
+    target = target_of(settings)
+    if target.pg_dsn is not None:
+        from localui.backends.postgres.notifications import PostgresOutbox
+
+        return PostgresOutbox(target.pg_dsn, schema=settings.pg_app_schema)
+    from localui.backends.sqlite.notifications import SQLiteOutbox
+
+    assert target.sqlite_path is not None
+    return SQLiteOutbox(target.sqlite_path)
 
 
 def is_busy(exc: BaseException) -> bool:

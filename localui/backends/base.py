@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from localui.backends.decisions import ABANDONED_AFTER_SECONDS
+from localui.backends.notifications import Notice, Notification, TargetStatus
 from localui.records import (
     Ballot,
     CacheEntry,
@@ -258,6 +259,45 @@ class DecisionLog(Protocol):
     def close(self) -> None: ...
 
 
+class Outbox(Protocol):
+    """The notifications outbox (``localui.backends.notifications``): what the watcher
+    recorded, and how its delivery to each target went."""
+
+    def record(
+        self, notices: Sequence[Notice], targets: Sequence[str], *, now: float, give_up_at: float
+    ) -> int:
+        """Each notice for each target, unless already recorded; how many rows are new."""
+        ...
+
+    def claim_due(self, *, now: float, lease: float, limit: int) -> tuple[Notification, ...]:
+        """Due rows no one else holds, leased to the caller until ``now + lease``."""
+        ...
+
+    def mark_sent(self, ids: Sequence[int], *, now: float) -> None: ...
+
+    def mark_attempt_failed(
+        self, ids: Sequence[int], error: str, *, next_at: float | None, now: float
+    ) -> None:
+        """One more failed attempt: due again at ``next_at``, or given up on when None."""
+        ...
+
+    def release(self, ids: Sequence[int]) -> None:
+        """Let go of claimed rows not tried this round: due again at once."""
+        ...
+
+    def list_recent(self, limit: int) -> tuple[Notification, ...]:
+        """The newest rows first."""
+        ...
+
+    def target_statuses(self) -> tuple[TargetStatus, ...]: ...
+
+    def retry_failed(self, *, now: float, give_up_at: float, target: str | None = None) -> int:
+        """Make given-up rows due again (all, or one target's); how many."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class UserDirectory(Protocol):
     """The people who may sign in (``localui.backends.users``): reads for the server,
     writes for ``localui users``."""
@@ -339,6 +379,10 @@ class Backend(Protocol):
         self, *, writable: bool, lease_seconds: float = ABANDONED_AFTER_SECONDS
     ) -> DecisionLog:
         """The decision record in the store's own database (the caller closes it)."""
+        ...
+
+    def outbox(self) -> Outbox:
+        """The notifications outbox in the store's own database (the caller closes it)."""
         ...
 
     def users(self, *, writable: bool) -> UserDirectory:

@@ -143,21 +143,6 @@ class Effects:
     reused: int
 
 
-def _argument(value: Any) -> str:
-    # JSON keeps each value's exact text (250.0 stays 250.0, strings stay quoted).
-    return json.dumps(value, ensure_ascii=False, default=str)
-
-
-def call_text(tool: str, arguments: Any) -> str:
-    if isinstance(arguments, dict):
-        inside = ", ".join(f"{k}={_argument(v)}" for k, v in arguments.items())
-    elif arguments in (None, ""):
-        inside = ""
-    else:
-        inside = _argument(arguments)
-    return f"{tool}({inside})"
-
-
 def effects_of(pending: Pending, paused: PausedCall | None) -> Effects | None:
     """The paused call, its unanswered siblings and the reused results; None when the
     paused row is missing or unreadable (the card then says only what it knows)."""
@@ -188,7 +173,7 @@ def effects_of(pending: Pending, paused: PausedCall | None) -> Effects | None:
             elif call.get("id") not in answered:
                 skipped.append(str(call.get("name")))
     return Effects(
-        call=call_text(tool, arguments) if tool else None,
+        call=runs.call_text(tool, arguments) if tool else None,
         tool=tool,
         skipped=tuple(skipped),
         reused=paused.cached_results,

@@ -29,6 +29,7 @@ from localui.backends.base import Backend, Store
 from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, LifespanNotRun, LocalUIError
 from localui.live import ChangeFeed
+from localui.notify.watcher import Watcher
 from localui.records import SeedProgress, Unreadable
 from localui.registry import Registry
 from localui.settings import Settings
@@ -87,6 +88,8 @@ class AppState:
     live_renders: LiveRenders | None = None
     #: What ``localui demo`` is still writing into the store, or None.
     seeding: Seeding | None = None
+    #: Records and sends notifications; None when no target is configured.
+    watcher: Watcher | None = None
 
     @property
     def store(self) -> Store:

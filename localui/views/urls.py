@@ -22,6 +22,7 @@ parent's router, where another route may bear the same name.
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,9 @@ from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import HTTPConnection
 from starlette.routing import Mount, Route, Router
 from starlette.types import Scope
+
+from localui.notify.formats import Links
+from localui.settings import Settings
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _TILDE_BYTE = re.compile(r"(?:~[0-9A-Fa-f]{2})+")
@@ -182,3 +186,21 @@ def urls_of_scope(scope: Scope) -> Urls:
     """:func:`urls_of` for middleware, which has the ASGI scope but no request yet."""
     prefix = quote(scope.get("root_path", "").rstrip("/"), safe="/")
     return Urls(router=scope["app"].router, prefix=prefix)
+
+
+def link_base(settings: Settings) -> str:
+    """Where deep links in messages point: ``--public-url``, else this server's own
+    address (a wildcard ``--host`` named by the machine's name) under ``--root-path``."""
+    if settings.notifications.public_url:
+        return settings.notifications.public_url.rstrip("/")
+    host = settings.host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{settings.port}{settings.root_path}"
+
+
+def deep_links(router: Router, base: str) -> Links:
+    """Absolute links to a pause and a run under ``base``, from the route names."""
+    urls = Urls(router=router, prefix=base.rstrip("/"))
+    return Links(approval=urls.approval, run=lambda execution_id: urls.run(execution_id))

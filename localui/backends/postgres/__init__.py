@@ -4,7 +4,14 @@ pool, with the decision record and the users table in a schema of the app's own.
 from __future__ import annotations
 
 from localui import runs
-from localui.backends.base import ChangeSource, DecisionLog, Prunes, StoreTarget, UserDirectory
+from localui.backends.base import (
+    ChangeSource,
+    DecisionLog,
+    Outbox,
+    Prunes,
+    StoreTarget,
+    UserDirectory,
+)
 from localui.backends.decisions import ABANDONED_AFTER_SECONDS
 from localui.backends.postgres.changes import PostgresChangeSource
 from localui.backends.postgres.decisions import PostgresDecisionLog
@@ -45,6 +52,11 @@ class PostgresBackend:
         return PostgresDecisionLog(
             self.dsn, schema=self.app_schema, writable=writable, lease_seconds=lease_seconds
         )
+
+    def outbox(self) -> Outbox:
+        from localui.backends.postgres.notifications import PostgresOutbox
+
+        return PostgresOutbox(self.dsn, schema=self.app_schema)
 
     def users(self, *, writable: bool) -> UserDirectory:
         return PostgresUsers(self.dsn, schema=self.app_schema, writable=writable)

@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import cast
 
 from localui import runs
-from localui.backends.base import ChangeSource, DecisionLog, Prunes, StoreTarget, UserDirectory
+from localui.backends.base import (
+    ChangeSource,
+    DecisionLog,
+    Outbox,
+    Prunes,
+    StoreTarget,
+    UserDirectory,
+)
 from localui.backends.decisions import ABANDONED_AFTER_SECONDS
 from localui.backends.sqlite.changes import SQLiteChangeSource
 from localui.backends.sqlite.decisions import SQLiteDecisionLog
@@ -33,6 +40,11 @@ class SQLiteBackend:
         self, *, writable: bool, lease_seconds: float = ABANDONED_AFTER_SECONDS
     ) -> DecisionLog:
         return SQLiteDecisionLog(self.path, writable=writable, lease_seconds=lease_seconds)
+
+    def outbox(self) -> Outbox:
+        from localui.backends.sqlite.notifications import SQLiteOutbox
+
+        return SQLiteOutbox(self.path)
 
     def users(self, *, writable: bool) -> UserDirectory:
         return SQLiteUsers(self.path, writable=writable)

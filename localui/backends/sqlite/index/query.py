@@ -23,6 +23,13 @@ from localui.records import RunFacts, RunFactsPage, RunQuery
 _FEW_MATCHES = 2000
 
 
+#: A text search by scanning the index's own columns, each ``?`` the ``LIKE`` pattern.
+_SCANNED = (
+    "(execution_id LIKE ? ESCAPE '\\' OR agent LIKE ? ESCAPE '\\'"
+    " OR COALESCE(pending_reason, '') LIKE ? ESCAPE '\\' OR tool_args LIKE ? ESCAPE '\\')"
+)
+
+
 def _rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
     cursor = conn.cursor()
     cursor.row_factory = sqlite3.Row
@@ -62,17 +69,18 @@ def list_runs(conn: sqlite3.Connection, query: RunQuery, *, has_text_index: bool
     if query.text and by_trigrams:
         # A substring of 3 characters or more, case-insensitively: the trigram index
         # answers it exactly (the text has one field per line and a search for text
-        # without a line break cannot match across two).
-        where.append("rowid IN (SELECT rowid FROM run_text WHERE run_text MATCH ?)")
-        params.append(phrase(query.text))
+        # without a line break cannot match across two), for the runs it holds; the
+        # few folded in since its last batch are scanned.
+        where.append(
+            "(rowid IN (SELECT rowid FROM run_text WHERE run_text MATCH ?)"
+            f" OR (rowid > ? AND {_SCANNED}))"
+        )
+        params += [phrase(query.text), schema.text_upto(conn)]
+        params += [shared.like(query.text)] * _SCANNED.count("?")
     elif query.text:
         # Shorter than a trigram: a scan of the index's own columns.
-        where.append(
-            "(execution_id LIKE ?1 ESCAPE '\\' OR agent LIKE ?1 ESCAPE '\\'"
-            " OR COALESCE(pending_reason, '') LIKE ?1 ESCAPE '\\'"
-            " OR tool_args LIKE ?1 ESCAPE '\\')"
-        )
-        params.append(shared.like(query.text))
+        where.append(_SCANNED)
+        params += [shared.like(query.text)] * _SCANNED.count("?")
     if query.agent:
         where.append("agent = ?")
         params.append(query.agent)

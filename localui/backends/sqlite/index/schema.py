@@ -3,13 +3,20 @@
 One row per run in ``runs`` (its facts, its derived state and the text search
 looks in), counts per state and store totals kept by triggers, an FTS5 trigram
 index for text search when SQLite has FTS5, and ``meta``: the version of these
-tables, which store file the index describes, and the store's rowid up to which
-it is folded in.
+tables, which store file the index describes, the store's rowid up to which
+it is folded in, and the newest row the outbox had marked when it last looked.
 
 A build of a large store loads ``runs`` first and fills the trigram index after,
 in short steps (``fill_text_step``), so the runs list is complete sooner and a
 catch-up never waits long for the file; ``text_filled`` says how far it has got,
 and search scans ``runs`` until it is done.
+
+Once it is, runs folded in later are put in the trigram index in batches
+(``extend_text_index``) rather than one by one as they are inserted: FTS5 writes a
+segment per transaction and merges them as they pile up, so a run put in by each
+catch-up of a store written to hundreds of times a second cost about 2.5 ms (against
+0.2 ms in a batch), most of the catch-up. Search looks up the trigram index for the
+runs it holds and scans the few newer ones (``text_upto``).
 """
 
 from __future__ import annotations
@@ -27,9 +34,9 @@ from localui.backends.sqlite.files import read_uri
 from localui.errors import Unavailable
 
 #: Bump when the index's tables change, or what a row holds: an index of another version
-#: is rebuilt. 6: the owner of an agent-as-tool's own execution is that agent, not the
-#: one above it.
-VERSION = "6"
+#: is rebuilt. 7: the owner of an agent-as-tool's own execution is that agent, not the
+#: one above it; the trigram index is filled in batches.
+VERSION = "7"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -60,7 +67,8 @@ CREATE TABLE IF NOT EXISTS totals (
 );
 INSERT OR IGNORE INTO totals VALUES (1, 0, 0, 0);
 -- The trigram index holds the runs whose rowid is at most upto, and merged is 1 once
--- its segments are merged after a fill (search uses it only then).
+-- its segments are merged after a fill (search uses it only then, and scans the runs
+-- above upto).
 CREATE TABLE IF NOT EXISTS text_filled (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     upto INTEGER NOT NULL, merged INTEGER NOT NULL
@@ -68,9 +76,6 @@ CREATE TABLE IF NOT EXISTS text_filled (
 INSERT OR IGNORE INTO text_filled VALUES (1, 0, 0);
 """
 
-#: ``text_filled.upto`` once every run is in the trigram index: from then on each
-#: run inserted goes in as it is inserted.
-ALL_RUNS = 2**63 - 1
 
 #: What text search looks in: one line each for the id, agent, pause reason and
 #: tool arguments of run ``{r}`` (``new`` or ``old`` in a trigger, ``runs`` in a select).
@@ -86,7 +91,8 @@ _TEXT_TABLE = (
 
 #: Keeps ``run_text`` in step with ``runs`` (rows of ``runs`` are only ever
 #: inserted and deleted, never updated), for the runs a fill has reached: a run above
-#: ``upto`` is put in by the fill when it gets there.
+#: ``upto`` (a run folded in again gets a new rowid) is put in by the fill, or by the
+#: next batch, when it gets there.
 _TEXT_UPKEEP = (
     f"""CREATE TRIGGER IF NOT EXISTS runs_text_ins AFTER INSERT ON runs
         WHEN new.rowid <= (SELECT upto FROM text_filled) BEGIN
@@ -289,15 +295,36 @@ def _fill_text(conn: sqlite3.Connection, above: int, upto: int | None) -> None:
     )
 
 
+def _top(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM runs").fetchone()[0])
+
+
 def fill_text_index(conn: sqlite3.Connection) -> None:
     """Put every run not yet in the trigram index in it now, merged (a small store's
     build, in the build's own transaction)."""
-    above = int(conn.execute("SELECT upto FROM text_filled").fetchone()[0])
-    if above < ALL_RUNS:
-        _fill_text(conn, above, None)
+    _fill_text(conn, text_upto(conn), None)
     conn.execute("INSERT INTO run_text (run_text) VALUES ('optimize')")
     conn.executemany(_SETTING, _MERGE_AS_YOU_GO)
-    conn.execute("UPDATE text_filled SET upto = ?, merged = 1", (ALL_RUNS,))
+    conn.execute("UPDATE text_filled SET upto = ?, merged = 1", (_top(conn),))
+
+
+def extend_text_index(conn: sqlite3.Connection) -> None:
+    """Put the runs folded in since the last batch in the complete trigram index, in
+    the caller's write transaction."""
+    upto, top = text_upto(conn), _top(conn)
+    if top > upto:
+        _fill_text(conn, upto, top)
+        conn.execute("UPDATE text_filled SET upto = ?", (top,))
+
+
+def text_waiting(conn: sqlite3.Connection) -> int:
+    """About how many runs are above ``upto`` (rowids, so at most that many)."""
+    return max(0, _top(conn) - text_upto(conn))
+
+
+def text_upto(conn: sqlite3.Connection) -> int:
+    """The highest rowid of ``runs`` up to which the trigram index holds every run."""
+    return int(conn.execute("SELECT upto FROM text_filled").fetchone()[0])
 
 
 def fill_text_step(conn: sqlite3.Connection) -> bool:
@@ -305,15 +332,14 @@ def fill_text_step(conn: sqlite3.Connection) -> bool:
     transaction): the next runs put in, or once all are, a part of the merge. True
     when the index is complete."""
     upto, merged = conn.execute("SELECT upto, merged FROM text_filled").fetchone()
-    if upto < ALL_RUNS:
-        top = int(conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM runs").fetchone()[0])
-        reached = upto + TEXT_STEP_RUNS
-        _fill_text(conn, upto, reached)
-        # Past the last run: every run inserted from now on goes in as it is inserted.
-        conn.execute("UPDATE text_filled SET upto = ?", (ALL_RUNS if reached >= top else reached,))
-        return False
     if merged:
         return True
+    top = _top(conn)
+    if upto < top:
+        reached = min(top, upto + TEXT_STEP_RUNS)
+        _fill_text(conn, upto, reached)
+        conn.execute("UPDATE text_filled SET upto = ?", (reached,))
+        return False
     before = conn.total_changes
     conn.execute(_SETTING, ("merge", TEXT_STEP_PAGES))
     if conn.total_changes - before >= 2:
@@ -325,15 +351,19 @@ def fill_text_step(conn: sqlite3.Connection) -> bool:
 
 def text_complete(conn: sqlite3.Connection) -> bool:
     """Whether the trigram index holds every run, merged, so search can use it."""
-    row = conn.execute("SELECT upto, merged FROM text_filled").fetchone()
-    return row is not None and row[0] == ALL_RUNS and bool(row[1])
+    row = conn.execute("SELECT merged FROM text_filled").fetchone()
+    return row is not None and bool(row[0])
 
 
 def read_meta(conn: sqlite3.Connection) -> dict[str, str]:
     return {k: v for k, v in conn.execute("SELECT key, value FROM meta")}
 
 
-def set_meta(conn: sqlite3.Connection, *, high_water: int, identity: str) -> None:
+def set_meta(
+    conn: sqlite3.Connection, *, high_water: int, identity: str, marked_at: str | None
+) -> None:
+    """Record what the index holds: folded up to ``high_water``, and the outbox's marks
+    seen up to the newest marked row's ``created_at`` (None: none seen)."""
     conn.executemany(
         "INSERT OR REPLACE INTO meta VALUES (?, ?)",
         [
@@ -343,6 +373,10 @@ def set_meta(conn: sqlite3.Connection, *, high_water: int, identity: str) -> Non
             ("tip", store_tip(conn, high_water)),
         ],
     )
+    if marked_at is None:
+        conn.execute("DELETE FROM meta WHERE key = 'marked_at'")
+    else:
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('marked_at', ?)", (marked_at,))
 
 
 def store_tip(conn: sqlite3.Connection, rowid: int) -> str:
@@ -370,4 +404,4 @@ def clear(conn: sqlite3.Connection, *, has_text_index: bool, identity: str) -> N
     conn.execute("UPDATE text_filled SET upto = 0, merged = 0")
     conn.execute("DELETE FROM state_counts")
     conn.execute("UPDATE totals SET rows = 0, waiting = 0, quarantined = 0")
-    set_meta(conn, high_water=0, identity=identity)
+    set_meta(conn, high_water=0, identity=identity, marked_at=None)

@@ -6,8 +6,11 @@ build thread.
   mark) and the runs whose pending row came or went are summarised again;
 * rows were deleted (prune), or the file is another file now: the whole index
   is rebuilt;
-* the outbox marked rows in place: the runs that had rows waiting are summarised
-  again.
+* the outbox marked rows in place: the runs with rows marked since the last look
+  are summarised again. The SDK's drain marks rows oldest first, so those are the
+  rows marked at or after the newest marked row of the last look, a range of the
+  SDK's ``(synced, created_at)`` index. Should the counts still disagree (rows
+  marked out of that order), every run with rows waiting is summarised again.
 
 A whole build reads every checkpoint (about 3 s at 400,000 rows). On a store that
 large it runs in a thread of its own, and :meth:`IndexSync.refresh` says False
@@ -46,6 +49,12 @@ _PROGRESS_EVERY = 8192
 #: an index of every row (80 ms at 3.9M rows), and a store an agent writes to changes
 #: several times a second. A change that adds no row is always counted.
 RECOUNT_EVERY_S = 10.0
+
+#: Once the trigram index is complete, the runs folded in since its last batch go in
+#: it when there are this many, or when the oldest of them has waited this long (search
+#: scans them meanwhile): see ``schema.extend_text_index``.
+TEXT_BATCH_RUNS = 1000
+TEXT_BATCH_EVERY_S = 1.0
 
 #: How much of a run's tool arguments the index keeps for search.
 MAX_TOOL_ARGS = 4000
@@ -239,12 +248,36 @@ def fold(rows: Iterable[tuple[Any, ...]]) -> dict[str, _Summary]:
     return folded
 
 
+def _newest_marked(conn: sqlite3.Connection, columns: StoreColumns) -> str | None:
+    """``created_at`` of the newest row the outbox marked (``synced = 1``), if any: one
+    lookup in the SDK's ``(synced, created_at)`` index."""
+    row = conn.execute(
+        f"SELECT MAX({columns.expressions['created_at']}) FROM s.checkpoints"
+        f" WHERE {columns.synced} = 1"
+    ).fetchone()
+    return None if row is None or row[0] is None else str(row[0])
+
+
+def has_pending_table(conn: sqlite3.Connection) -> bool:
+    """Whether the store has the SDK's ``pending_interrupts`` (older stores may not)."""
+    return (
+        conn.execute(
+            "SELECT 1 FROM s.sqlite_master WHERE type = 'table' AND name = 'pending_interrupts'"
+        ).fetchone()
+        is not None
+    )
+
+
+def store_pending_count(conn: sqlite3.Connection) -> int:
+    """How many pending interrupts the store holds."""
+    if not has_pending_table(conn):
+        return 0
+    return int(conn.execute("SELECT COUNT(*) FROM s.pending_interrupts").fetchone()[0])
+
+
 def store_pending(conn: sqlite3.Connection) -> dict[str, str]:
     """The store's pending interrupts: execution id -> reason."""
-    has_table = conn.execute(
-        "SELECT 1 FROM s.sqlite_master WHERE type = 'table' AND name = 'pending_interrupts'"
-    ).fetchone()
-    if has_table is None:
+    if not has_pending_table(conn):
         return {}
     return {
         eid: reason or ""
@@ -275,6 +308,9 @@ class IndexSync:
         self.lock = threading.Lock()
         self.conn = schema.connect(self.path, busy_timeout)
         self._seen_version: int | None = None
+        # When (``time.monotonic_ns``) the last look that left the index up to date
+        # began: whatever was committed before then is in the index.
+        self._fresh_from = 0
         self._attached = ""
         self._attach()
         self.has_text_index = schema.create(self.conn)
@@ -290,6 +326,9 @@ class IndexSync:
         # When the store's rows were last counted in full (``_catch_up``), and whether a
         # catch-up since went without (then one is made once it is due, change or not).
         self._counted_at = float("-inf")
+        # Since when (``time.monotonic``) runs have waited for the next batch into the
+        # complete trigram index, if any do.
+        self._text_waiting_since: float | None = None
         self._count_owed = False
         # The thread filling the trigram index after a background build, when one runs.
         self._filler: threading.Thread | None = None
@@ -311,7 +350,7 @@ class IndexSync:
         self._attached = ""
         schema.attach_store(self.conn, self.store_path)
         self._attached = self._identity()
-        self._seen_version = None
+        self._seen_version, self._fresh_from = None, 0
 
     def close(self) -> None:
         """Close the index; a build running in the background is stopped first."""
@@ -335,14 +374,25 @@ class IndexSync:
 
         False while the index is being built in the background: until then it holds
         what it held before (nothing, on a first start).
+
+        A caller that waited for the lock while another brought the index up to date,
+        in a look that began after this caller asked, has nothing left to do: all it
+        could ask to see was committed before then. So while a store is written to
+        many times a second, the requests that arrive during one catch-up share the
+        next one instead of each taking their own in turn.
         """
+        asked = time.monotonic_ns()
         with self.lock:
             if self._builder is not None:
                 return False
+            if asked < self._fresh_from:
+                return True
+            began = time.monotonic_ns()
             if self._identity() != self._attached:
                 self._attach()
             version = int(self.conn.execute("PRAGMA s.data_version").fetchone()[0])
             if version == self._seen_version and not self._count_due():
+                self._fresh_from = began
                 return True
             try:
                 complete = self._bring_up_to_date()
@@ -354,7 +404,7 @@ class IndexSync:
                 self.conn.text_factory = decode_text
                 complete = self._bring_up_to_date()
             if complete:
-                self._seen_version = version
+                self._seen_version, self._fresh_from = version, began
             return complete
 
     def _count_due(self) -> bool:
@@ -376,6 +426,8 @@ class IndexSync:
                         schema.fill_text_index(conn)
                 elif not self._catch_up(conn, columns):
                     raise _Rebuild
+                if self.has_text_index:
+                    self._extend_text(conn)
             return True
         except _Rebuild:
             assert columns is not None
@@ -428,13 +480,30 @@ class IndexSync:
             failure = exc
         with self.lock:
             self._builder = self._build_conn = None
-            self._seen_version = None  # the reading connection catches up from here
+            # The reading connection catches up from here.
+            self._seen_version, self._fresh_from = None, 0
             if failure is not None and not isinstance(failure, _Closing):
                 self._failed = (number, failure)
             elif failure is None and self.has_text_index:
                 self._start_filling()
 
     # --- the trigram index, filled after a background build --------------
+
+    def _extend_text(self, conn: sqlite3.Connection) -> None:
+        """Put the runs folded in lately in the complete trigram index, once enough
+        have come or they have waited long enough. Called in a catch-up's transaction."""
+        if not schema.text_complete(conn):
+            return  # the fill puts them in
+        waiting = schema.text_waiting(conn)
+        if not waiting:
+            self._text_waiting_since = None
+            return
+        now = time.monotonic()
+        if self._text_waiting_since is None:
+            self._text_waiting_since = now
+        if waiting >= TEXT_BATCH_RUNS or now - self._text_waiting_since >= TEXT_BATCH_EVERY_S:
+            schema.extend_text_index(conn)
+            self._text_waiting_since = None
 
     def text_complete(self) -> bool:
         """Whether text search can use the trigram index (else it scans ``runs``).
@@ -521,6 +590,7 @@ class IndexSync:
             conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM s.checkpoints").fetchone()[0]
         )
         pending = store_pending(conn)
+        marked_at = _newest_marked(conn, columns)
         # In run order (the SDK's index on execution_id), so that each run is complete
         # when the next begins and memory holds one batch of runs, not the store's.
         rows = conn.execute(
@@ -538,7 +608,7 @@ class IndexSync:
         )
         for statement in schema.upkeep(self.has_text_index):
             conn.execute(statement)
-        schema.set_meta(conn, high_water=high_water, identity=identity)
+        schema.set_meta(conn, high_water=high_water, identity=identity, marked_at=marked_at)
 
     def _counted(self, rows: Iterable[tuple[Any, ...]], total: int) -> Iterator[tuple[Any, ...]]:
         """``rows``, reporting progress (and stopping on shutdown) as they are read."""
@@ -568,7 +638,8 @@ class IndexSync:
             ).fetchone()[0]
         )
         now = time.monotonic()
-        if added_rows and now - self._counted_at < RECOUNT_EVERY_S:
+        in_full = not added_rows or now - self._counted_at >= RECOUNT_EVERY_S
+        if not in_full:
             # Only added rows since the last full count, most likely: what the index
             # held plus them. A prune at the same moment is seen by the next full count.
             total = int(conn.execute("SELECT rows FROM totals").fetchone()[0]) + added_rows
@@ -576,9 +647,85 @@ class IndexSync:
         else:
             total = int(conn.execute("SELECT COUNT(*) FROM s.checkpoints").fetchone()[0])
             self._counted_at, self._count_owed = now, False
-        # Rows waiting for the plane are usually nearly all of them (nothing drains the
-        # outbox without a platform), so count the few that are not, each part a range
-        # of the SDK's (synced, created_at) index, rather than every waiting row.
+        waiting = self._count_waiting(conn, columns, total)
+        added = {
+            r[0]
+            for r in conn.execute(
+                "SELECT DISTINCT execution_id FROM s.checkpoints WHERE rowid > ? AND rowid <= ?",
+                (high_water, top),
+            )
+        }
+        self._refold(conn, columns, added, top)
+        changed = added | self._pauses_changed(conn, columns, top, in_full=in_full)
+        marked_at = _newest_marked(conn, columns)
+        schema.set_meta(conn, high_water=top, identity=self._identity(), marked_at=marked_at)
+        rows_now, waiting_now = conn.execute("SELECT rows, waiting FROM totals").fetchone()
+        if rows_now != total:
+            # Rows were deleted (prune, delete_execution).
+            return False
+        if waiting_now == waiting:
+            return True
+        # The outbox drain marked rows in place (synced, or quarantined: both set
+        # ``synced = 1``). It drains oldest first, so the rows it marked since the last
+        # look lie after the newest row marked then (one marked later with the very same
+        # time is seen by the counts below).
+        since = meta.get("marked_at", "")
+        marked = {
+            r[0]
+            for r in conn.execute(
+                f"SELECT DISTINCT execution_id FROM s.checkpoints WHERE {columns.synced} = 1"
+                f" AND {columns.expressions['created_at']} > ? AND rowid <= ?",
+                (since, top),
+            )
+        }
+        self._refold(conn, columns, marked - changed, top)
+        if conn.execute("SELECT waiting FROM totals").fetchone()[0] != waiting:
+            # Rows marked out of that order (another drain, a hand-made mark): only rows
+            # that were waiting can have been marked, so those runs are folded again.
+            stale = {r[0] for r in conn.execute("SELECT execution_id FROM runs WHERE rows_waiting")}
+            self._refold(conn, columns, stale, top)
+        return True
+
+    def _pauses_changed(
+        self, conn: sqlite3.Connection, columns: StoreColumns, top: int, *, in_full: bool
+    ) -> set[str]:
+        """Fold again the runs whose pending row came, went or changed its reason
+        (the runs that got rows are folded already); return them.
+
+        The SDK writes a pending row only with the paused row itself, in one
+        transaction (``record_interrupt``), so a pause that came is in a run that got
+        rows. What else can change is a pending row deleted (a claim): then the store
+        holds fewer than the index says. So the two sides, every pause each (a
+        thousand or more), are compared only when those counts differ, or when the
+        store is counted in full anyway (rows hand-made in the SDK's tables are seen
+        then)."""
+        if not in_full:
+            store_count = store_pending_count(conn)
+            indexed_count = conn.execute("SELECT COUNT(*) FROM runs WHERE has_pending").fetchone()
+            if store_count == int(indexed_count[0]):
+                return set()
+        pending = store_pending(conn)
+        indexed = {
+            eid: reason or ""
+            for eid, reason in conn.execute(
+                "SELECT execution_id, pending_reason FROM runs WHERE has_pending"
+            )
+        }
+        changed = pending.keys() ^ indexed.keys()
+        changed.update(e for e in pending.keys() & indexed.keys() if pending[e] != indexed[e])
+        self._refold(conn, columns, changed, top)
+        return changed
+
+    def _count_waiting(self, conn: sqlite3.Connection, columns: StoreColumns, total: int) -> int:
+        """The store's rows waiting for the plane (``synced = 0``) out of ``total``.
+
+        Each count is a range of the SDK's ``(synced, created_at)`` index, so the side
+        the index last found smaller is counted: the rows waiting in a store connected
+        to the plane, the few marked ones in a store nothing drains."""
+        rows, waiting = conn.execute("SELECT rows, waiting FROM totals").fetchone()
+        if 2 * int(waiting) < int(rows):
+            query = f"SELECT COUNT(*) FROM s.checkpoints WHERE {columns.synced} = 0"
+            return int(conn.execute(query).fetchone()[0])
         marked = sum(
             int(conn.execute(f"SELECT COUNT(*) FROM s.checkpoints WHERE {test}").fetchone()[0])
             for test in (
@@ -587,47 +734,21 @@ class IndexSync:
                 f"{columns.synced} > 0",
             )
         )
-        waiting = total - marked
-        added = {
-            r[0]
-            for r in conn.execute(
-                "SELECT DISTINCT execution_id FROM s.checkpoints WHERE rowid > ? AND rowid <= ?",
-                (high_water, top),
-            )
-        }
-        pending = store_pending(conn)
-        indexed = {
-            eid: reason or ""
-            for eid, reason in conn.execute(
-                "SELECT execution_id, pending_reason FROM runs WHERE has_pending"
-            )
-        }
-        changed = added | (pending.keys() ^ indexed.keys())
-        changed.update(e for e in pending.keys() & indexed.keys() if pending[e] != indexed[e])
-        self._refold(conn, columns, changed, pending, top)
-        schema.set_meta(conn, high_water=top, identity=self._identity())
-        rows_now, waiting_now = conn.execute("SELECT rows, waiting FROM totals").fetchone()
-        if rows_now != total:
-            # Rows were deleted (prune, delete_execution).
-            return False
-        if waiting_now != waiting:
-            # The outbox drain marked rows in place (synced, or quarantined: both clear
-            # ``synced = 0``), and only rows that were waiting can have been marked.
-            stale = {r[0] for r in conn.execute("SELECT execution_id FROM runs WHERE rows_waiting")}
-            self._refold(conn, columns, stale, pending, top)
-        return True
+        return total - marked
 
     def _refold(
         self,
         conn: sqlite3.Connection,
         columns: StoreColumns,
         execution_ids: set[str],
-        pending: dict[str, str],
         top: int,
     ) -> None:
-        """Summarise these runs again from their rows (up to rowid ``top``)."""
+        """Summarise these runs again from their rows (up to rowid ``top``) and their
+        pending rows."""
         folded: dict[str, _Summary] = {}
+        pending: dict[str, str] = {}
         ids = sorted(execution_ids)
+        has_pending = has_pending_table(conn) if ids else False
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
@@ -640,6 +761,15 @@ class IndexSync:
                     )
                 )
             )
+            if has_pending:
+                pending.update(
+                    (eid, reason or "")
+                    for eid, reason in conn.execute(
+                        "SELECT execution_id, reason FROM s.pending_interrupts"
+                        f" WHERE execution_id IN ({marks})",
+                        chunk,
+                    )
+                )
         gone = [(eid,) for eid in ids if eid not in folded]
         conn.executemany("DELETE FROM runs WHERE execution_id = ?", gone)
         conn.executemany("DELETE FROM runs WHERE execution_id = ?", [(e,) for e in folded])

@@ -1,0 +1,192 @@
+"""The notifications outbox on PostgreSQL: ``localui_notifications`` in the app schema.
+
+The same outbox as the SQLite one (``localui.backends.notifications``), shared by
+every localui process on the database: recording is an ``INSERT … ON CONFLICT DO
+NOTHING`` on the unique key, and a claim takes due rows ``FOR UPDATE SKIP
+LOCKED``, so processes claiming at the same moment each get other rows and none
+is sent twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import sql
+
+from localui.backends.notifications import (
+    COLUMN_NAMES,
+    FAILED,
+    PENDING,
+    SENT,
+    SUMMARY_SQL,
+    TABLE,
+    Notice,
+    Notification,
+    TargetStatus,
+    notification_from_row,
+    status_from_row,
+)
+from localui.backends.postgres.pool import Pool, identifier
+
+_COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in COLUMN_NAMES)
+
+
+class PostgresOutbox:
+    """:class:`localui.backends.base.Outbox` in ``{schema}.localui_notifications``."""
+
+    def __init__(self, dsn: str, *, schema: str = "localui") -> None:
+        self.schema = identifier(schema, "--pg-app-schema")
+        self.table = f"{self.schema}.{TABLE}"
+        self._table = sql.Identifier(self.schema, TABLE)
+        self._pool = Pool(
+            dsn,
+            name="localui-notifications",
+            read_only=False,
+            privileges=f"localui keeps its notifications in {self.table}: it needs CREATE on"
+            f" the database or on schema {self.schema}, or that table made for it with SELECT,"
+            " INSERT and UPDATE",
+        )
+        try:
+            self._create()
+        except BaseException:
+            self._pool.close()
+            raise
+
+    def _sql(self, text: str) -> sql.Composed:
+        return sql.SQL(text).format(table=self._table, columns=_COLUMNS)
+
+    def _create(self) -> None:
+        with self._pool.connection() as conn:
+            # Two processes starting together would race on the catalog.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
+            regclass = sql.Identifier(self.schema, TABLE).as_string()
+            if conn.execute("SELECT to_regclass(%s)", (regclass,)).fetchone()[0] is not None:
+                return
+            conn.execute(
+                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
+            )
+            conn.execute(
+                self._sql(
+                    f"""CREATE TABLE {{table}} (
+                    id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                    event_key    TEXT NOT NULL,
+                    target       TEXT NOT NULL,
+                    event_type   TEXT NOT NULL,
+                    execution_id TEXT NOT NULL,
+                    payload      TEXT NOT NULL,
+                    created_at   DOUBLE PRECISION NOT NULL,
+                    state        TEXT NOT NULL DEFAULT '{PENDING}',
+                    attempts     INTEGER NOT NULL DEFAULT 0,
+                    next_at      DOUBLE PRECISION NOT NULL,
+                    give_up_at   DOUBLE PRECISION NOT NULL,
+                    lease_until  DOUBLE PRECISION,
+                    last_error   TEXT,
+                    sent_at      DOUBLE PRECISION,
+                    UNIQUE (event_key, target)
+                )"""
+                )
+            )
+            conn.execute(
+                sql.SQL("CREATE INDEX {} ON {} (state, next_at)").format(
+                    sql.Identifier(f"{TABLE}_due"), self._table
+                )
+            )
+
+    def record(
+        self, notices: Sequence[Notice], targets: Sequence[str], *, now: float, give_up_at: float
+    ) -> int:
+        rows = [
+            (n.event_key, t, n.event_type, n.execution_id, n.payload, now, now, give_up_at)
+            for n in notices
+            for t in targets
+        ]
+        if not rows:
+            return 0
+        added = 0
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            for row in rows:
+                cur.execute(
+                    self._sql(
+                        "INSERT INTO {table} (event_key, target, event_type, execution_id,"
+                        " payload, created_at, next_at, give_up_at)"
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                        " ON CONFLICT (event_key, target) DO NOTHING"
+                    ),
+                    row,
+                )
+                added += cur.rowcount
+        return added
+
+    def claim_due(self, *, now: float, lease: float, limit: int) -> tuple[Notification, ...]:
+        from psycopg.rows import dict_row
+
+        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(
+                self._sql(
+                    "UPDATE {table} SET lease_until = %s WHERE id IN ("
+                    " SELECT id FROM {table} WHERE state = %s AND next_at <= %s"
+                    " AND (lease_until IS NULL OR lease_until < %s)"
+                    " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
+                    " RETURNING {columns}"
+                ),
+                (now + lease, PENDING, now, now, limit),
+            ).fetchall()
+        return tuple(sorted((notification_from_row(r) for r in rows), key=lambda n: n.id))
+
+    def _update(self, text: str, params: Sequence[Any], ids: Sequence[int]) -> None:
+        if not ids:
+            return
+        with self._pool.connection() as conn:
+            conn.execute(self._sql(f"{text} WHERE id = ANY(%s)"), (*params, list(ids)))
+
+    def mark_sent(self, ids: Sequence[int], *, now: float) -> None:
+        self._update(
+            "UPDATE {table} SET state = %s, sent_at = %s, attempts = attempts + 1,"
+            " lease_until = NULL",
+            (SENT, now),
+            ids,
+        )
+
+    def mark_attempt_failed(
+        self, ids: Sequence[int], error: str, *, next_at: float | None, now: float
+    ) -> None:
+        self._update(
+            "UPDATE {table} SET state = %s, next_at = %s, last_error = %s,"
+            " attempts = attempts + 1, lease_until = NULL",
+            (FAILED if next_at is None else PENDING, now if next_at is None else next_at, error),
+            ids,
+        )
+
+    def release(self, ids: Sequence[int]) -> None:
+        self._update("UPDATE {table} SET lease_until = NULL", (), ids)
+
+    def list_recent(self, limit: int) -> tuple[Notification, ...]:
+        from psycopg.rows import dict_row
+
+        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(
+                self._sql("SELECT {columns} FROM {table} ORDER BY id DESC LIMIT %s"), (limit,)
+            ).fetchall()
+        return tuple(notification_from_row(r) for r in rows)
+
+    def target_statuses(self) -> tuple[TargetStatus, ...]:
+        from psycopg.rows import dict_row
+
+        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(sql.SQL(SUMMARY_SQL).format(table=self._table)).fetchall()
+        return tuple(status_from_row(r) for r in rows)
+
+    def retry_failed(self, *, now: float, give_up_at: float, target: str | None = None) -> int:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            cur.execute(
+                self._sql(
+                    "UPDATE {table} SET state = %s, next_at = %s, give_up_at = %s, attempts = 0,"
+                    " lease_until = NULL WHERE state = %s AND (%s::text IS NULL OR target = %s)"
+                ),
+                (PENDING, now, give_up_at, FAILED, target, target),
+            )
+            return int(cur.rowcount)
+
+    def close(self) -> None:
+        self._pool.close()

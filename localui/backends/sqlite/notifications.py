@@ -1,0 +1,208 @@
+"""The notifications outbox in the SQLite store file (``localui.backends.notifications``)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from localui.backends.notifications import (
+    COLUMNS,
+    FAILED,
+    PENDING,
+    SENT,
+    SUMMARY_SQL,
+    TABLE,
+    Notice,
+    Notification,
+    TargetStatus,
+    notification_from_row,
+    status_from_row,
+)
+from localui.backends.sqlite.errors import is_busy
+from localui.errors import Unavailable
+
+T = TypeVar("T")
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_key    TEXT NOT NULL,
+    target       TEXT NOT NULL,
+    event_type   TEXT NOT NULL,
+    execution_id TEXT NOT NULL,
+    payload      TEXT NOT NULL,
+    created_at   REAL NOT NULL,
+    state        TEXT NOT NULL DEFAULT '{PENDING}',
+    attempts     INTEGER NOT NULL DEFAULT 0,
+    next_at      REAL NOT NULL,
+    give_up_at   REAL NOT NULL,
+    lease_until  REAL,
+    last_error   TEXT,
+    sent_at      REAL,
+    UNIQUE (event_key, target)
+)
+"""
+INDEX = f"CREATE INDEX IF NOT EXISTS {TABLE}_due ON {TABLE} (state, next_at)"
+
+
+class SQLiteOutbox:
+    """:class:`localui.backends.base.Outbox` in the store file, on a connection of its own.
+    Every write takes SQLite's write lock first (``BEGIN IMMEDIATE``), so two processes
+    never claim the same row."""
+
+    def __init__(self, path: str | Path, *, busy_timeout: float = 10.0) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        try:
+            self._conn = sqlite3.connect(
+                f"file:{self.path.resolve()}?mode=rw",
+                uri=True,
+                timeout=busy_timeout,
+                check_same_thread=False,
+                isolation_level=None,
+            )
+        except sqlite3.Error as exc:
+            raise Unavailable(
+                f"the notifications outbox in {path} cannot be opened: {exc}"
+            ) from exc
+        self._conn.row_factory = sqlite3.Row
+        self._with_retry(self._create)
+
+    def _create(self) -> None:
+        self._conn.execute(SCHEMA)
+        self._conn.execute(INDEX)
+
+    def _with_retry(self, fn: Callable[[], T], *, budget: float = 10.0) -> T:
+        """Run ``fn``, waiting out "database is locked" for a bounded time."""
+        deadline = time.monotonic() + budget
+        delay = 0.02
+        while True:
+            try:
+                with self._lock:
+                    return fn()
+            except sqlite3.OperationalError as exc:
+                if not is_busy(exc) or time.monotonic() > deadline:
+                    raise Unavailable(f"the notifications outbox cannot be used: {exc}") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.25)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
+        else:
+            self._conn.execute("COMMIT")
+
+    def record(
+        self, notices: Sequence[Notice], targets: Sequence[str], *, now: float, give_up_at: float
+    ) -> int:
+        rows = [
+            (n.event_key, t, n.event_type, n.execution_id, n.payload, now, now, give_up_at)
+            for n in notices
+            for t in targets
+        ]
+        if not rows:
+            return 0
+
+        def attempt() -> int:
+            with self._transaction() as conn:
+                before = conn.total_changes
+                conn.executemany(
+                    f"INSERT INTO {TABLE} (event_key, target, event_type, execution_id,"
+                    " payload, created_at, next_at, give_up_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (event_key, target) DO NOTHING",
+                    rows,
+                )
+                return conn.total_changes - before
+
+        return self._with_retry(attempt)
+
+    def claim_due(self, *, now: float, lease: float, limit: int) -> tuple[Notification, ...]:
+        def attempt() -> tuple[Notification, ...]:
+            with self._transaction() as conn:
+                rows = conn.execute(
+                    f"UPDATE {TABLE} SET lease_until = ? WHERE id IN ("
+                    f" SELECT id FROM {TABLE} WHERE state = ? AND next_at <= ?"
+                    " AND (lease_until IS NULL OR lease_until < ?) ORDER BY id LIMIT ?)"
+                    f" RETURNING {COLUMNS}",
+                    (now + lease, PENDING, now, now, limit),
+                ).fetchall()
+            return tuple(sorted((notification_from_row(r) for r in rows), key=lambda n: n.id))
+
+        return self._with_retry(attempt)
+
+    def _update(self, sql: str, params: Sequence[object], ids: Sequence[int]) -> None:
+        if not ids:
+            return
+
+        def attempt() -> None:
+            with self._transaction() as conn:
+                for start in range(0, len(ids), 500):
+                    chunk = list(ids[start : start + 500])
+                    marks = ", ".join("?" * len(chunk))
+                    conn.execute(f"{sql} WHERE id IN ({marks})", (*params, *chunk))
+
+        self._with_retry(attempt)
+
+    def mark_sent(self, ids: Sequence[int], *, now: float) -> None:
+        self._update(
+            f"UPDATE {TABLE} SET state = ?, sent_at = ?, attempts = attempts + 1,"
+            " lease_until = NULL",
+            (SENT, now),
+            ids,
+        )
+
+    def mark_attempt_failed(
+        self, ids: Sequence[int], error: str, *, next_at: float | None, now: float
+    ) -> None:
+        self._update(
+            f"UPDATE {TABLE} SET state = ?, next_at = ?, last_error = ?,"
+            " attempts = attempts + 1, lease_until = NULL",
+            (FAILED if next_at is None else PENDING, now if next_at is None else next_at, error),
+            ids,
+        )
+
+    def release(self, ids: Sequence[int]) -> None:
+        self._update(f"UPDATE {TABLE} SET lease_until = NULL", (), ids)
+
+    def list_recent(self, limit: int) -> tuple[Notification, ...]:
+        def read() -> tuple[Notification, ...]:
+            rows = self._conn.execute(
+                f"SELECT {COLUMNS} FROM {TABLE} ORDER BY id DESC LIMIT ?", (limit,)
+            ).fetchall()
+            return tuple(notification_from_row(r) for r in rows)
+
+        return self._with_retry(read)
+
+    def target_statuses(self) -> tuple[TargetStatus, ...]:
+        def read() -> tuple[TargetStatus, ...]:
+            rows = self._conn.execute(SUMMARY_SQL.format(table=TABLE)).fetchall()
+            return tuple(status_from_row(r) for r in rows)
+
+        return self._with_retry(read)
+
+    def retry_failed(self, *, now: float, give_up_at: float, target: str | None = None) -> int:
+        def attempt() -> int:
+            with self._transaction() as conn:
+                cursor = conn.execute(
+                    f"UPDATE {TABLE} SET state = ?, next_at = ?, give_up_at = ?, attempts = 0,"
+                    " lease_until = NULL WHERE state = ? AND (? IS NULL OR target = ?)",
+                    (PENDING, now, give_up_at, FAILED, target, target),
+                )
+                return cursor.rowcount
+
+        return self._with_retry(attempt)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

@@ -1,0 +1,204 @@
+"""Which events the store's state gives: pure rules, no I/O.
+
+Every event has a key that names it once however many processes see it: its
+type, its run and the row it is about (a pause's checkpoint, a decision's id, a
+failed or stalled run's newest row), and for a reminder its number. The outbox
+records each key once (``localui.backends.notifications``), so a watcher may
+offer the same event again and again, from every process, and it is announced
+once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from localui import runs
+from localui.bundle import redact
+from localui.records import ALREADY_RESUMED, APPROVAL, Decision, PausedCall, Pending, RunFacts
+
+PAUSED = "run.paused"
+DECIDED = "run.decided"
+FAILED = "run.failed"
+STALLED = "run.stalled"
+OVERDUE = "pause.overdue"
+EVENT_TYPES = (PAUSED, DECIDED, FAILED, STALLED, OVERDUE)
+#: ``--notify-on`` names: the part after the dot.
+SHORT_NAMES = {t.split(".", 1)[1]: t for t in EVENT_TYPES}
+
+
+class UnknownEvent(ValueError):
+    """A ``--notify-on`` name that is not an event."""
+
+
+def parse_notify_on(text: str) -> frozenset[str]:
+    """``"paused,overdue"`` -> the event types; raises :class:`UnknownEvent`."""
+    chosen: set[str] = set()
+    for name in (part.strip() for part in text.split(",")):
+        if not name:
+            continue
+        if name not in SHORT_NAMES:
+            raise UnknownEvent(
+                f"--notify-on: {name!r} is not an event (choose from {', '.join(SHORT_NAMES)})"
+            )
+        chosen.add(SHORT_NAMES[name])
+    return frozenset(chosen)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something a person should hear about, as it is recorded and announced."""
+
+    type: str
+    execution_id: str
+    #: The row the event is about: a checkpoint id, or a decision's id.
+    row: str
+    #: When what caused it happened (the pause's, the row's or the decision's time).
+    at: str
+    agent: str = ""
+    runner: str = ""
+    reason: str = ""
+    node_id: str = ""
+    checkpoint_id: str = ""
+    #: The pause's frozen context, as the SDK stored it (redacted before it is sent).
+    context: Any = None
+    #: The paused call as it is written: ``refund(order="1042", amount=5000)``.
+    call: str = ""
+    #: Decided: who, how, and what the SDK did with it.
+    actor: str = ""
+    approved: bool | None = None
+    outcome: str = ""
+    #: Overdue: which reminder this is (1, 2, ...).
+    reminder: int = 0
+
+    @property
+    def key(self) -> str:
+        """Unique per event kind, run and row (and reminder number)."""
+        parts = [self.type, self.execution_id, self.row]
+        if self.reminder:
+            parts.append(str(self.reminder))
+        return "\x1f".join(parts)
+
+
+def paused_call(
+    pending: Pending, paused: PausedCall | None, redact_keys: frozenset[str] = frozenset()
+) -> str:
+    """The call a pause stopped in, or "" when it is a chain's node, not a tool call."""
+    snapshot = paused.state_snapshot if paused is not None else None
+    tool = ""
+    if isinstance(snapshot, dict):
+        tool = str(snapshot.get("tool_name") or "")
+    tool = tool or (runs.parse_node(pending.node_id).tool or "")
+    if not tool:
+        return ""
+    arguments = paused.node_input if paused is not None else None
+    return runs.call_text(
+        tool, redact(arguments, redact_keys) if isinstance(arguments, dict) else None
+    )
+
+
+def _pause_fields(
+    pending: Pending, paused: PausedCall | None, redact_keys: frozenset[str]
+) -> dict[str, Any]:
+    owner = runs.pause_owner(pending.agent_path, pending.agent, pending.node_id)
+    return {
+        "execution_id": pending.execution_id,
+        "agent": pending.agent,
+        "runner": owner.describe(),
+        "reason": pending.reason,
+        "node_id": pending.node_id,
+        "checkpoint_id": pending.checkpoint_id or "",
+        "context": redact(pending.context, redact_keys),
+        "call": paused_call(pending, paused, redact_keys),
+    }
+
+
+def paused(
+    pending: Pending, call: PausedCall | None, redact_keys: frozenset[str] = frozenset()
+) -> Event:
+    """A run that waits for a person; the values of ``redact_keys`` never leave."""
+    return Event(
+        type=PAUSED,
+        row=pending.checkpoint_id or pending.created_at,
+        at=pending.created_at,
+        **_pause_fields(pending, call, redact_keys),
+    )
+
+
+def overdue(
+    pending: Pending,
+    call: PausedCall | None,
+    now: datetime,
+    remind_after: float,
+    remind_times: int,
+    redact_keys: frozenset[str] = frozenset(),
+) -> Event | None:
+    """A reminder for a pause waiting longer than ``remind_after`` seconds: the
+    first after one interval, then one each interval, ``remind_times`` at most."""
+    then = runs.parse_time(pending.created_at)
+    if then is None or remind_after <= 0 or remind_times < 1:
+        return None
+    waited = (now - then).total_seconds()
+    number = min(math.floor(waited / remind_after), remind_times)
+    if number < 1:
+        return None
+    return Event(
+        type=OVERDUE,
+        row=pending.checkpoint_id or pending.created_at,
+        at=pending.created_at,
+        reminder=number,
+        **_pause_fields(pending, call, redact_keys),
+    )
+
+
+def decided(decision: Decision, agent: str = "") -> Event | None:
+    """An approval the SDK has carried out; a claim still under way, or one that
+    found the run already resumed elsewhere (it decided nothing), is not one yet."""
+    if decision.kind != APPROVAL or decision.outcome in (None, ALREADY_RESUMED):
+        return None
+    return Event(
+        type=DECIDED,
+        execution_id=decision.execution_id,
+        row=str(decision.id),
+        at=decision.finished_at or decision.decided_at,
+        agent=agent,
+        checkpoint_id=decision.checkpoint_id,
+        reason=decision.reason,
+        actor=decision.actor,
+        approved=decision.approved,
+        outcome=decision.outcome or "",
+    )
+
+
+def _run_state(facts: RunFacts) -> str:
+    return runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+
+
+def _run_event(event_type: str, facts: RunFacts, reason: str = "") -> Event:
+    return Event(
+        type=event_type,
+        execution_id=facts.execution_id,
+        row=facts.last_checkpoint_id,
+        at=facts.last_at,
+        agent=facts.agent,
+        node_id=facts.last_node_id,
+        checkpoint_id=facts.last_checkpoint_id,
+        reason=reason,
+    )
+
+
+def failed(facts: RunFacts) -> Event | None:
+    """A run whose newest row is a failed ``run_end``."""
+    if _run_state(facts) != runs.FAILED:
+        return None
+    return _run_event(FAILED, facts)
+
+
+def stalled(facts: RunFacts, now: datetime, stale_after: float) -> Event | None:
+    """An unfinished run that has written nothing for longer than ``stale_after``; its
+    reason says what it stopped at (``tool``, ``turn`` or ``node``)."""
+    if not runs.is_stalled(_run_state(facts), facts.last_at, now, stale_after):
+        return None
+    return _run_event(STALLED, facts, runs.stopped_at(facts.last_node_id, facts.last_step_type))

@@ -1,0 +1,110 @@
+"""What an event says: the person-readable message, and the webhook body. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from localui import runs
+from localui.bundle import redact
+from localui.notify import events as ev
+from localui.notify.events import Event
+
+
+@dataclass(frozen=True, slots=True)
+class Links:
+    """Absolute deep links into this server, built from its route names."""
+
+    approval: Callable[[str], str]
+    run: Callable[[str], str]
+
+
+def link_of(event: Event, links: Links) -> str:
+    """A pause's approval page while it waits, the run page otherwise."""
+    if event.type in (ev.PAUSED, ev.OVERDUE):
+        return links.approval(event.execution_id)
+    return links.run(event.execution_id)
+
+
+def _what(event: Event) -> str:
+    if event.call:
+        return event.call
+    return f"node {event.node_id}" if event.node_id else "a run"
+
+
+def line_of(event: Event, url: str, now: datetime) -> str:
+    """One event in a sentence or two, ending with its link."""
+    since = runs.age_words(event.at, now)
+    who = f"{event.agent} ({event.runner})" if event.runner else event.agent
+    if event.type == ev.PAUSED:
+        why = f': "{event.reason}"' if event.reason else ""
+        text = (
+            f"{_what(event)} waits for a person — {who}{why}; paused {since}."
+            " Approvers and operators may decide."
+        )
+    elif event.type == ev.OVERDUE:
+        why = f': "{event.reason}"' if event.reason else ""
+        text = (
+            f"Reminder {event.reminder}: {_what(event)} still waits — {who}{why};"
+            f" paused {since}. Approvers and operators may decide."
+        )
+    elif event.type == ev.DECIDED:
+        verb = "approved" if event.approved else "rejected"
+        why = f": {event.reason}" if event.reason else ""
+        text = (
+            f"Run {event.execution_id} of {event.agent or 'an agent'} was {verb} by"
+            f" {event.actor}{why} (outcome: {event.outcome})."
+        )
+    elif event.type == ev.FAILED:
+        text = f"Run {event.execution_id} of {event.agent} failed at {event.node_id} {since}."
+    else:
+        text = (
+            f"Run {event.execution_id} of {event.agent} has written nothing since {since}"
+            f" (stopped at a {event.reason}, {event.node_id}): its process may have died."
+        )
+    return f"{text}\n{url}"
+
+
+def _title(batch: Sequence[Event]) -> str:
+    waiting = sum(1 for e in batch if e.type in (ev.PAUSED, ev.OVERDUE))
+    if len(batch) == 1:
+        only = batch[0]
+        return {
+            ev.PAUSED: f"Waiting for approval: {_what(only)}",
+            ev.OVERDUE: f"Still waiting: {_what(only)}",
+            ev.DECIDED: f"Decided: run {only.execution_id}",
+            ev.FAILED: f"Run failed: {only.execution_id}",
+            ev.STALLED: f"Run stalled: {only.execution_id}",
+        }[only.type]
+    if waiting == len(batch):
+        return f"{waiting} runs wait for a person"
+    return f"{len(batch)} run events" + (f", {waiting} waiting for a person" if waiting else "")
+
+
+def message(batch: Sequence[Event], links: Links, now: datetime) -> tuple[str, str]:
+    """The title and body of one chat message about every event in ``batch``."""
+    body = "\n\n".join(line_of(e, link_of(e, links), now) for e in batch)
+    return _title(batch), body
+
+
+def webhook_body(event: Event, links: Links, redact_keys: frozenset[str]) -> dict[str, Any]:
+    """``{"type", "timestamp", "data"}`` as the Standard Webhooks spec lays a body out."""
+    data: dict[str, Any] = {
+        "execution_id": event.execution_id,
+        "agent": event.agent,
+        "runner": event.runner,
+        "reason": event.reason,
+        "node_id": event.node_id,
+        "checkpoint_id": event.checkpoint_id,
+        # Redacted when recorded too; again here for rows an older setting recorded.
+        "context": redact(event.context, redact_keys),
+        "call": event.call,
+        "url": link_of(event, links),
+    }
+    if event.type == ev.DECIDED:
+        data.update(actor=event.actor, approved=event.approved, outcome=event.outcome)
+    if event.type == ev.OVERDUE:
+        data["reminder"] = event.reminder
+    return {"type": event.type, "timestamp": event.at, "data": data}

@@ -1,0 +1,206 @@
+"""Delivering what the outbox holds: a chat digest per target, a signed POST per event.
+
+Each round claims the due rows (a lease: see ``localui.backends.notifications``),
+sends them, and marks each sent, or failed and due again after a backoff: 1 s,
+2 s, 4 s … at most ``retry_max``, until ``retry_for`` after the event, when it is
+given up on with its last error. The schedule lives in the outbox, not in this
+process, so a restart, or another process, goes on where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import tenacity
+
+from localui.backends.base import Outbox
+from localui.backends.notifications import Notification
+from localui.notify import formats
+from localui.notify.outbox import event_of
+from localui.notify.targets import CHAT, Target
+from localui.settings import Notifications
+
+logger = logging.getLogger(__name__)
+
+#: Rows one round claims at most: a chat target gets them in one message.
+ROUND_SIZE = 200
+
+
+class DeliveryError(Exception):
+    """A target did not take a delivery; the message says why, in one line."""
+
+
+def message_id(event_key: str) -> str:
+    """The ``webhook-id``: the same for every attempt at one event, so a receiver
+    can drop a repeat (a header value, so no control characters)."""
+    import hashlib
+
+    return "msg_" + hashlib.sha256(event_key.encode()).hexdigest()[:32]
+
+
+def backoff(settings: Notifications) -> Callable[[int], float]:
+    """Seconds to wait after the ``n``-th failed attempt (tenacity's exponential wait)."""
+    wait = tenacity.wait_exponential(multiplier=settings.retry_initial, max=settings.retry_max)
+    retrying = tenacity.Retrying()
+
+    def after(attempts: int) -> float:
+        state = tenacity.RetryCallState(retrying, None, (), {})
+        state.attempt_number = max(attempts, 1)
+        return float(wait(state))
+
+    return after
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class Deliverer:
+    """Sends to the targets; blocking I/O, called from a worker thread."""
+
+    def __init__(
+        self, settings: Notifications, links: formats.Links, *, now: Callable[[], datetime]
+    ) -> None:
+        self.settings = settings
+        self.links = links
+        self._now = now
+        self._redact = frozenset(settings.redact)
+        self._chats: dict[str, Any] = {}
+        self._signer: Any = None
+        if settings.webhook_secret:
+            from standardwebhooks.webhooks import Webhook
+
+            self._signer = Webhook(settings.webhook_secret)
+
+    def chat(self, target: Target, batch: Sequence[Notification]) -> None:
+        """One Apprise message about every event in ``batch``."""
+        import apprise
+
+        client = self._chats.get(target.id)
+        if client is None:
+            client = apprise.Apprise()
+            client.add(target.url)
+            self._chats[target.id] = client
+        title, body = formats.message([event_of(n) for n in batch], self.links, self._now())
+        with apprise.LogCapture(level=logging.WARNING) as captured:  # type: ignore[no-untyped-call]
+            delivered = client.notify(body=body, title=title)
+        if not delivered:
+            said = [line for line in captured.getvalue().splitlines() if line.strip()]
+            raise DeliveryError(said[-1] if said else f"{target.label} did not take the message")
+
+    def webhook(self, target: Target, notification: Notification) -> None:
+        """One signed POST (Standard Webhooks) about one event."""
+        event = event_of(notification)
+        body = json.dumps(formats.webhook_body(event, self.links, self._redact), ensure_ascii=False)
+        msg_id = message_id(notification.event_key)
+        stamp = datetime.now(UTC)
+        headers = {
+            "content-type": "application/json",
+            "user-agent": "localui",
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(int(stamp.timestamp())),
+            "webhook-signature": self._signer.sign(msg_id, stamp, body),
+        }
+        request = urllib.request.Request(
+            target.url, data=body.encode(), headers=headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.settings.timeout) as answer:
+                answer.read()
+        except urllib.error.HTTPError as exc:
+            raise DeliveryError(f"{target.label} answered HTTP {exc.code}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise DeliveryError(f"{target.label} cannot be reached: {reason}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """What one round of sending did."""
+
+    claimed: int
+    sent: int
+    failed: int
+
+
+class Sender:
+    """Claims due rows and delivers them; one round at a time, from a worker thread."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        targets: Sequence[Target],
+        deliverer: Deliverer,
+        settings: Notifications,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.outbox = outbox
+        self.targets = {t.id: t for t in targets}
+        self.deliverer = deliverer
+        self.settings = settings
+        self._clock = clock
+        self._backoff = backoff(settings)
+
+    def send_round(self) -> Round:
+        started = self._clock()
+        claimed = self.outbox.claim_due(now=started, lease=self.settings.lease, limit=ROUND_SIZE)
+        by_target: dict[str, list[Notification]] = {}
+        for row in claimed:
+            by_target.setdefault(row.target, []).append(row)
+        sent = failed = 0
+        untried: list[int] = []
+        for target_id, rows in by_target.items():
+            target = self.targets.get(target_id)
+            if target is None:
+                # Recorded for a target this process was not started with: whichever
+                # process has it sends it.
+                untried.extend(r.id for r in rows)
+                continue
+            if target.kind == CHAT:
+                groups = [rows]
+            else:
+                groups = [[r] for r in rows]
+            for group in groups:
+                # Past half the lease, another process may soon take these rows over:
+                # let them go rather than risk sending them twice.
+                if self._clock() - started > self.settings.lease / 2:
+                    untried.extend(r.id for r in group)
+                    continue
+                if self._deliver(target, group):
+                    sent += len(group)
+                else:
+                    failed += len(group)
+        self.outbox.release(untried)
+        return Round(claimed=len(claimed), sent=sent, failed=failed)
+
+    def _deliver(self, target: Target, group: Sequence[Notification]) -> bool:
+        ids = [r.id for r in group]
+        try:
+            if target.kind == CHAT:
+                self.deliverer.chat(target, group)
+            else:
+                self.deliverer.webhook(target, group[0])
+        except Exception as exc:
+            error = _one_line(exc)
+            now = self._clock()
+            for row in group:
+                next_at = now + self._backoff(row.attempts + 1)
+                give_up = next_at > row.give_up_at
+                if give_up:
+                    logger.warning("gave up on %s for %s: %s", row.event_type, target.label, error)
+                self.outbox.mark_attempt_failed(
+                    [row.id], error, next_at=None if give_up else next_at, now=now
+                )
+            return False
+        self.outbox.mark_sent(ids, now=self._clock())
+        return True

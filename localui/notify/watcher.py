@@ -1,0 +1,272 @@
+"""The watcher: records every event once in the outbox, and keeps the sender going.
+
+It runs for the app's whole life whenever a target is configured, whether or not
+a page is open. What it does:
+
+- **Each change the feed publishes** (one poll loop per process: it subscribes to
+  the app's :class:`~localui.live.ChangeFeed`, which so keeps polling): a new
+  pause is ``run.paused``, a finished approval ``run.decided``, a run whose newest
+  row is a failed end ``run.failed``.
+- **At start, after a missed change (a resync), and every ``sweep_interval``**:
+  every waiting pause is offered as ``run.paused`` (so pauses already waiting
+  when notifications are first turned on are announced, once each), those waiting
+  longer than ``remind_after`` as ``pause.overdue``, and the newest unfinished
+  runs silent for longer than ``stale_after`` as ``run.stalled`` — read from the
+  pending rows and the runs index, never from a scan of ``checkpoints``.
+- **Every poll interval, and at once after recording**: a round of the
+  :class:`~localui.notify.sender.Sender`.
+
+The outbox records each event's key once, so offering the same event again, from
+this process or another, announces nothing twice; a restart announces nothing
+again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+from localui.backends.base import Backend, Changes, DecisionLog, Outbox, Store
+from localui.live import ChangeFeed, Resync, Subscription, to_the_end
+from localui.notify import events as ev
+from localui.notify.events import Event
+from localui.notify.formats import Links
+from localui.notify.outbox import notices_of
+from localui.notify.sender import ROUND_SIZE, Deliverer, Sender
+from localui.notify.targets import Target, targets_of
+from localui.records import Pending, RunQuery
+from localui.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: Pending rows read per query while sweeping.
+PENDING_PAGE = 500
+#: Stalled runs looked at per sweep: the newest ones (a store with thousands of
+#: long-dead runs announces the most recent, not all of them at once).
+STALLED_PAGE = 100
+
+
+class Watcher:
+    """Events from the feed and the sweeps, into the outbox; and the sender's rounds."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        feed: ChangeFeed,
+        store: Store,
+        decisions: DecisionLog,
+        outbox: Outbox,
+        targets: Sequence[Target],
+        sender: Sender,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.notifications = settings.notifications
+        self.feed = feed
+        self.store = store
+        self.decisions = decisions
+        self.outbox = outbox
+        self.targets = tuple(targets)
+        self.sender = sender
+        self._clock = clock
+        self._wanted = frozenset(self.notifications.events)
+        self._redact = frozenset(self.notifications.redact)
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        #: Why the watcher could not read or record, or None: said once per outage.
+        self.problem: str | None = None
+        #: Events newly recorded by this process, for the page and the tests.
+        self.recorded = 0
+
+    # --- what each poll does (blocking; run in a worker thread) ----------------
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self._clock(), UTC)
+
+    def record(self, found: Sequence[Event]) -> int:
+        """Record the wanted events for every target; how many rows are new."""
+        wanted = [e for e in found if e.type in self._wanted]
+        if not wanted:
+            return 0
+        now = self._clock()
+        added = self.outbox.record(
+            notices_of(wanted),
+            [t.id for t in self.targets],
+            now=now,
+            give_up_at=now + self.notifications.retry_for,
+        )
+        self.recorded += added
+        return added
+
+    def events_of_changes(self, changes: Changes) -> list[Event]:
+        """The events one published change gives."""
+        found: list[Event] = []
+        added = sorted(changes.pauses_added)
+        pendings = [p for p in (self.store.get_pending(i) for i in added) if p is not None]
+        found.extend(self._pause_events(pendings, overdue=False))
+        for execution_id in sorted(changes.decided):
+            facts = self.store.get_run(execution_id)
+            agent = facts.agent if facts is not None else ""
+            for decision in self.decisions.list_for_run(execution_id):
+                event = ev.decided(decision, agent)
+                if event is not None:
+                    found.append(event)
+        for execution_id in sorted(changes.runs):
+            facts = self.store.get_run(execution_id)
+            event = ev.failed(facts) if facts is not None else None
+            if event is not None:
+                found.append(event)
+        return found
+
+    def _pause_events(self, pendings: Sequence[Pending], *, overdue: bool) -> list[Event]:
+        calls = self.store.paused_calls(pendings) if pendings else {}
+        now = self._now()
+        found: list[Event] = []
+        for pending in pendings:
+            call = calls.get(pending.checkpoint_id or "")
+            found.append(ev.paused(pending, call, self._redact))
+            if overdue:
+                reminder = ev.overdue(
+                    pending,
+                    call,
+                    now,
+                    self.settings.remind_after,
+                    self.notifications.remind_times,
+                    self._redact,
+                )
+                if reminder is not None:
+                    found.append(reminder)
+        return found
+
+    def sweep_events(self) -> list[Event]:
+        """Every waiting pause (and its reminder when overdue), and the newest stalled
+        runs."""
+        found: list[Event] = []
+        after: tuple[str, str] | None = None
+        while True:
+            page = self.store.list_pending(after=after, limit=PENDING_PAGE)
+            found.extend(self._pause_events(page.items, overdue=True))
+            if page.next_key is None:
+                break
+            after = page.next_key
+        if ev.STALLED in self._wanted:
+            now = self._now()
+            cutoff = datetime.fromtimestamp(
+                now.timestamp() - self.settings.stale_after, UTC
+            ).isoformat()
+            # The runs index, newest activity first, from the cutoff down: only runs
+            # already silent long enough, and one page of them.
+            quiet = self.store.list_runs(
+                RunQuery(state="unfinished", after=(cutoff, ""), limit=STALLED_PAGE)
+            )
+            for facts in quiet.runs:
+                event = ev.stalled(facts, now, self.settings.stale_after)
+                if event is not None:
+                    found.append(event)
+        return found
+
+    def on_changes(self, changes: Changes) -> int:
+        return self.record(self.events_of_changes(changes))
+
+    def sweep(self) -> int:
+        return self.record(self.sweep_events())
+
+    # --- the loops ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        subscription = await self.feed.subscribe()
+        self._tasks = [
+            asyncio.create_task(self._watch(subscription), name="localui-notify-watch"),
+            asyncio.create_task(self._send(), name="localui-notify-send"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    def _said(self, problem: str | None) -> None:
+        if problem is not None and self.problem is None:
+            logger.warning("notifications: %s", problem)
+        elif problem is None and self.problem is not None:
+            logger.warning("notifications work again")
+        self.problem = problem
+
+    async def _guarded(self, call: Callable[[], int]) -> None:
+        try:
+            added = await to_the_end(call)
+        except Exception as exc:
+            # A locked or unreachable store must not end the watcher: the next poll
+            # or sweep offers the same events again.
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self._said(text)
+        else:
+            self._said(None)
+            if added:
+                self._wake.set()
+
+    async def _watch(self, subscription: Subscription) -> None:
+        async with subscription:
+            await self._guarded(self.sweep)
+            interval = self.notifications.sweep_interval
+            next_sweep = time.monotonic() + interval
+            while True:
+                wait = max(0.0, next_sweep - time.monotonic())
+                try:
+                    item = await asyncio.wait_for(subscription.next(), wait)
+                except TimeoutError:
+                    item = Resync(seq=self.feed.seq)
+                if item is None:
+                    return  # the feed has stopped
+                if isinstance(item, Resync) or item.everything:
+                    await self._guarded(self.sweep)
+                    next_sweep = time.monotonic() + interval
+                else:
+                    await self._guarded(functools.partial(self.on_changes, item))
+
+    async def _send(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
+            self._wake.clear()
+            try:
+                done = await to_the_end(self.sender.send_round)
+            except Exception as exc:
+                text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                self._said(text)
+                continue
+            if done.claimed >= ROUND_SIZE:
+                self._wake.set()  # more are due: the next round at once
+
+
+def make_watcher(
+    settings: Settings,
+    *,
+    feed: ChangeFeed,
+    backend: Backend,
+    decisions: DecisionLog,
+    links: Links,
+) -> Watcher:
+    """The watcher for ``settings``' targets, with its own outbox on ``backend`` (the
+    caller closes it: ``watcher.outbox``). Raises ``TargetError`` for a bad target."""
+    targets = targets_of(settings.notifications)
+    outbox = backend.outbox()
+    deliverer = Deliverer(settings.notifications, links, now=lambda: datetime.now(UTC))
+    return Watcher(
+        settings=settings,
+        feed=feed,
+        store=backend.store,
+        decisions=decisions,
+        outbox=outbox,
+        targets=targets,
+        sender=Sender(outbox, targets, deliverer, settings.notifications),
+    )

@@ -1,0 +1,111 @@
+"""``/notifications``: what was announced, and how each target's deliveries went.
+
+For operators: it names the targets (their URLs with secrets masked) and the
+errors they answered with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from localui.auth import OPERATOR, require
+from localui.backends.notifications import Notification, TargetStatus
+from localui.notify.watcher import Watcher
+from localui.views.common import context, html_only, off_loop, respond
+from localui.views.urls import Urls, urls_of
+
+#: Announcements the page lists, newest first.
+RECENT = 100
+
+
+def _instant(stamp: float | None) -> str | None:
+    return None if stamp is None else datetime.fromtimestamp(stamp, UTC).isoformat()
+
+
+@dataclass(frozen=True, slots=True)
+class TargetRow:
+    id: str
+    #: ``chat`` (Apprise: one message per poll) or ``webhook`` (one signed POST per event).
+    kind: str
+    label: str
+    sent: int
+    pending: int
+    failed: int
+    last_sent_at: str | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AnnouncementRow:
+    event_type: str
+    execution_id: str
+    target: str
+    state: str
+    attempts: int
+    recorded_at: str
+    sent_at: str | None
+    next_at: str | None
+    last_error: str | None
+    run_url: str = html_only("")
+
+
+@dataclass(frozen=True, slots=True)
+class NotificationsPage:
+    #: Whether this server was started with any ``--notify`` or ``--webhook`` target.
+    configured: bool
+    events: tuple[str, ...]
+    targets: tuple[TargetRow, ...]
+    recent: tuple[AnnouncementRow, ...]
+
+
+def _row(n: Notification, urls: Urls) -> AnnouncementRow:
+    return AnnouncementRow(
+        event_type=n.event_type,
+        execution_id=n.execution_id,
+        target=n.target,
+        state=n.state,
+        attempts=n.attempts,
+        recorded_at=_instant(n.created_at) or "",
+        sent_at=_instant(n.sent_at),
+        next_at=_instant(n.next_at) if n.state == "pending" else None,
+        last_error=n.last_error,
+        run_url=urls.run(n.execution_id),
+    )
+
+
+def build_notifications_page(watcher: Watcher | None, urls: Urls) -> NotificationsPage:
+    if watcher is None:
+        return NotificationsPage(configured=False, events=(), targets=(), recent=())
+    statuses: dict[str, TargetStatus] = {s.target: s for s in watcher.outbox.target_statuses()}
+    targets = []
+    for target in watcher.targets:
+        status = statuses.get(target.id)
+        targets.append(
+            TargetRow(
+                id=target.id,
+                kind=target.kind,
+                label=target.label,
+                sent=status.sent if status else 0,
+                pending=status.pending if status else 0,
+                failed=status.failed if status else 0,
+                last_sent_at=_instant(status.last_sent_at) if status else None,
+                last_error=status.last_error if status else None,
+            )
+        )
+    return NotificationsPage(
+        configured=True,
+        events=watcher.notifications.events,
+        targets=tuple(targets),
+        recent=tuple(_row(n, urls) for n in watcher.outbox.list_recent(RECENT)),
+    )
+
+
+async def notifications_page(request: Request) -> Response:
+    require(request, OPERATOR)
+    ctx = context(request)
+    page = await off_loop(build_notifications_page, ctx.watcher, urls_of(request))
+    return await respond(request, "pages/notifications.html", page)

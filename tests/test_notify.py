@@ -1,0 +1,604 @@
+"""Notifications: every event announced once, to chat targets and signed webhooks.
+
+The stores are the seeded runs the real SDK wrote (4 pauses, 2 crashed runs, 1
+failed run), on SQLite and on PostgreSQL; new runs come from the demo agent in
+child processes. Targets are loopback receivers (``notify_receiver``): webhooks
+POST to them, and Apprise's own ``json://`` and ``form://`` plugins do too.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import httpx
+import pytest
+from helpers import NO_SIGN_IN, free_port, start_localui
+from standardwebhooks.webhooks import Webhook
+from starlette.applications import Starlette
+
+from bench.receiver import Received, Receiver
+from localui import runs
+from localui.app import create_app
+from localui.cli import main
+from localui.notify import events as ev
+from localui.notify import formats
+from localui.records import APPROVAL, Decision, Pending, RunFacts
+from localui.settings import Notifications, Settings
+from localui.views.common import AppState
+
+if TYPE_CHECKING:
+    from conftest import PgStore, Seeded
+
+SECRET = "whsec_" + base64.b64encode(b"the tests' webhook signing key!!").decode()
+#: Short intervals, so the tests wait little; timeouts stay generous.
+FAST = {"poll_interval": 0.1}
+QUICK_RETRIES = {"retry_initial": 0.1, "retry_max": 0.4, "sweep_interval": 0.3}
+SEEDED_PAUSES = 4
+BASE_URL = "http://127.0.0.1:8765"
+#: The paused call of the seeded ``paused-1`` (PostgreSQL's JSONB orders keys its own way).
+CALLS = ('refund(order_id="A-1002", amount=250.0)', 'refund(amount=250.0, order_id="A-1002")')
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass(frozen=True)
+class Where:
+    """A fresh copy of the seeded runs on one backend, as settings and as CLI flags."""
+
+    kind: str
+    store: str
+    #: Which run each seeded scenario wrote in this store (``Seeded`` or ``PgSeeded``).
+    seed: Any
+    pg: PgStore | None = None
+
+    def settings(self, notifications: Notifications, **changes: Any) -> Settings:
+        changes.setdefault("sign_in", NO_SIGN_IN)
+        for key, value in FAST.items():
+            changes.setdefault(key, value)
+        if self.pg is not None:
+            return self.pg.settings(notifications=notifications, **changes)
+        return Settings(store=self.store, notifications=notifications, **changes)
+
+    def store_args(self) -> list[str]:
+        if self.pg is None:
+            return ["--store", self.store]
+        return [
+            "--store",
+            self.pg.dsn,
+            "--pg-schema",
+            self.pg.schema,
+            "--pg-app-schema",
+            self.pg.app_schema,
+        ]
+
+    def worker_args(self) -> list[str]:
+        if self.pg is None:
+            return ["--store", self.store]
+        return ["--store", self.pg.dsn, "--pg-schema", self.pg.schema]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def where(request: pytest.FixtureRequest, store_copy: Path, seeded: Seeded) -> Where:
+    if request.param == "sqlite":
+        return Where("sqlite", str(store_copy), seeded)
+    pg: PgStore = request.getfixturevalue("pg_store")
+    return Where("postgres", pg.dsn, request.getfixturevalue("pg_seeded"), pg)
+
+
+def webhook_settings(receiver: Receiver, **changes: Any) -> Notifications:
+    values: dict[str, Any] = {
+        "webhooks": (receiver.url + "/hook",),
+        "webhook_secret": SECRET,
+        **QUICK_RETRIES,
+    }
+    values.update(changes)
+    return Notifications(**values)
+
+
+def run_worker(where: Where, scenario: str, cwd: Path) -> str:
+    """One demo scenario in a child process, as the user's agent would run it."""
+    env = {**os.environ, "FASTAIAGENT_TRACE_ENABLED": "false"}
+    if where.pg is None:
+        env["FASTAIAGENT_LOCAL_DB"] = where.store
+    else:
+        env["FASTAIAGENT_LOCAL_DB"] = str(cwd / "unused.db")
+    done = subprocess.run(
+        [sys.executable, "-m", "localui.demo.worker", *where.worker_args(), "--scenario", scenario],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode in (0, 17, 18), done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+@contextlib.asynccontextmanager
+async def running(app: Starlette) -> AsyncIterator[AppState]:
+    async with app.router.lifespan_context(app):
+        yield app.state.localui
+
+
+def verified(request: Received) -> dict[str, Any]:
+    """The body of a webhook POST, once its Standard Webhooks signature checks out."""
+    body: dict[str, Any] = Webhook(SECRET).verify(request.body, request.headers)
+    return body
+
+
+def bodies(requests: list[Received]) -> list[dict[str, Any]]:
+    return [verified(r) for r in requests]
+
+
+def of_type(requests: list[Received], event_type: str) -> list[dict[str, Any]]:
+    return [b for b in bodies(requests) if b["type"] == event_type]
+
+
+async def until(receiver: Receiver, done: Any, timeout: float = 30.0) -> list[Received]:
+    return await anyio.to_thread.run_sync(lambda: receiver.wait_for(done, timeout))
+
+
+def acting_agents(where: Where, stack: contextlib.ExitStack) -> list[Any]:
+    """The demo refund-bot bound to the store, so the app can approve its pauses."""
+    from localui.demo.agent import build_agent
+
+    if where.pg is None:
+        from fastaiagent.checkpointers import SQLiteCheckpointer
+
+        checkpointer: Any = SQLiteCheckpointer(where.store)
+    else:
+        from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+
+        checkpointer = PostgresCheckpointer(where.pg.dsn, schema=where.pg.schema)
+    stack.callback(checkpointer.close)
+    return [build_agent(checkpointer)]
+
+
+# --- the pure rules ---------------------------------------------------------------
+
+
+NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def _pending(created: datetime, **changes: Any) -> Pending:
+    values: dict[str, Any] = {
+        "execution_id": "run-1",
+        "agent": "refund-bot",
+        "node_id": "turn:0/tool:refund",
+        "reason": "needs approval",
+        "context": {"order": "1042", "card": "4111"},
+        "agent_path": "agent:refund-bot",
+        "created_at": created.isoformat(),
+        "checkpoint_id": "ck-1",
+    }
+    values.update(changes)
+    return Pending(**values)
+
+
+def test_is_stalled_only_for_an_unfinished_run_silent_past_the_limit() -> None:
+    old = (NOW - timedelta(seconds=601)).isoformat()
+    fresh = (NOW - timedelta(seconds=599)).isoformat()
+    assert runs.is_stalled("unfinished", old, NOW, 600.0)
+    assert not runs.is_stalled("unfinished", fresh, NOW, 600.0)
+    assert not runs.is_stalled("paused", old, NOW, 600.0)
+    assert not runs.is_stalled("failed", old, NOW, 600.0)
+    assert not runs.is_stalled("unfinished", "not a time", NOW, 600.0)
+
+
+def test_reminders_come_each_interval_up_to_the_limit_each_with_its_own_key() -> None:
+    def reminder(waited: float) -> int | None:
+        found = ev.overdue(_pending(NOW - timedelta(seconds=waited)), None, NOW, 3600.0, 3)
+        return found.reminder if found is not None else None
+
+    assert [reminder(s) for s in (3599, 3600, 7300, 10900, 99999)] == [None, 1, 2, 3, 3]
+    first = ev.overdue(_pending(NOW - timedelta(seconds=3700)), None, NOW, 3600.0, 3)
+    second = ev.overdue(_pending(NOW - timedelta(seconds=7300)), None, NOW, 3600.0, 3)
+    paused = ev.paused(_pending(NOW), None)
+    assert first is not None and second is not None
+    assert len({first.key, second.key, paused.key}) == 3
+
+
+def test_a_pause_event_names_the_call_and_leaves_redacted_values_out() -> None:
+    from localui.records import PausedCall
+
+    call = PausedCall(
+        checkpoint_id="ck-1",
+        state_snapshot={"tool_name": "refund"},
+        node_input={"order": "1042", "card": "4111"},
+        cached_results=0,
+    )
+    event = ev.paused(_pending(NOW), call, frozenset({"card"}))
+    assert event.call == 'refund(order="1042", card="[redacted]")'
+    assert event.context == {"order": "1042", "card": "[redacted]"}
+    assert event.runner == "Agent 'refund-bot'"
+    links = formats.Links(approval=lambda i: f"https://x/approvals/{i}", run=lambda i: i)
+    title, body = formats.message([event], links, NOW + timedelta(minutes=3))
+    assert title == 'Waiting for approval: refund(order="1042", card="[redacted]")'
+    assert "4111" not in body and "3 min ago" in body and "https://x/approvals/run-1" in body
+
+
+def test_only_a_carried_out_approval_is_a_decision_event() -> None:
+    def decision(outcome: str | None, kind: str = APPROVAL) -> Decision:
+        return Decision(
+            id=7,
+            kind=kind,
+            execution_id="run-1",
+            checkpoint_id="ck-1",
+            approved=False,
+            actor="Ada",
+            reason="over budget",
+            decided_at=NOW.isoformat(),
+            outcome=outcome,
+            detail=None,
+            finished_at=NOW.isoformat() if outcome else None,
+        )
+
+    assert ev.decided(decision(None)) is None
+    assert ev.decided(decision("already_resumed")) is None
+    assert ev.decided(decision("completed", kind="resume")) is None
+    done = ev.decided(decision("completed"), "refund-bot")
+    assert done is not None and done.actor == "Ada" and done.approved is False
+
+
+def test_a_failed_run_and_a_stalled_run_are_told_apart() -> None:
+    def facts(step: str | None, status: str, at: datetime) -> RunFacts:
+        return RunFacts(
+            execution_id="run-2",
+            agent="refund-bot",
+            row_count=3,
+            first_at=at.isoformat(),
+            last_at=at.isoformat(),
+            last_checkpoint_id="ck-9",
+            last_node_id="turn:1/tool:refund",
+            last_step_type=step,
+            last_status=status,
+            has_pending=False,
+            pending_reason=None,
+            fork_parent_checkpoint_id=None,
+            rows_waiting=0,
+            rows_quarantined=0,
+        )
+
+    failed = facts("run_end", "failed", NOW)
+    crashed = facts("tool_call", "running", NOW - timedelta(hours=1))
+    assert ev.failed(failed) is not None and ev.stalled(failed, NOW, 600) is None
+    stalled = ev.stalled(crashed, NOW, 600)
+    assert ev.failed(crashed) is None and stalled is not None and stalled.reason == "tool"
+
+
+def test_notify_on_names_are_checked() -> None:
+    assert ev.parse_notify_on("paused, overdue") == {ev.PAUSED, ev.OVERDUE}
+    with pytest.raises(ev.UnknownEvent, match="'paused2' is not an event"):
+        ev.parse_notify_on("paused2")
+
+
+# --- on real stores -----------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_waiting_pauses_are_announced_once_each_and_a_restart_announces_none_again(
+    where: Where,
+) -> None:
+    with Receiver() as receiver:
+        settings = where.settings(webhook_settings(receiver, redact=("customer",)))
+        async with running(create_app(settings)):
+            got = await until(receiver, lambda r: len(r) >= SEEDED_PAUSES)
+            await anyio.sleep(1.0)  # a few polls and a sweep more: nothing else comes
+        paused = of_type(receiver.requests(), ev.PAUSED)
+        assert len(receiver.requests()) == len(got) == SEEDED_PAUSES
+        assert {b["data"]["execution_id"] for b in paused} == where.seed.ids("paused")
+        ids = {r.headers["webhook-id"] for r in got}
+        assert len(ids) == SEEDED_PAUSES
+        one = next(b for b in paused if b["data"]["execution_id"] == where.seed.id("paused-1"))
+        data = one["data"]
+        assert data["call"] in CALLS
+        assert data["context"]["order_id"] == "A-1002"
+        assert data["context"]["customer"] == "[redacted]"
+        assert data["url"].endswith(f"/approvals/{where.seed.id('paused-1')}")
+        assert data["runner"] == "Agent 'refund-bot'" and data["agent"] == "refund-bot"
+        assert data["checkpoint_id"] and data["node_id"] and data["reason"]
+
+        async with running(create_app(settings)):
+            await anyio.sleep(1.5)
+        assert len(receiver.requests()) == SEEDED_PAUSES
+
+
+@pytest.mark.anyio
+async def test_a_new_pause_its_decision_a_failure_a_stall_and_reminders_are_delivered(
+    where: Where, tmp_path: Path
+) -> None:
+    with Receiver() as receiver, contextlib.ExitStack() as stack:
+        notifications = webhook_settings(receiver, remind_times=2)
+        settings = where.settings(notifications, stale_after=1.0, remind_after=2.0)
+        app = create_app(settings, agents=acting_agents(where, stack))
+        async with running(app):
+            await until(receiver, lambda r: len(of_type(r, ev.PAUSED)) >= SEEDED_PAUSES)
+            paused = await anyio.to_thread.run_sync(run_worker, where, "paused-1", tmp_path)
+            await until(
+                receiver,
+                lambda r: any(b["data"]["execution_id"] == paused for b in of_type(r, ev.PAUSED)),
+            )
+            # The seeded crashed runs have been silent for longer than a second.
+            await until(receiver, lambda r: len(of_type(r, ev.STALLED)) >= 2)
+            failed = await anyio.to_thread.run_sync(run_worker, where, "failed", tmp_path)
+            await until(
+                receiver,
+                lambda r: any(b["data"]["execution_id"] == failed for b in of_type(r, ev.FAILED)),
+            )
+            await until(
+                receiver,
+                lambda r: any(
+                    b["data"]["execution_id"] == paused and b["data"]["reminder"] == 2
+                    for b in of_type(r, ev.OVERDUE)
+                ),
+            )
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url=BASE_URL
+            ) as client:
+                cards = (await client.get("/approvals.json")).json()["approvals"]
+                (card,) = [c for c in cards if c["execution_id"] == paused]
+                answer = await client.post(
+                    f"/approvals/{paused}/reject",
+                    data={
+                        "approver": "Ada",
+                        "reason": "too much",
+                        "checkpoint_id": card["checkpoint_id"],
+                    },
+                    headers={"accept": "application/json"},
+                )
+                assert answer.status_code == 200, answer.text
+            decided = await until(receiver, lambda r: len(of_type(r, ev.DECIDED)) >= 1)
+            await anyio.sleep(2.5)  # past another reminder interval: the limit holds
+        decision = of_type(decided, ev.DECIDED)[0]["data"]
+        assert decision["execution_id"] == paused
+        assert decision["actor"] == "Ada" and decision["approved"] is False
+        assert decision["reason"] == "too much" and decision["outcome"]
+        everything = receiver.requests()
+        reminders = [
+            b["data"]["reminder"]
+            for b in of_type(everything, ev.OVERDUE)
+            if b["data"]["execution_id"] == paused
+        ]
+        assert sorted(reminders) in ([1, 2], [2])
+        ids = Counter(r.headers["webhook-id"] for r in everything)
+        assert max(ids.values()) == 1
+
+
+@pytest.mark.anyio
+async def test_a_receiver_down_for_a_while_gets_everything_once_it_is_back(where: Where) -> None:
+    with Receiver(down=True) as receiver:
+        settings = where.settings(webhook_settings(receiver))
+        async with running(create_app(settings)) as state:
+            assert state.watcher is not None
+            await until(receiver, lambda r: len(r) >= 3 * SEEDED_PAUSES)
+            statuses = await anyio.to_thread.run_sync(state.watcher.outbox.target_statuses)
+            assert statuses[0].pending == SEEDED_PAUSES and statuses[0].sent == 0
+            assert statuses[0].last_error is not None and "HTTP 503" in statuses[0].last_error
+            receiver.down = False
+            tried = len(receiver.requests())
+            await until(
+                receiver,
+                lambda r: len({x.headers["webhook-id"] for x in r[tried:]}) >= SEEDED_PAUSES,
+            )
+            await anyio.sleep(1.0)
+            statuses = await anyio.to_thread.run_sync(state.watcher.outbox.target_statuses)
+        assert statuses[0].sent == SEEDED_PAUSES and statuses[0].pending == 0
+        after = Counter(r.headers["webhook-id"] for r in receiver.requests()[tried:])
+        assert len(after) == SEEDED_PAUSES and max(after.values()) == 1
+
+
+@pytest.mark.anyio
+async def test_a_target_given_up_on_is_failed_with_its_last_error_and_retry_sends_it(
+    where: Where,
+) -> None:
+    port = free_port()  # nothing listens here
+    notifications = Notifications(
+        webhooks=(f"http://127.0.0.1:{port}/hook",),
+        webhook_secret=SECRET,
+        retry_initial=0.1,
+        retry_max=0.2,
+        retry_for=0.5,
+    )
+    async with running(create_app(where.settings(notifications))) as state:
+        assert state.watcher is not None
+        outbox = state.watcher.outbox
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            statuses = await anyio.to_thread.run_sync(outbox.target_statuses)
+            if statuses and statuses[0].failed == SEEDED_PAUSES:
+                break
+            await anyio.sleep(0.1)
+        assert statuses[0].failed == SEEDED_PAUSES
+        assert statuses[0].last_error is not None and "cannot be reached" in statuses[0].last_error
+    args = [a for a in where.store_args() if a]
+    if "--pg-schema" in args:
+        at = args.index("--pg-schema")
+        del args[at : at + 2]
+    with Receiver(port=port) as receiver:
+        assert main(["notifications", "retry", *args]) == 0
+        async with running(create_app(where.settings(notifications))):
+            got = await until(receiver, lambda r: len(r) >= SEEDED_PAUSES)
+        assert len({r.headers["webhook-id"] for r in got}) == SEEDED_PAUSES
+
+
+@pytest.mark.anyio
+async def test_apprise_chat_targets_get_one_digest_per_poll(where: Where) -> None:
+    with Receiver() as receiver:
+        port = receiver.port
+        notifications = Notifications(
+            chat=(f"json://127.0.0.1:{port}/chat-json", f"form://127.0.0.1:{port}/chat-form"),
+            **QUICK_RETRIES,
+        )
+        async with running(create_app(where.settings(notifications))):
+            await until(receiver, lambda r: len(r) >= 2)
+            await anyio.sleep(1.0)
+        (as_json,) = receiver.requests("/chat-json")
+        (as_form,) = receiver.requests("/chat-form")
+        message = as_json.json()
+        assert message["title"] == f"{SEEDED_PAUSES} runs wait for a person"
+        for execution_id in where.seed.ids("paused"):
+            assert execution_id in message["message"]
+            assert execution_id in as_form.form()["message"]
+        assert any(f"{call} waits for a person" in message["message"] for call in CALLS)
+
+
+def test_a_malformed_target_is_a_one_line_error_at_start(
+    store_copy: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    base = ["serve", "--store", str(store_copy), "--no-auth", "--port", str(free_port())]
+    cases = [
+        (["--notify", "nonsense://here"], "not a notification URL Apprise knows"),
+        (["--webhook", "ftp://host/x", "--webhook-secret-file", str(secret)], "not an http://"),
+        (["--webhook", "http://127.0.0.1:9/x"], "needs --webhook-secret-file"),
+        (["--notify-on", "paused,sometimes", "--notify", "json://127.0.0.1:9/"], "not an event"),
+        (["--webhook-secret-file", str(tmp_path / "missing")], "--webhook-secret-file"),
+    ]
+    for extra, said in cases:
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+
+
+@pytest.mark.anyio
+async def test_the_notifications_page_lists_targets_and_announcements(where: Where) -> None:
+    with Receiver() as receiver:
+        app = create_app(where.settings(webhook_settings(receiver)))
+        async with running(app):
+            await until(receiver, lambda r: len(r) >= SEEDED_PAUSES)
+            await anyio.sleep(0.5)
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url=BASE_URL
+            ) as client:
+                page = (await client.get("/notifications.json")).json()
+                html = (await client.get("/notifications")).text
+    (target,) = page["targets"]
+    assert target["kind"] == "webhook" and target["sent"] == SEEDED_PAUSES
+    assert target["label"] == f"http://127.0.0.1:{receiver.port}/hook"
+    assert len(page["recent"]) == SEEDED_PAUSES
+    assert {r["state"] for r in page["recent"]} == {"sent"}
+    assert "run.paused" in html and f"127.0.0.1:{receiver.port}/hook" in html
+
+
+# --- served processes -----------------------------------------------------------------
+
+
+def serve_args(where: Where, receiver: Receiver, secret: Path, *extra: str) -> list[str]:
+    return [
+        "serve",
+        *where.store_args(),
+        "--no-auth",
+        "--webhook",
+        receiver.url + "/hook",
+        "--webhook-secret-file",
+        str(secret),
+        *extra,
+    ]
+
+
+def test_a_server_killed_mid_delivery_delivers_after_restart_at_most_once_more_same_id(
+    where: Where, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    hold = threading.Event()
+    with Receiver(hold=hold) as receiver:
+        args = serve_args(where, receiver, secret, "--notify-lease", "2", "--notify-on", "paused")
+        first = start_localui(args, cwd=tmp_path, log=tmp_path / "first.log")
+        try:
+            # The first POST is held unanswered: that row is sent and not yet marked,
+            # the other pauses are recorded and claimed, not yet sent.
+            (in_flight,) = receiver.wait_for(lambda r: len(r) >= 1)
+        finally:
+            first.process.send_signal(signal.SIGKILL)
+            first.process.wait()
+            first.stop()
+        hold.set()
+        second = start_localui(args, cwd=tmp_path, log=tmp_path / "second.log")
+        try:
+            got = receiver.wait_for(
+                lambda r: len({x.headers["webhook-id"] for x in r}) >= SEEDED_PAUSES
+            )
+            time.sleep(1.5)
+        finally:
+            second.stop()
+    seen = Counter(r.headers["webhook-id"] for r in receiver.requests())
+    assert len(seen) == SEEDED_PAUSES, got
+    assert seen[in_flight.headers["webhook-id"]] == 2
+    assert all(n == 1 for k, n in seen.items() if k != in_flight.headers["webhook-id"])
+    assert {b["data"]["execution_id"] for b in bodies(receiver.requests())} == where.seed.ids(
+        "paused"
+    )
+
+
+@pytest.mark.postgres
+def test_two_servers_on_one_postgresql_store_deliver_each_event_once(
+    pg_store: PgStore, pg_seeded: Any, tmp_path: Path
+) -> None:
+    where = Where("postgres", pg_store.dsn, pg_seeded, pg_store)
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    with Receiver() as receiver:
+        args = serve_args(where, receiver, secret, "--notify-on", "paused,failed")
+        servers = [
+            start_localui(args, cwd=tmp_path, log=tmp_path / f"server-{n}.log") for n in (1, 2)
+        ]
+        try:
+            new = [run_worker(where, name, tmp_path) for name in ("paused-1", "paused-2", "failed")]
+            receiver.wait_for(lambda r: len(r) >= SEEDED_PAUSES + len(new))
+            time.sleep(2.0)  # several polls of both servers: nothing comes twice
+        finally:
+            for server in servers:
+                server.stop()
+    seen = Counter(r.headers["webhook-id"] for r in receiver.requests())
+    assert len(seen) == SEEDED_PAUSES + len(new) and max(seen.values()) == 1
+    announced = {b["data"]["execution_id"] for b in bodies(receiver.requests())}
+    assert announced == where.seed.ids("paused") | set(new)
+
+
+def test_a_deep_link_opened_without_a_session_lands_on_its_pause_after_sign_in(
+    store_copy: Path, seeded: Seeded
+) -> None:
+    from helpers import LOOPBACK_CLIENT, TEST_TOKEN, sign_in_settings
+    from starlette.testclient import TestClient
+
+    with Receiver() as receiver:
+        settings = Settings(
+            store=str(store_copy),
+            sign_in=sign_in_settings(),
+            notifications=webhook_settings(receiver, public_url="https://ops.example.com/desk"),
+            **FAST,
+        )
+        with TestClient(create_app(settings), base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+            got = receiver.wait_for(lambda r: len(r) >= SEEDED_PAUSES)
+            paused = seeded.id("paused-1")
+            (link,) = [b["data"]["url"] for b in bodies(got) if b["data"]["execution_id"] == paused]
+            assert link == f"https://ops.example.com/desk/approvals/{paused}"
+            path = link.removeprefix("https://ops.example.com/desk")
+            first = client.get(path)
+            assert first.status_code == 401
+            assert f'name="next" value="{path}"' in first.text
+            signed = client.post(
+                "/signin", data={"token": TEST_TOKEN, "next": path}, follow_redirects=False
+            )
+            assert signed.status_code == 303 and signed.headers["location"] == path
+            card = client.get(path)
+            assert card.status_code == 200 and "A-1002" in card.text
