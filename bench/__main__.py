@@ -5,6 +5,7 @@
     .venv/bin/python -m bench --no-sdk-ui                       # localui alone
     .venv/bin/python -m bench --backend postgres --sizes 100k   # on PostgreSQL
     .venv/bin/python -m bench --sizes 1m --no-sdk-ui            # a million runs
+    .venv/bin/python -m bench --only kill9                      # kill -9 mid-approval
 
 Exit status: 0 when every budget is met, 1 when one is missed, 2 when the
 benchmark could not measure something (a page that did not answer 200, a server
@@ -38,6 +39,7 @@ from bench.browser import page_weights
 from bench.budgets import Verdict, all_passed, judge
 from bench.demo_start import measure_demo
 from bench.fleet import measure_fleet
+from bench.kill9 import run_kill9
 from bench.latency import Timing, failed, follow_next, time_get, time_in_turns, warm_up
 from bench.model import DEEP_PAGES, SDK_QUEUE, ServerRun, StoreRun, localui_urls, sdk_urls
 from bench.notify import NOTIFY_BUDGETS, run_notify_bench
@@ -482,6 +484,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="build (or find) the stores and their PostgreSQL copies, then stop",
     )
     parser.add_argument(
+        "--only",
+        choices=("kill9",),
+        default=None,
+        help="run one measurement alone: kill9 is kill -9 of localui at random moments"
+        " during 100 approvals over 50 pauses, 5 rounds (bench/kill9.py)",
+    )
+    parser.add_argument(
         "--demo-starts",
         type=int,
         default=5,
@@ -517,6 +526,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(line: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
 
+    if args.only == "kill9":
+        out = REPO / "bench" / "results" / f"kill9-{args.backend}.md"
+        if args.backend == "postgres":
+            with pg.server(log) as dsn:
+                return run_kill9(dsn, log, out)
+        return run_kill9(None, log, out)
     if args.backend == "postgres":
         # The cluster lives in --workdir so the stores copied into it are found again.
         with pg.server(log, args.workdir.resolve() / "postgres") as dsn:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,7 +27,7 @@ from localui import runs
 from localui.auth import Person
 from localui.backends import is_busy
 from localui.backends.base import DecisionLog, Store
-from localui.backends.decisions import ABANDONED_AFTER_SECONDS
+from localui.backends.decisions import ABANDONED_AFTER_SECONDS, HEARTBEATS_PER_LEASE
 from localui.errors import BadRequest, Conflict, Forbidden, NotFound, ReadOnly, Refused
 from localui.policy import Rule
 from localui.records import (
@@ -33,6 +35,7 @@ from localui.records import (
     ALREADY_RESUMED,
     APPROVAL,
     FULL,
+    REOPEN,
     RESUME,
     Decision,
     Pending,
@@ -380,6 +383,11 @@ class ActionService:
             # rows the check reads, so say who decided rather than what they now show.
             await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
             raise Refused(problem)
+        for taken in await asyncio.to_thread(self.decisions.list_for_run, execution_id):
+            if taken.kind == APPROVAL and taken.rearmed_checkpoint_id == checkpoint_id:
+                # localui wrote this pause again to carry out a decision whose process
+                # died: that decision is being carried out, and no other may be.
+                raise AlreadyDecided(f"This pause was {_decided_words(taken)}.", taken)
         owner = runs.run_owner(await asyncio.to_thread(self.store.list_rows, execution_id))
 
         # Exactly what the tool receives, built once: recorded with the claim below.
@@ -558,7 +566,7 @@ class ActionService:
         delay = 0.05
         while True:
             try:
-                with project_scope(project):
+                with project_scope(project), self.keep_alive(decision.id):
                     result = await agent.aresume(execution_id, resume_value=resume_value)
                 break
             except AlreadyResumed as exc:
@@ -588,6 +596,225 @@ class ActionService:
             output = f"paused again for {result.pending_interrupt.get('reason')}"
         finished = await asyncio.to_thread(self.decisions.finish, decision.id, status, output)
         return Outcome(execution_id, action, status, output, None, finished)
+
+    @contextlib.contextmanager
+    def keep_alive(self, decision_id: int) -> Iterator[None]:
+        """Renew the claim's heartbeat while the SDK carries the decision out.
+
+        A thread, not a task: a tool may hold the event loop (a blocking call in an
+        ``async`` tool), and a claim that went quiet would be taken over and carried
+        out a second time while this process still runs it.
+        """
+        stop = threading.Event()
+        interval = self.decisions.lease_seconds / HEARTBEATS_PER_LEASE
+
+        def beat() -> None:
+            while not stop.wait(interval):
+                with contextlib.suppress(Exception):
+                    # A missed beat is retried at the next one; the lease has room for several.
+                    self.decisions.heartbeat(decision_id)
+
+        beater = threading.Thread(target=beat, name=f"localui-claim-{decision_id}", daemon=True)
+        beater.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            beater.join()
+
+    # --- carrying out a decision whose process died ------------------
+
+    def checkpointer_of(self, owner: runs.Owner) -> Any:
+        """The SDK checkpointer the run's owner writes through (``registry.bind`` made
+        sure it is this store's)."""
+        runner = self.registry.get(owner.name)
+        if runner is None:
+            raise Refused(f"no runner named {owner.name!r} is registered here")
+        return runner._checkpointer  # the SDK keeps it here and offers no accessor
+
+    def rearm(self, execution_id: str, checkpoint_id: str, owner: runs.Owner, new_id: str) -> str:
+        """Write the paused row ``checkpoint_id`` again with its pending row, through the
+        SDK's ``record_interrupt`` (one transaction): the same node, snapshot, context
+        and agent path under the checkpoint id ``new_id``. Returns that id.
+
+        The SDK's own restore from its plane re-creates a pause the same way; the
+        caller has checked that the run has not moved on.
+        """
+        from fastaiagent.checkpointers.protocol import PendingInterrupt
+
+        checkpointer = self.checkpointer_of(owner)
+        paused = checkpointer.get_by_id(execution_id, checkpoint_id)
+        if paused is None or paused.status != "interrupted":
+            raise Conflict(f"row {checkpoint_id} of run {execution_id!r} is not a paused row")
+        again = paused.model_copy(update={"checkpoint_id": new_id, "created_at": ""})
+        pending = PendingInterrupt(
+            execution_id=again.execution_id,
+            chain_name=again.chain_name,
+            node_id=again.node_id,
+            reason=again.interrupt_reason or "",
+            context=again.interrupt_context,
+            agent_path=again.agent_path,
+        )
+        with project_scope(self.store.get_project_id(execution_id)):
+            checkpointer.record_interrupt(again, pending)
+        return str(again.checkpoint_id)
+
+    def orphan_of(self, execution_id: str, checkpoint_id: str) -> tuple[RowHeader, ...]:
+        """The run's rows when its newest row is the paused row ``checkpoint_id`` and no
+        pending row exists (a pause the SDK can no longer resume), else why not."""
+        rows = self.store.list_rows(execution_id)
+        if not rows:
+            raise NotFound(f"no run with execution id {execution_id!r} in this store")
+        newest = rows[-1]
+        if newest.checkpoint_id != checkpoint_id:
+            raise StaleCard(
+                f"the run has moved on past row {checkpoint_id}: its newest row is now "
+                f"{newest.checkpoint_id}; nothing was re-opened",
+                newest.checkpoint_id,
+            )
+        if self.store.get_pending(execution_id) is not None:
+            raise Conflict("this pause is already waiting for a decision: nothing to re-open")
+        if newest.status != "interrupted":
+            raise Conflict(f"row {checkpoint_id} is not a paused row: nothing to re-open")
+        return rows
+
+    async def carry_out(self, decision: Decision) -> Outcome:
+        """Carry out ``decision``, which this process has just taken over from one that
+        died (``DecisionLog.take_over``), exactly as it was recorded.
+
+        Where the dead process stopped decides what is left to do: before the SDK's
+        claim the pause still waits and is resumed; after it, before the tool wrote
+        its next row, the pause is re-armed first; once the run moved on, the
+        decision reached the tool and is only closed with where the run stands.
+        """
+        from fastaiagent import Resume
+
+        if decision.kind == REOPEN:
+            return await self._finish_reopen(decision)
+        execution_id = decision.execution_id
+        rows = await asyncio.to_thread(self.store.list_rows, execution_id)
+        pending = await asyncio.to_thread(self.store.get_pending, execution_id)
+        bound = decision.checkpoint_id
+        if any(r.checkpoint_id == decision.rearmed_checkpoint_id for r in rows):
+            bound = decision.bound_checkpoint_id  # re-armed before: that row is its pause
+        newest = rows[-1] if rows else None
+        if newest is None or newest.checkpoint_id != bound:
+            return await self._close_moved_on(decision, newest)
+        owner = runs.run_owner(rows)
+        if decision.kind == RESUME:
+            return await self._run_resume(execution_id, decision, "resume", None, owner)
+        if pending is not None and pending.checkpoint_id != bound:
+            return await self._close_moved_on(decision, newest)
+        plan = self.plan(runs.PAUSED, rows)
+        problem = plan.reason if isinstance(plan, runs.Refusal) else self.plan_problem(plan)
+        if problem is not None:
+            # Left for a process that can: the lease runs out again and it takes over.
+            raise Refused(problem)
+        if pending is None:
+            if newest.status != "interrupted":
+                return await self._close_moved_on(decision, newest)
+            # Recorded before the pending row exists: a person who sees the re-armed
+            # pause in the queue is told it is decided, never given it to decide again.
+            rearmed = str(uuid.uuid4())
+            await asyncio.to_thread(self.decisions.set_rearmed, decision.id, rearmed)
+            await asyncio.to_thread(self.rearm, execution_id, bound, owner, rearmed)
+        metadata = decision.metadata
+        if metadata is None:
+            # Recorded before the metadata was kept: what ``decide`` handed the SDK then.
+            metadata = {"approver": decision.actor, "reason": decision.reason}
+        resume_value = Resume(approved=bool(decision.approved), metadata=dict(metadata))
+        action = "approve" if decision.approved else "reject"
+        return await self._run_resume(execution_id, decision, action, resume_value, owner)
+
+    async def _close_moved_on(self, decision: Decision, newest: RowHeader | None) -> Outcome:
+        """Record how a decision ended whose run went on past its row before its process
+        died: the SDK had it, so it is never carried out again."""
+        if newest is None:
+            status, detail = "failed", "the run's rows are gone from the store"
+        elif runs.is_run_end(newest.step_type):
+            status = "completed" if newest.status == "completed" else "failed"
+            detail = f"the run ended ({newest.status}) before the process that decided it died"
+        else:
+            status = "unfinished"
+            detail = (
+                "the process carrying this decision out died after the run moved on to "
+                f"{newest.node_id}: the run's page says where it stands and how to resume it"
+            )
+        finished = await asyncio.to_thread(self.decisions.finish, decision.id, status, detail)
+        return Outcome(decision.execution_id, "recover", status, None, detail, finished)
+
+    async def _finish_reopen(self, decision: Decision) -> Outcome:
+        """A re-open whose process died: re-arm the pause if it did not get to."""
+        execution_id = decision.execution_id
+        pending = await asyncio.to_thread(self.store.get_pending, execution_id)
+        if pending is None:
+            try:
+                rows = await asyncio.to_thread(self.orphan_of, execution_id, decision.checkpoint_id)
+            except (Conflict, NotFound):
+                rows = ()
+            if rows:
+                owner = runs.run_owner(rows)
+                rearmed = await asyncio.to_thread(
+                    self.rearm, execution_id, decision.checkpoint_id, owner, str(uuid.uuid4())
+                )
+                return await self._reopened(decision, rearmed)
+        if pending is not None:
+            return await self._reopened(decision, str(pending.checkpoint_id))
+        output = "the run moved on before the re-open was written: nothing was re-opened"
+        finished = await asyncio.to_thread(self.decisions.finish, decision.id, "moved_on", output)
+        return Outcome(execution_id, "reopen", "unfinished", output, None, finished)
+
+    async def _reopened(self, decision: Decision, rearmed: str) -> Outcome:
+        output = f"re-opened as row {rearmed}: it waits in the approvals queue"
+        finished = await asyncio.to_thread(self.decisions.finish, decision.id, "reopened", output)
+        return Outcome(decision.execution_id, "reopen", "paused", output, None, finished)
+
+    async def reopen(self, execution_id: str, *, checkpoint_id: str, actor: str) -> Outcome:
+        """Re-arm an orphaned pause that no decision of localui's explains, so it waits
+        in the queue again; bound to the row the operator saw, and done once."""
+        self.ensure_writable()
+        if not checkpoint_id:
+            raise BadRequest("checkpoint_id (the paused row you saw) is required")
+        rows = await asyncio.to_thread(self.orphan_of, execution_id, checkpoint_id)
+        for decision in await asyncio.to_thread(self.decisions.list_for_run, execution_id):
+            if decision.kind == APPROVAL and decision.bound_checkpoint_id == checkpoint_id:
+                if decision.outcome is None:
+                    raise AlreadyDecided(
+                        f"This pause was {_decided_words(decision)}: localui carries that "
+                        "decision out once its process is known to be gone.",
+                        decision,
+                    )
+        owner = runs.run_owner(rows)
+        problem = self.runner_problem(owner)
+        if problem is not None:
+            raise Refused(problem)
+        claim = await asyncio.to_thread(
+            lambda: self.decisions.claim(
+                kind=REOPEN,
+                execution_id=execution_id,
+                checkpoint_id=checkpoint_id,
+                approved=None,
+                actor=actor.strip() or "someone",
+                reason="",
+                still_pending=lambda: False,
+            )
+        )
+        if not claim.won:
+            raise AlreadyDecided(
+                f"This pause was already re-opened by {claim.decision.actor} at "
+                f"{claim.decision.decided_at}.",
+                claim.decision,
+            )
+        try:
+            # Checked again under the claim: another process may have acted in between.
+            await asyncio.to_thread(self.orphan_of, execution_id, checkpoint_id)
+            rearmed = await asyncio.to_thread(
+                self.rearm, execution_id, checkpoint_id, owner, str(uuid.uuid4())
+            )
+        except BaseException:
+            await asyncio.to_thread(self.decisions.release, claim.decision.id)
+            raise
+        return await self._reopened(claim.decision, rearmed)
 
     # --- fork ----------------------------------------------------------
 

@@ -27,6 +27,7 @@ from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed
 from localui.notify.watcher import Watcher, make_watcher
 from localui.paths import static_dir, templates_dir
+from localui.recovery import RecoverySweep
 from localui.registry import Registry
 from localui.security import BodyLimitMiddleware, GuardMiddleware, SecurityHeadersMiddleware
 from localui.settings import Settings
@@ -98,6 +99,12 @@ def build_routes() -> list[Route | Mount]:
             action_views.resume_run,
             methods=["POST"],
             name="resume_run",
+        ),
+        Route(
+            "/runs/{execution_id:localui_id}/reopen",
+            action_views.reopen_pause,
+            methods=["POST"],
+            name="reopen_pause",
         ),
         Route(
             "/runs/{execution_id:localui_id}/fork",
@@ -237,7 +244,9 @@ def create_app(
         opened = backend if backend is not None else open_backend(settings)
         templates.env.globals["store_label"] = opened.label
         registry = Registry(agents={a.name: a for a in agents})
-        decisions = opened.decision_log(writable=not settings.read_only)
+        decisions = opened.decision_log(
+            writable=not settings.read_only, lease_seconds=settings.claim_lease_seconds
+        )
         if settings.sign_in.required:
             auth.users = opened.users(writable=False)
         actions = ActionService(
@@ -275,6 +284,8 @@ def create_app(
             watcher=watcher,
         )
         app_state[:] = [app.state.localui]
+        # A read-only server changes nothing, so it carries no decision out either.
+        recovery = None if settings.read_only else RecoverySweep(actions)
         await feed.start()
         if watcher is not None:
             await watcher.start()
@@ -287,9 +298,13 @@ def create_app(
                 feed.publish(Changes(runs=frozenset({run})))
 
             seeder = asyncio.create_task(seeding.run(landed), name="localui seeding")
+        if recovery is not None:
+            await recovery.start()
         try:
             yield
         finally:
+            if recovery is not None:
+                await recovery.stop()
             if seeder is not None:
                 seeder.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -19,6 +19,7 @@ from localui.policy import Policy, PolicyError, load_policy
 from localui.registry import Registry, RegistryError, load_spec
 from localui.settings import (
     APP_HOST,
+    CLAIM_LEASE_SECONDS,
     EVENT_TYPES,
     LOOPBACK_NAMES,
     ROLES,
@@ -78,6 +79,15 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="A file holding the Bearer token a Prometheus scraper reads /metrics with "
         "(people signed in may read it without one).",
+    )
+    parser.add_argument(
+        "--claim-lease",
+        type=float,
+        default=CLAIM_LEASE_SECONDS,
+        metavar="SECONDS",
+        help="A decision whose process has not said it is alive for this long was left by a"
+        " process that died: another localui on the store carries it out"
+        f" (default {CLAIM_LEASE_SECONDS:g}).",
     )
     parser.add_argument(
         "--root-path",
@@ -583,6 +593,7 @@ def _settings(args: argparse.Namespace, store: str) -> Settings:
         host=args.host,
         port=args.port,
         read_only=args.read_only,
+        claim_lease_seconds=args.claim_lease,
         allowed_hosts=tuple(args.allow_host),
         pg_schema=getattr(args, "pg_schema", "fastaiagent"),
         pg_app_schema=getattr(args, "pg_app_schema", "localui"),

@@ -379,6 +379,8 @@ class CachePage:
 #: Kinds of decision in the app's own record (``localui_decisions``).
 APPROVAL = "approval"
 RESUME = "resume"
+#: An operator re-armed an orphaned pause no decision explains (``ActionService.reopen``).
+REOPEN = "reopen"
 #: The outcome of a claim whose run the SDK had already resumed elsewhere: it decided nothing.
 ALREADY_RESUMED = "already_resumed"
 
@@ -401,11 +403,24 @@ class Decision:
     #: Exactly what the decision hands the tool as ``Resume.metadata`` (approver,
     #: reason, and whatever a policy adds); None on a record written before it was kept.
     metadata: Mapping[str, Any] | None = None
+    #: When the process carrying the decision out last said it is alive: while it
+    #: keeps saying so, nobody takes the decision over (``localui.recovery``).
+    heartbeat_at: str | None = None
+    #: The paused row localui wrote again for this decision after the process that
+    #: claimed it died, when it had to (``localui.recovery``).
+    rearmed_checkpoint_id: str | None = None
+
+    @property
+    def bound_checkpoint_id(self) -> str:
+        """The paused row this decision now acts on: the re-armed one, or the one seen."""
+        return self.rearmed_checkpoint_id or self.checkpoint_id
 
     @property
     def verb(self) -> str:
         if self.kind == RESUME:
             return "resumed"
+        if self.kind == REOPEN:
+            return "re-opened"
         return "approved" if self.approved else "rejected"
 
 

@@ -59,6 +59,11 @@ class SignIn:
     session_seconds: int = 7 * 86400
 
 
+#: How long an unfinished decision's process may stay silent before another process
+#: takes the decision over (``localui.backends.decisions``).
+CLAIM_LEASE_SECONDS = 30.0
+
+
 #: Every event a watcher announces (``localui.notify.events``).
 EVENT_TYPES = ("run.paused", "run.decided", "run.failed", "run.stalled", "pause.overdue")
 
@@ -110,6 +115,9 @@ class Settings:
     port: int = 8765
     #: Hide every action and refuse them on the server with 403.
     read_only: bool = False
+    #: How long a decision's process may go without a heartbeat before another
+    #: process carries the decision out (``--claim-lease``).
+    claim_lease_seconds: float = CLAIM_LEASE_SECONDS
     #: Extra ``Host`` names to accept besides loopback and ``host`` itself.
     allowed_hosts: tuple[str, ...] = ()
     #: How often the change feed looks at the store, in seconds.

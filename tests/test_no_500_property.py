@@ -50,6 +50,7 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "run_json": (("from", "rows"), ()),
     "run_bundle": (("redact",), ()),
     "resume_run": ((), ("checkpoint_id", "actor", "confirm")),
+    "reopen_pause": ((), ("checkpoint_id", "actor")),
     "fork_run": ((), ("checkpoint_id", "input")),
     "approvals": (QUEUE, ()),
     "approvals_json": (QUEUE, ()),
@@ -124,8 +125,9 @@ def served(seeded: Seeded, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     path = backup(seeded.path, tmp_path_factory.mktemp("property") / "local.db")
     rows = Raw(path).query("SELECT execution_id, checkpoint_id FROM checkpoints")
     # Sign-in on, as an operator by Bearer token: the sign-in check is a route's first
-    # reader of its input too. Never locked out, or every later answer would be a 429.
-    sign_in = sign_in_settings(lock_after=10**9, slow_after=10**9)
+    # reader of its input too. Never locked out, per address or overall (drawn requests
+    # carry bad tokens by the hundred), or every later answer would be a 429.
+    sign_in = sign_in_settings(lock_after=10**9, slow_after=10**9, global_lock_after=10**9)
     app = create_app(Settings(store=str(path), sign_in=sign_in))
     bearer = {"Authorization": f"Bearer {TEST_TOKEN}"}
     with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT, headers=bearer) as client:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from localui.backends.decisions import ABANDONED_AFTER_SECONDS
 from localui.backends.notifications import Notice, Notification, TargetStatus
 from localui.records import (
     AttentionCounts,
@@ -215,6 +216,27 @@ class DecisionLog(Protocol):
         """Delete a claim that never reached the SDK, so the pause can be decided again."""
         ...
 
+    #: How long a claim with no outcome may go without a heartbeat before another
+    #: process may take it over (``localui.backends.decisions``).
+    lease_seconds: float
+
+    def heartbeat(self, decision_id: int) -> None:
+        """Say the process carrying the unfinished decision out is alive."""
+        ...
+
+    def set_rearmed(self, decision_id: int, checkpoint_id: str) -> None:
+        """Record the paused row written again for the unfinished decision."""
+        ...
+
+    def list_abandoned(self) -> tuple[Decision, ...]:
+        """Unfinished decisions whose process has gone quiet for longer than the lease."""
+        ...
+
+    def take_over(self, decision_id: int) -> Decision | None:
+        """Renew an abandoned decision's lease for this process, or None when it is not
+        abandoned (anymore): of processes that try at once, one gets it."""
+        ...
+
     def list_for_run(self, execution_id: str) -> tuple[Decision, ...]: ...
 
     def list_decisions(self, query: DecisionQuery) -> DecisionPage:
@@ -381,7 +403,9 @@ class Backend(Protocol):
         """A source of its own for the change feed (the feed closes it)."""
         ...
 
-    def decision_log(self, *, writable: bool) -> DecisionLog:
+    def decision_log(
+        self, *, writable: bool, lease_seconds: float = ABANDONED_AFTER_SECONDS
+    ) -> DecisionLog:
         """The decision record in the store's own database (the caller closes it)."""
         ...
 

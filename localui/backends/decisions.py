@@ -18,6 +18,7 @@ from typing import Any
 from localui.backends.shared import NamedRow
 from localui.errors import BadRequest
 from localui.records import Decision, DecisionEntry, Vote
+from localui.settings import CLAIM_LEASE_SECONDS
 
 TABLE = "localui_decisions"
 #: Approvals of pauses whose rule needs several people (``localui.policy``), beside
@@ -35,11 +36,12 @@ VOTE_COLUMN_NAMES = (
 )
 VOTE_COLUMNS = ", ".join(VOTE_COLUMN_NAMES)
 
-#: A claim whose row has no outcome after this long, while the SDK's pending row
-#: is still there, was left by a process that died before it reached the SDK:
-#: the next person may take it over. The SDK's own claim follows ours within
-#: milliseconds, so a live claim is never this old with its pending row intact.
-ABANDONED_AFTER_SECONDS = 30.0
+#: A claim whose row has no outcome, and whose process has not said it is alive for
+#: this long, was left by a process that died: another may take it over. The
+#: process carrying a decision out renews its heartbeat several times within it
+#: (``HEARTBEATS_PER_LEASE``), however long the tool runs.
+ABANDONED_AFTER_SECONDS = CLAIM_LEASE_SECONDS
+HEARTBEATS_PER_LEASE = 4
 
 #: The record's columns, in the order every SELECT and RETURNING lists them.
 COLUMN_NAMES = (
@@ -55,11 +57,25 @@ COLUMN_NAMES = (
     "detail",
     "finished_at",
     "metadata",
+    "heartbeat_at",
+    "rearmed_checkpoint_id",
 )
+#: Columns added after the table's first release, with their SQLite and PostgreSQL
+#: types: a writable log adds those missing, a read-only one reads them as NULL.
+ADDED_COLUMNS: dict[str, tuple[str, str]] = {
+    "metadata": ("TEXT", "JSONB"),
+    "heartbeat_at": ("TEXT", "TIMESTAMPTZ"),
+    "rearmed_checkpoint_id": ("TEXT", "TEXT"),
+}
 COLUMNS = ", ".join(COLUMN_NAMES)
-#: The same list for a table made before ``metadata`` was kept, which a read-only log
-#: may not migrate: its records read as having no metadata.
-COLUMNS_BEFORE_METADATA = ", ".join((*COLUMN_NAMES[:-1], "NULL AS metadata"))
+
+
+def columns_of(present: set[str]) -> str:
+    """The select list for a table holding the columns ``present``; missing added
+    columns read as NULL."""
+    return ", ".join(
+        c if c in present or c not in ADDED_COLUMNS else f"NULL AS {c}" for c in COLUMN_NAMES
+    )
 
 
 def now_iso() -> str:
@@ -83,6 +99,10 @@ def decision_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> Dec
         detail=None if row["detail"] is None else str(row["detail"]),
         finished_at=None if row["finished_at"] is None else instant(row["finished_at"]),
         metadata=metadata_of(row["metadata"]),
+        heartbeat_at=None if row["heartbeat_at"] is None else instant(row["heartbeat_at"]),
+        rearmed_checkpoint_id=(
+            None if row["rearmed_checkpoint_id"] is None else str(row["rearmed_checkpoint_id"])
+        ),
     )
 
 
@@ -122,15 +142,15 @@ def metadata_of(value: Any) -> Mapping[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def abandoned(decision: Decision) -> bool:
-    """Whether a claim with no outcome is old enough to be taken over."""
-    if decision.outcome is not None:
-        return False
-    try:
-        started = datetime.fromisoformat(decision.decided_at)
-    except ValueError:
-        return False
-    return (datetime.now(UTC) - started).total_seconds() > ABANDONED_AFTER_SECONDS
+def abandoned(decision: Decision, lease_seconds: float = ABANDONED_AFTER_SECONDS) -> bool:
+    """Whether a claim with no outcome has gone quiet long enough to be taken over."""
+    if decision.outcome is None:
+        try:
+            started = datetime.fromisoformat(decision.heartbeat_at or decision.decided_at)
+        except ValueError:
+            return False
+        return (datetime.now(UTC) - started).total_seconds() > lease_seconds
+    return False
 
 
 def vote_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> Vote:

@@ -53,6 +53,22 @@ async def resume_run(request: Request) -> Response:
     return _answer(request, outcome_view(outcome, urls), urls.run(execution_id, fragment="outcome"))
 
 
+async def reopen_pause(request: Request) -> Response:
+    """Re-arm an orphaned pause no decision of localui's explains, so a person can
+    decide it in the queue; bound to the paused row the operator saw."""
+    person = require(request, OPERATOR)
+    execution_id = request.path_params["execution_id"]
+    form = await request.form()
+    typed = str(form.get("actor") or approver_of(request))
+    outcome = await actions_of(request).reopen(
+        execution_id,
+        checkpoint_id=str(form.get("checkpoint_id") or ""),
+        actor=person.name if person.signed_in else typed,
+    )
+    urls = urls_of(request)
+    return _answer(request, outcome_view(outcome, urls), urls.run(execution_id, fragment="outcome"))
+
+
 async def fork_run(request: Request) -> Response:
     require(request, OPERATOR)
     execution_id = request.path_params["execution_id"]

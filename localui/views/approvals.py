@@ -204,6 +204,12 @@ def decision_view(d: Decision, short_checkpoint_id: str | None = None) -> Decisi
         words = f"{d.actor} {d.verb} it at {d.decided_at}, but it was resumed elsewhere first."
     else:
         words = f"{d.actor} {d.verb} it at {d.decided_at}: the run {d.outcome}."
+    if d.rearmed_checkpoint_id is not None:
+        words += (
+            " The process carrying it out died after the SDK took the pause: localui wrote"
+            f" the pause again as row {d.rearmed_checkpoint_id} and carried the decision out"
+            " from there, running the tool again from the top."
+        )
     return DecisionView(
         kind=d.kind,
         checkpoint_id=d.checkpoint_id,

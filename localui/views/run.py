@@ -162,6 +162,48 @@ class OutboxSummary:
     unknown: int
 
 
+#: What re-arming a pause does to its tool, on every page that offers or reports it.
+RERUN_NOTE = (
+    "A re-armed pause's tool runs again from the top with the decision: whatever it did"
+    " after interrupt() returned and before its process died happens again, unless that"
+    " step is @idempotent."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanView:
+    """A paused row whose pending row is gone: the SDK can no longer resume it."""
+
+    checkpoint_id: str
+    node_id: str
+    #: The unfinished decision of localui's that explains it, in words: localui carries
+    #: that decision out itself once its process is known to be gone.
+    carried_by: str | None
+    #: Why this process cannot re-open the pause (its runner is not registered).
+    problem: str | None
+    rerun: str = RERUN_NOTE
+
+
+def orphan_view(
+    actions: ActionService, last: RowHeader, owner: runs.Owner, recorded: Sequence[Decision]
+) -> OrphanView:
+    carried_by = None
+    for d in recorded:
+        if d.kind == APPROVAL and d.outcome is None and d.bound_checkpoint_id == last.checkpoint_id:
+            carried_by = (
+                f"{d.actor} {d.verb} this pause at {d.decided_at}, and the process carrying"
+                " that out stopped before the tool wrote its next row. Once that process has"
+                f" been silent for {actions.decisions.lease_seconds:g} s, localui re-arms the"
+                " pause and carries the same decision out, once."
+            )
+    return OrphanView(
+        checkpoint_id=last.checkpoint_id,
+        node_id=last.node_id,
+        carried_by=carried_by,
+        problem=actions.runner_problem(owner),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class RunPage:
     execution_id: str
@@ -190,6 +232,8 @@ class RunPage:
     trace: TraceSection
     #: Who decided the pause the run answered, and why ("rejected by Ada: over budget").
     decided: str | None = None
+    #: An orphaned pause: who will carry its decision out, or how to re-open it.
+    orphan: OrphanView | None = None
     groups: tuple[GroupView, ...] = html_only(())
     #: Why this process cannot resume the run (agent or tool not registered).
     resume_problem: str | None = html_only(None)
@@ -535,6 +579,10 @@ def build_run_page(
     )
     origin = store.get_fork_origin(execution_id)
     acting = actions_section(actions, execution_id, owner, plan, pending, now, urls, person)
+    orphan = None
+    if state == runs.ORPHANED and last.status == "interrupted":
+        recorded = actions.decisions.list_for_run(execution_id)
+        orphan = orphan_view(actions, last, owner, recorded)
     age = seconds_since(last.created_at)
     return RunPage(
         execution_id=execution_id,
@@ -555,6 +603,7 @@ def build_run_page(
         outbox=outbox_summary(headers),
         trace=trace,
         decided=runs.decision_line(state, acting.last_approval),
+        orphan=orphan,
         groups=timeline.groups,
         resume_problem=acting.resume_problem,
         resume_needs_confirm=age is not None and age < RECENT_SECONDS,

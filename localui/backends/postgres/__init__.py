@@ -12,6 +12,7 @@ from localui.backends.base import (
     StoreTarget,
     UserDirectory,
 )
+from localui.backends.decisions import ABANDONED_AFTER_SECONDS
 from localui.backends.postgres.changes import PostgresChangeSource
 from localui.backends.postgres.decisions import PostgresDecisionLog
 from localui.backends.postgres.prune import PostgresPrune
@@ -45,9 +46,15 @@ class PostgresBackend:
     def change_source(self) -> ChangeSource:
         return PostgresChangeSource(self.dsn, schema=self.schema, app_schema=self.app_schema)
 
-    def decision_log(self, *, writable: bool) -> DecisionLog:
+    def decision_log(
+        self, *, writable: bool, lease_seconds: float = ABANDONED_AFTER_SECONDS
+    ) -> DecisionLog:
         return PostgresDecisionLog(
-            self.dsn, schema=self.app_schema, writable=writable, store_schema=self.schema
+            self.dsn,
+            schema=self.app_schema,
+            writable=writable,
+            store_schema=self.schema,
+            lease_seconds=lease_seconds,
         )
 
     def outbox(self) -> Outbox:

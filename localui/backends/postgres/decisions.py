@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 
 from localui.backends.decisions import (
     ABANDONED_AFTER_SECONDS,
+    ADDED_COLUMNS,
     COLUMN_NAMES,
     PENDING_OUTCOME,
     TABLE,
@@ -53,10 +54,23 @@ CLAIM_ATTEMPTS = 5
 
 _COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in COLUMN_NAMES)
 _VOTE_COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in VOTE_COLUMN_NAMES)
-#: The same list on a table made before ``metadata`` was kept, which a read-only log
-#: may not migrate.
-_COLUMNS_BEFORE_METADATA = sql.SQL(", ").join(
-    [*(sql.Identifier(c) for c in COLUMN_NAMES[:-1]), sql.SQL("NULL AS metadata")]
+
+
+def _columns_of(present: set[str]) -> sql.Composable:
+    """The select list on a table holding ``present``, which a read-only log may not
+    migrate: the columns added since read as NULL."""
+    return sql.SQL(", ").join(
+        sql.Identifier(c)
+        if c in present or c not in ADDED_COLUMNS
+        else sql.SQL("NULL AS {}").format(sql.Identifier(c))
+        for c in COLUMN_NAMES
+    )
+
+
+#: A claim's lease has run out: no outcome, and no word from its process for too long.
+_ABANDONED = (
+    "outcome IS NULL AND COALESCE(heartbeat_at, decided_at)"
+    " < clock_timestamp() - make_interval(secs => %s)"
 )
 
 
@@ -85,9 +99,11 @@ class PostgresDecisionLog:
         schema: str = "localui",
         writable: bool = True,
         store_schema: str | None = None,
+        lease_seconds: float = ABANDONED_AFTER_SECONDS,
     ) -> None:
         """``store_schema``: the SDK schema whose runs index (in ``schema``) names each
         decision's agent in the listing."""
+        self.lease_seconds = lease_seconds
         self.schema = identifier(schema, "--pg-app-schema")
         self._runs = (
             Tables(app_schema=self.schema, store_schema=store_schema) if store_schema else None
@@ -108,7 +124,7 @@ class PostgresDecisionLog:
         #: Whether the table is known to exist (a writable log makes it now).
         self._has_table = writable
         #: The select list the table can answer (see ``_table_exists``).
-        self._columns = _COLUMNS
+        self._columns: sql.Composable = _COLUMNS
         self._pool = Pool(
             dsn, name="localui-decisions", read_only=not writable, privileges=privileges
         )
@@ -163,12 +179,17 @@ class PostgresDecisionLog:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
             exists = conn.execute("SELECT to_regclass(%s)", (self._regclass(),)).fetchone()[0]
             if exists is not None:
+                present = self._present_columns(conn)
+                for column, (_, kind) in ADDED_COLUMNS.items():
+                    if column not in present:
+                        # A table made before the column existed: old records keep NULL.
+                        conn.execute(
+                            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
+                                self._table, sql.Identifier(column), sql.SQL(kind)
+                            )
+                        )
+                self._create_open_index(conn)
                 self._create_listing_indexes(conn)
-                if not self._has_metadata(conn):
-                    # A table made before the metadata was kept: its records keep NULL.
-                    conn.execute(
-                        self._sql("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS metadata JSONB")
-                    )
                 # The votes table came later than the decisions: made beside them now.
                 self._create_votes(conn)
                 return
@@ -192,6 +213,8 @@ class PostgresDecisionLog:
                     detail        TEXT,
                     finished_at   TIMESTAMPTZ,
                     metadata      JSONB,
+                    heartbeat_at  TIMESTAMPTZ,
+                    rearmed_checkpoint_id TEXT,
                     UNIQUE (kind, execution_id, checkpoint_id)
                 )"""
                 )
@@ -202,6 +225,7 @@ class PostgresDecisionLog:
                 )
             )
             self._create_listing_indexes(conn)
+            self._create_open_index(conn)
 
     def _create_listing_indexes(self, conn: Any) -> None:
         """The record newest first, one person's newest first, and the order decisions
@@ -218,13 +242,21 @@ class PostgresDecisionLog:
             )
             self._create_votes(conn)
 
-    def _has_metadata(self, conn: Any) -> bool:
-        found = conn.execute(
-            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s)"
-            " AND attname = 'metadata' AND NOT attisdropped",
+    def _create_open_index(self, conn: Any) -> None:
+        """The claims still being carried out, which the recovery sweep reads each poll."""
+        conn.execute(
+            sql.SQL(
+                "CREATE INDEX IF NOT EXISTS {} ON {} (decided_at) WHERE outcome IS NULL"
+            ).format(sql.Identifier(f"{TABLE}_open"), self._table)
+        )
+
+    def _present_columns(self, conn: Any) -> set[str]:
+        rows = conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attnum > 0 AND NOT attisdropped",
             (self._regclass(),),
-        ).fetchone()
-        return found is not None
+        ).fetchall()
+        return {str(r["attname"] if isinstance(r, dict) else r[0]) for r in rows}
 
     def _regclass(self) -> str:
         """The table as ``to_regclass`` parses it: quoted, so the name is taken as is."""
@@ -249,12 +281,11 @@ class PostgresDecisionLog:
             with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 existing = cur.execute(
                     self._sql(
-                        "SELECT {columns}, outcome IS NULL AND decided_at < clock_timestamp()"
-                        " - make_interval(secs => %s) AS abandoned"
+                        "SELECT {columns}, " + _ABANDONED + " AS abandoned"
                         " FROM {table} WHERE kind = %s AND execution_id = %s"
                         " AND checkpoint_id = %s FOR UPDATE"
                     ),
-                    (ABANDONED_AFTER_SECONDS, *key),
+                    (self.lease_seconds, *key),
                 ).fetchone()
                 if existing is not None:
                     if not existing["abandoned"] or not still_pending():
@@ -310,6 +341,55 @@ class PostgresDecisionLog:
             raise LookupError(f"decision {decision_id} is gone from {self.table}")
         return _decision(row)
 
+    def heartbeat(self, decision_id: int) -> None:
+        with self._pool.connection() as conn:
+            conn.execute(
+                self._sql(
+                    "UPDATE {table} SET heartbeat_at = clock_timestamp()"
+                    " WHERE id = %s AND outcome IS NULL"
+                ),
+                (decision_id,),
+            )
+
+    def set_rearmed(self, decision_id: int, checkpoint_id: str) -> None:
+        with self._pool.connection() as conn:
+            conn.execute(
+                self._sql(
+                    "UPDATE {table} SET rearmed_checkpoint_id = %s,"
+                    " heartbeat_at = clock_timestamp() WHERE id = %s AND outcome IS NULL"
+                ),
+                (checkpoint_id, decision_id),
+            )
+
+    def list_abandoned(self) -> tuple[Decision, ...]:
+        from psycopg.rows import dict_row
+
+        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(
+                self._sql(
+                    "SELECT {columns} FROM {table} WHERE "
+                    + _ABANDONED
+                    + " ORDER BY decided_at ASC, id ASC"
+                ),
+                (self.lease_seconds,),
+            ).fetchall()
+        return tuple(_decision(r) for r in rows)
+
+    def take_over(self, decision_id: int) -> Decision | None:
+        from psycopg.rows import dict_row
+
+        # One UPDATE that only matches while the lease is out: of processes that try
+        # together, the first to lock the row wins and the others match nothing.
+        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                self._sql(
+                    "UPDATE {table} SET heartbeat_at = clock_timestamp()"
+                    " WHERE id = %s AND " + _ABANDONED + " RETURNING {columns}"
+                ),
+                (decision_id, self.lease_seconds),
+            ).fetchone()
+        return None if row is None else _decision(row)
+
     def release(self, decision_id: int) -> None:
         with self._pool.connection() as conn:
             conn.execute(self._sql("DELETE FROM {table} WHERE id = %s"), (decision_id,))
@@ -317,8 +397,8 @@ class PostgresDecisionLog:
     def _table_exists(self, cur: Any) -> bool:
         if not self._has_table:
             found = cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()
-            if found["t"] is not None and not self._has_metadata(cur):
-                self._columns = _COLUMNS_BEFORE_METADATA
+            if found["t"] is not None:
+                self._columns = _columns_of(self._present_columns(cur))
             self._has_table = found["t"] is not None
         return self._has_table
 

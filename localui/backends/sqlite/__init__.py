@@ -15,6 +15,7 @@ from localui.backends.base import (
     StoreTarget,
     UserDirectory,
 )
+from localui.backends.decisions import ABANDONED_AFTER_SECONDS
 from localui.backends.sqlite.changes import SQLiteChangeSource
 from localui.backends.sqlite.decisions import SQLiteDecisionLog
 from localui.backends.sqlite.store import SQLiteStore
@@ -35,8 +36,15 @@ class SQLiteBackend:
     def change_source(self) -> ChangeSource:
         return SQLiteChangeSource(self.store.path)
 
-    def decision_log(self, *, writable: bool) -> DecisionLog:
-        return SQLiteDecisionLog(self.path, writable=writable, runs_index=self.store.index_path)
+    def decision_log(
+        self, *, writable: bool, lease_seconds: float = ABANDONED_AFTER_SECONDS
+    ) -> DecisionLog:
+        return SQLiteDecisionLog(
+            self.path,
+            writable=writable,
+            runs_index=self.store.index_path,
+            lease_seconds=lease_seconds,
+        )
 
     def outbox(self) -> Outbox:
         from localui.backends.sqlite.notifications import SQLiteOutbox

@@ -12,12 +12,14 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from localui.backends.decisions import (
+    ABANDONED_AFTER_SECONDS,
+    ADDED_COLUMNS,
     COLUMNS,
-    COLUMNS_BEFORE_METADATA,
     TABLE,
     VOTE_COLUMNS,
     VOTES_TABLE,
     abandoned,
+    columns_of,
     cursor_id,
     decision_from_row,
     listing_key,
@@ -58,6 +60,8 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     detail        TEXT,
     finished_at   TEXT,
     metadata      TEXT,
+    heartbeat_at  TEXT,
+    rearmed_checkpoint_id TEXT,
     UNIQUE (kind, execution_id, checkpoint_id)
 )
 """
@@ -69,6 +73,10 @@ LISTING_INDEXES = (
     f"CREATE INDEX IF NOT EXISTS {TABLE}_actor ON {TABLE} (actor, decided_at, id)",
     f"CREATE INDEX IF NOT EXISTS {TABLE}_finished ON {TABLE} (finished_at, id)"
     " WHERE finished_at IS NOT NULL",
+)
+#: The claims still being carried out, which the recovery sweep reads each poll.
+OPEN_INDEX = (
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_open ON {TABLE} (decided_at) WHERE outcome IS NULL"
 )
 VOTES_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {VOTES_TABLE} (
@@ -126,12 +134,14 @@ class SQLiteDecisionLog:
         writable: bool = True,
         busy_timeout: float = 10.0,
         runs_index: Path | None = None,
+        lease_seconds: float = ABANDONED_AFTER_SECONDS,
     ):
         """``runs_index``: the runs index's file, where the listing finds each run's agent."""
         self.path = Path(path)
         self._runs_index = runs_index
         self._index_attached = False
         self.writable = writable
+        self.lease_seconds = lease_seconds
         self._lock = threading.Lock()
         # Read-only, it opens as the store does: immutable in a directory it cannot
         # write, where a WAL store's -shm cannot be made.
@@ -148,24 +158,26 @@ class SQLiteDecisionLog:
         self._has_table = writable
         self._has_votes = writable
         #: The select list the table can answer: an old table a read-only log may
-        #: not migrate has no ``metadata``.
+        #: not migrate lacks the columns added since.
         self._columns = COLUMNS
         if writable:
             self._with_retry(self._create)
 
     def _create(self) -> None:
         self._conn.execute(SCHEMA)
+        present = self._present_columns()
+        for column, (kind, _) in ADDED_COLUMNS.items():
+            if column not in present:
+                # A table made before the column existed: its old records keep NULL.
+                self._conn.execute(f"ALTER TABLE {TABLE} ADD COLUMN {column} {kind}")
         self._conn.execute(INDEX)
+        self._conn.execute(OPEN_INDEX)
         for statement in LISTING_INDEXES:
             self._conn.execute(statement)
         self._conn.execute(VOTES_SCHEMA)
-        if not self._has_metadata():
-            # A table made before the metadata was kept: its records keep NULL.
-            self._conn.execute(f"ALTER TABLE {TABLE} ADD COLUMN metadata TEXT")
 
-    def _has_metadata(self) -> bool:
-        names = {str(r["name"]) for r in self._conn.execute(f"PRAGMA table_info({TABLE})")}
-        return "metadata" in names
+    def _present_columns(self) -> set[str]:
+        return {str(r["name"]) for r in self._conn.execute(f"PRAGMA table_info({TABLE})")}
 
     def _with_retry(self, fn: Callable[[], T], *, budget: float = 10.0) -> T:
         """Run ``fn``, waiting out "database is locked" for a bounded time."""
@@ -220,7 +232,7 @@ class SQLiteDecisionLog:
             with self._transaction() as conn:
                 existing = self._get(kind, execution_id, checkpoint_id)
                 if existing is not None:
-                    if not abandoned(existing) or not still_pending():
+                    if not abandoned(existing, self.lease_seconds) or not still_pending():
                         return Claim(won=False, decision=existing)
                     conn.execute(f"DELETE FROM {TABLE} WHERE id = ?", (existing.id,))
                 cursor = conn.execute(
@@ -260,6 +272,53 @@ class SQLiteDecisionLog:
 
         return self._with_retry(attempt)
 
+    def _set(self, decision_id: int, assignments: str, params: Sequence[object]) -> None:
+        def attempt() -> None:
+            with self._transaction() as conn:
+                conn.execute(
+                    f"UPDATE {TABLE} SET {assignments} WHERE id = ? AND outcome IS NULL",
+                    (*params, decision_id),
+                )
+
+        self._with_retry(attempt)
+
+    def heartbeat(self, decision_id: int) -> None:
+        self._set(decision_id, "heartbeat_at = ?", (now_iso(),))
+
+    def set_rearmed(self, decision_id: int, checkpoint_id: str) -> None:
+        self._set(
+            decision_id, "rearmed_checkpoint_id = ?, heartbeat_at = ?", (checkpoint_id, now_iso())
+        )
+
+    def list_abandoned(self) -> tuple[Decision, ...]:
+        def read() -> tuple[Decision, ...]:
+            rows = self._conn.execute(
+                f"SELECT {COLUMNS} FROM {TABLE} WHERE outcome IS NULL"
+                " ORDER BY decided_at ASC, id ASC"
+            ).fetchall()
+            found = (_decision(r) for r in rows)
+            return tuple(d for d in found if abandoned(d, self.lease_seconds))
+
+        return self._with_retry(read)
+
+    def take_over(self, decision_id: int) -> Decision | None:
+        def attempt() -> Decision | None:
+            with self._transaction() as conn:
+                row = conn.execute(
+                    f"SELECT {COLUMNS} FROM {TABLE} WHERE id = ?", (decision_id,)
+                ).fetchone()
+                if row is None or not abandoned(_decision(row), self.lease_seconds):
+                    return None
+                conn.execute(
+                    f"UPDATE {TABLE} SET heartbeat_at = ? WHERE id = ?", (now_iso(), decision_id)
+                )
+                row = conn.execute(
+                    f"SELECT {COLUMNS} FROM {TABLE} WHERE id = ?", (decision_id,)
+                ).fetchone()
+            return _decision(row)
+
+        return self._with_retry(attempt)
+
     def release(self, decision_id: int) -> None:
         def attempt() -> None:
             with self._transaction() as conn:
@@ -274,8 +333,7 @@ class SQLiteDecisionLog:
             ).fetchone()
             if exists is None:
                 return False  # read-only and never written: nothing decided here yet
-            if not self._has_metadata():
-                self._columns = COLUMNS_BEFORE_METADATA
+            self._columns = columns_of(self._present_columns())
             self._has_table = True
         return True
 
