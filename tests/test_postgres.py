@@ -776,11 +776,14 @@ def test_a_reader_role_serves_read_only_and_says_what_to_grant(
         assert refused.status_code == 503
         assert refused.json()["error"]["message"].endswith(
             f"(a read-only localui shows decisions with USAGE on schema {pg_store.app_schema}"
-            f" and SELECT on {pg_store.app_schema}.localui_decisions)"
+            f" and SELECT on {pg_store.app_schema}.localui_decisions and"
+            f" {pg_store.app_schema}.localui_votes)"
         )
         name = roles["reader"].split("//")[1].split("@")[0]
         pg_store.app_raw.execute(f"GRANT USAGE ON SCHEMA {{s}} TO {name}")
-        pg_store.app_raw.execute(f"GRANT SELECT ON {{s}}.localui_decisions TO {name}")
+        pg_store.app_raw.execute(
+            f"GRANT SELECT ON {{s}}.localui_decisions, {{s}}.localui_votes TO {name}"
+        )
         assert reader.get(f"/runs/{run}.json").json()["decisions"] == []
     store = PostgresStore(roles["reader"], schema=pg_store.schema)
     try:

@@ -119,7 +119,7 @@ class PostgresDecisionLog:
             " UPDATE and DELETE"
             if writable
             else f"a read-only localui shows decisions with USAGE on schema {self.schema}"
-            f" and SELECT on {self.table}"
+            f" and SELECT on {self.table} and {self.schema}.{VOTES_TABLE}"
         )
         #: Whether the table is known to exist (a writable log makes it now).
         self._has_table = writable
