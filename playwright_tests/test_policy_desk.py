@@ -62,7 +62,14 @@ def policy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SignInSe
     )
     try:
         assert "approval policy" in server.output(), server.output()
-        yield SignInServer(url=server.url, store_args=["--store", str(store)], workdir=workdir)
+        printed = LINK.search(server.output())
+        assert printed is not None, server.output()
+        yield SignInServer(
+            url=server.url,
+            store_args=["--store", str(store)],
+            workdir=workdir,
+            owner_link=printed.group(1),
+        )
     finally:
         server.stop(timeout=STOP_TIMEOUT_S)
 

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,7 +182,15 @@ def seed(
     Raises :class:`SeedError` naming each scenario that did not land and why.
     """
     seeding = Seeding(store, pg_schema=pg_schema, ledger=ledger, say=progress, scenarios=scenarios)
-    report = asyncio.run(seeding.run())
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        report = asyncio.run(seeding.run())
+    else:
+        # Called from code that runs an event loop (a notebook, Playwright's sync API):
+        # the seeding gets a loop of its own, on a thread of its own.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            report = pool.submit(asyncio.run, seeding.run()).result()
     failures = seeding.progress().failures
     if failures:
         raise SeedError("; ".join(f"scenario {f.scenario!r}: {f.reason}" for f in failures))
