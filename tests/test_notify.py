@@ -407,6 +407,48 @@ async def test_a_receiver_down_for_a_while_gets_everything_once_it_is_back(where
         assert len(after) == SEEDED_PAUSES and max(after.values()) == 1
 
 
+#: How long the receiver's process is away in the test below, as the issue asks.
+RECEIVER_AWAY = 30.0
+
+
+@pytest.mark.anyio
+async def test_a_receiver_away_for_30_s_on_the_default_backoff_gets_each_event_once(
+    where: Where,
+) -> None:
+    """Nothing listens on the receiver's port for 30 s (its process is down, so every
+    attempt is refused), then it comes back: with the default schedule (1 s, 2 s, 4 s,
+    … attempts at 0, 1, 3, 7, 15 and 31 s) every pause arrives once, on the first
+    attempt after it is back, and none is given up on."""
+    port = free_port()
+    notifications = Notifications(
+        webhooks=(f"http://127.0.0.1:{port}/hook",), webhook_secret=SECRET
+    )
+    assert notifications.retry_initial == 1.0 and notifications.retry_max == 300.0
+    async with running(create_app(where.settings(notifications))) as state:
+        assert state.watcher is not None
+        outbox = state.watcher.outbox
+        away_until = time.monotonic() + RECEIVER_AWAY
+        await anyio.sleep(2.0)
+        statuses = await anyio.to_thread.run_sync(outbox.target_statuses)
+        assert statuses[0].pending == SEEDED_PAUSES and statuses[0].sent == 0
+        assert statuses[0].last_error is not None and "cannot be reached" in statuses[0].last_error
+        await anyio.sleep(max(0.0, away_until - time.monotonic()))
+        statuses = await anyio.to_thread.run_sync(outbox.target_statuses)
+        assert statuses[0].pending == SEEDED_PAUSES and statuses[0].failed == 0
+        with Receiver(port=port) as receiver:
+            # The next attempt is due at 31 s; 30 s more is generous on a busy machine.
+            got = await until(receiver, lambda r: len(r) >= SEEDED_PAUSES, timeout=30.0)
+            await anyio.sleep(1.0)
+            statuses = await anyio.to_thread.run_sync(outbox.target_statuses)
+            everything = receiver.requests()
+        assert len(got) >= SEEDED_PAUSES
+        ids = Counter(r.headers["webhook-id"] for r in everything)
+        assert len(ids) == SEEDED_PAUSES and max(ids.values()) == 1
+        assert {verified(r)["type"] for r in everything} == {"run.paused"}
+        assert statuses[0].sent == SEEDED_PAUSES
+        assert statuses[0].pending == 0 and statuses[0].failed == 0
+
+
 @pytest.mark.anyio
 async def test_a_target_given_up_on_is_failed_with_its_last_error_and_retry_sends_it(
     where: Where,
