@@ -42,7 +42,13 @@ from bench.fleet import measure_fleet
 from bench.kill9 import run_kill9
 from bench.latency import Timing, failed, follow_next, time_get, time_in_turns, warm_up
 from bench.model import DEEP_PAGES, SDK_QUEUE, ServerRun, StoreRun, localui_urls, sdk_urls
-from bench.notify import NOTIFY_BUDGETS, run_notify_bench
+from bench.notify import (
+    NOTIFY_BUDGETS,
+    WATCHER_BUDGETS,
+    BenchTargets,
+    run_notify_bench,
+    watcher_idle_pct,
+)
 from bench.pg import drop_schema
 from bench.sdk_ui import ensure_venv, installed, sdk_version
 from bench.servers import (
@@ -77,6 +83,11 @@ class Options:
     pg: PgTarget | None = None
     #: The approval policy every localui server runs under (``--policy``), or None.
     policy: Path | None = None
+    #: Notification options every localui server is given (``--notify-targets``): its
+    #: watcher runs while the pages are timed, and its idle cost is read.
+    notify: tuple[str, ...] = ()
+    #: How long the idle server's CPU is read for (``--watcher-idle-seconds``).
+    idle_seconds: float = 30.0
 
 
 def _time_all(
@@ -145,7 +156,12 @@ def measure_side_by_side(
     """Our approvals page and the SDK UI's JSON of its queue, both servers up, timed in
     turns (a later start of localui, with what the first left in ``cache``)."""
     local = start_localui(
-        store.path, cache_dir=cache, app_path=options.app_path, pg=options.pg, policy=options.policy
+        store.path,
+        cache_dir=cache,
+        app_path=options.app_path,
+        pg=options.pg,
+        policy=options.policy,
+        notify=options.notify,
     )
     try:
         sdk = start_sdk_ui(store.path, venv=sdk_venv)
@@ -189,6 +205,7 @@ def measure_localui(
             app_path=options.app_path,
             pg=options.pg,
             policy=options.policy,
+            notify=options.notify,
         )
         result.startup_cold_s = server.startup_s
         result.startup_cpu["cold"] = server.startup_cpu_s
@@ -210,6 +227,8 @@ def measure_localui(
                 result.errors.append("the runs list has one page only: no deep page to time")
             urls = localui_urls(store, cursor)
             result.timings = _time_all(server, urls, options, log, result.load)
+            if options.notify:
+                result.watcher_idle_pct = watcher_idle_pct(server, log, options.idle_seconds)
             result.memory_kb = server.memory_kb()
             result.agent_alone_kb = agent_alone_rss_kb(
                 store.path, app_path=options.app_path, pg=options.pg
@@ -233,6 +252,7 @@ def measure_localui(
             app_path=options.app_path,
             pg=options.pg,
             policy=options.policy,
+            notify=options.notify,
         )
         result.startup_warm_s = server.startup_s
         result.startup_cpu["warm"] = server.startup_cpu_s
@@ -248,6 +268,7 @@ def measure_localui(
             app_path=options.app_path,
             pg=options.pg,
             policy=options.policy,
+            notify=options.notify,
         )
         try:
             result.viewer_startup_s = server.startup_s
@@ -510,6 +531,19 @@ def build_parser() -> argparse.ArgumentParser:
         " and a typed field on every refund pause), so the pages carry the rule's work",
     )
     parser.add_argument(
+        "--notify-targets",
+        action="store_true",
+        help="give every localui server a signed webhook and an Apprise json:// target at a"
+        " loopback receiver, so its watcher runs while the pages are timed; then read its"
+        " idle CPU with no page open (judged: at most 2 %% of a core)",
+    )
+    parser.add_argument(
+        "--watcher-idle-seconds",
+        type=float,
+        default=30.0,
+        help="with --notify-targets: how long the idle server's CPU is read for",
+    )
+    parser.add_argument(
         "--localui-path",
         type=Path,
         default=None,
@@ -566,6 +600,8 @@ def _main(
     app_note = f"a copy at {app_path}, given by --localui-path"
     if args.localui_path is None:
         app_note = f"this checkout, copied at start (digest {snapshot_app(app_path)})"
+    if args.notify_targets:
+        app_note += "; every server given a signed webhook and an Apprise json:// target"
     compile_app(app_path)
     if args.only_demo:
         return _only_demo(args, log, app_path)
@@ -611,6 +647,7 @@ def _main(
             log(sdk_note)
 
     runs: list[StoreRun] = []
+    targets = BenchTargets.start(workdir) if args.notify_targets else None
     for store in stores:
         at_largest = store.runs == largest
         options = Options(
@@ -623,6 +660,8 @@ def _main(
             app_path=app_path,
             pg=pg_targets.get(store.label),
             policy=args.policy.resolve() if args.policy else None,
+            notify=targets.args() if targets is not None else (),
+            idle_seconds=args.watcher_idle_seconds,
         )
         log(f"measuring {store.label} (load average {os.getloadavg()[0]:.1f})")
         local = measure_localui(store, options, log, sdk_venv=venv)
@@ -642,6 +681,9 @@ def _main(
             )
         runs.append(StoreRun(store=store, localui=local, sdk=sdk, fleet=fleet))
 
+    if targets is not None:
+        log(f"the receiver got {len(targets.receiver.requests())} notifications in all")
+        targets.stop()
     judged = {r.store.label: report.budget_figures(r) for r in runs if r.store.runs == largest}
     demo = None
     if args.demo_starts > 0:
@@ -657,6 +699,8 @@ def _main(
         and any(r.localui.side_by_side for r in runs if r.store.runs == largest),
         with_demo=demo is not None,
     )
+    if targets is not None:
+        verdicts += judge(judged, runs=largest, with_sdk_ui=False, budgets=WATCHER_BUDGETS)
     if dsn is None and not args.no_writes:
         verdicts += _measure_writes(stores, args.out, app_path, log)
     errors = [e for r in runs for s in (r.localui, r.sdk) if s is not None for e in s.errors]

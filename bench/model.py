@@ -132,6 +132,9 @@ class ServerRun:
     #: Our approvals page (``approvals_html``) and the SDK UI's queue JSON
     #: (``sdk_pending``) timed in turns, both servers up at once (``bench.latency``).
     side_by_side: dict[str, Timing] = field(default_factory=dict)
+    #: With targets configured (``--notify-targets``): the server's CPU with no request
+    #: made, its watcher alone at work, in per cent of a core.
+    watcher_idle_pct: float | None = None
     errors: list[str] = field(default_factory=list)
 
 

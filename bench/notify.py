@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bench import pg
 from bench.budgets import Budget, Verdict, judge
 from bench.receiver import Receiver
@@ -296,3 +298,89 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+#: How long an idle server's CPU is read for, once its watcher has announced what
+#: waited when it started.
+IDLE_SECONDS = 30.0
+#: How long the first announcements (every waiting pause, its reminder, the newest
+#: stalled runs) may take to drain before the idle reading starts anyway.
+SETTLE_TIMEOUT_S = 180.0
+
+#: Judged when the pages are timed with targets configured (``--notify-targets``).
+WATCHER_BUDGETS: tuple[Budget, ...] = (
+    Budget(
+        "watcher_idle",
+        "the watcher's idle cost: CPU with targets configured and no request",
+        2,
+        "% of a core",
+        ("watcher_idle_pct",),
+    ),
+)
+
+
+@dataclass
+class BenchTargets:
+    """A loopback receiver, and the options that point a server's notifications at it:
+    a signed webhook and an Apprise ``json://`` chat target (``--notify-targets``)."""
+
+    receiver: Receiver
+    secret_file: Path
+
+    @classmethod
+    def start(cls, workdir: Path) -> BenchTargets:
+        receiver = Receiver().__enter__()
+        secret_file = workdir / "webhook-secret"
+        secret_file.write_text(SECRET)
+        return cls(receiver=receiver, secret_file=secret_file)
+
+    def args(self) -> tuple[str, ...]:
+        port = self.receiver.url.rsplit(":", 1)[1]
+        return (
+            "--webhook",
+            f"{self.receiver.url}/hook",
+            "--webhook-secret-file",
+            str(self.secret_file),
+            "--notify",
+            f"json://127.0.0.1:{port}/chat",
+        )
+
+    def stop(self) -> None:
+        self.receiver.__exit__(None, None, None)
+
+
+def _pending(server: Server) -> int | None:
+    """Announcements not yet delivered, over every target (None: not readable)."""
+    try:
+        answer = httpx.get(f"{server.base_url}/notifications.json", timeout=30.0)
+    except httpx.HTTPError:
+        return None
+    if answer.status_code != 200:
+        return None
+    body = answer.json()
+    if not body.get("configured"):
+        return None
+    return sum(int(t["pending"]) for t in body["targets"])
+
+
+def watcher_idle_pct(server: Server, log: Log, seconds: float = IDLE_SECONDS) -> float:
+    """The server's CPU, in per cent of one core, over ``seconds`` with no request
+    made: its watcher polling the change feed and sweeping. Read once what was
+    announced at start has been delivered (or after ``SETTLE_TIMEOUT_S``)."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    pending = _pending(server)
+    while pending != 0 and time.monotonic() < deadline:
+        time.sleep(1.0)
+        pending = _pending(server)
+    if pending is None:
+        raise RuntimeError("/notifications.json does not say the server's targets")
+    if pending:
+        log(f"  {pending} announcements still pending after {SETTLE_TIMEOUT_S:.0f} s")
+    # Let the last round's work end before reading.
+    time.sleep(2.0)
+    cpu, started = server.cpu_seconds(), time.monotonic()
+    time.sleep(seconds)
+    used = server.cpu_seconds() - cpu
+    pct = 100.0 * used / (time.monotonic() - started)
+    log(f"  watcher idle: {pct:.2f} % of a core over {seconds:.0f} s ({used:.2f} s CPU)")
+    return pct

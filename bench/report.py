@@ -54,6 +54,8 @@ def budget_figures(run: StoreRun) -> dict[str, float]:
     ours, theirs = (local.side_by_side.get(k) for k in ("approvals_html", "sdk_pending"))
     if ours is not None and theirs is not None and ours.ok and theirs.ok:
         figures["approvals_vs_sdk_ui"] = ours.p50 / theirs.p50
+    if local.watcher_idle_pct is not None:
+        figures["watcher_idle_pct"] = local.watcher_idle_pct
     for key in ("startup_cold_s", "startup_warm_s", "viewer_startup_s", "indexed_s"):
         value = getattr(local, key)
         if value is not None:

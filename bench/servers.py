@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,11 +247,13 @@ def start_localui(
     app_path: Path | None = None,
     pg: PgTarget | None = None,
     policy: Path | None = None,
+    notify: Sequence[str] = (),
 ) -> Server:
     """``python -m localui serve`` on ``store`` (or on ``pg``'s schema); its own files
     (the SQLite runs index) go to ``cache_dir`` through ``XDG_CACHE_HOME``, so a fresh
     dir means a cold start (on PostgreSQL, a fresh app schema does). ``policy``: served
-    under that approval policy (``--policy``)."""
+    under that approval policy (``--policy``); ``notify``: the notification options it
+    is given (``--webhook``, ``--notify`` …), so its watcher runs."""
     port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix="localui-bench-serve-"))
     where = [str(store)]
@@ -266,6 +269,7 @@ def start_localui(
         command += ["--agents", AGENTS_SPEC]
     if policy is not None:
         command += ["--policy", str(policy)]
+    command += list(notify)
     env = clean_env(XDG_CACHE_HOME=str(cache_dir), PYTHONPATH=pythonpath(app_path), **extra)
     return _start("localui", command, port=port, env=env, workdir=workdir)
 

@@ -19,7 +19,7 @@ import pytest
 
 from bench.budgets import BUDGETS, applicable
 from bench.model import LOCALUI_METRICS, LOCALUI_PAGES, SDK_METRICS
-from bench.notify import NOTIFY_BUDGETS
+from bench.notify import NOTIFY_BUDGETS, WATCHER_BUDGETS
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = 200
@@ -70,6 +70,11 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory, backend: str) -> tuple[i
             "3",
             "--notify-burst",
             "20",
+            # Every server with a webhook and a chat target: the pages are timed with the
+            # watcher at work, and its idle cost is judged.
+            "--notify-targets",
+            "--watcher-idle-seconds",
+            "2",
             "--out",
             str(out),
             "--workdir",
@@ -138,7 +143,7 @@ def test_every_budget_is_judged_and_the_exit_status_agrees(
     judged = {b["what"]: b for b in results["budgets"]}
     # A store of 200 runs, without the SDK UI: the million-run and SDK-relative budgets
     # do not hold there.
-    applying = (*applicable(200, with_sdk_ui=False), *NOTIFY_BUDGETS)
+    applying = (*applicable(200, with_sdk_ui=False), *WATCHER_BUDGETS, *NOTIFY_BUDGETS)
     assert list(judged) == [b.what for b in applying]
     assert {b.key for b in BUDGETS} - {b.key for b in applying} == {
         "runs_search_1m",
