@@ -386,6 +386,22 @@ def fail(message: str) -> int:
     return 2
 
 
+def show_server_log() -> None:
+    """What the server does on its own (a decision carried out for a process that died,
+    a delivery that keeps failing) goes to stderr, one ``localui:`` line each, beside
+    the lines printed at start; Python would otherwise drop all but warnings."""
+    import logging
+
+    logger = logging.getLogger("localui")
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("localui: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def serve(
     settings: Settings,
     agents: Sequence[Any] = (),
@@ -466,6 +482,7 @@ def serve(
         print(f"localui: approval policy {settings.policy.source}: rules {names}", flush=True)
         for note in settings.policy.unused_notes():
             print(f"localui: {note}", flush=True)
+    show_server_log()
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -376,6 +376,9 @@ def test_a_killed_approval_is_carried_out_once_after_a_restart(
         again.stop()
 
     assert (decision.outcome, decision.actor, decision.approved) == ("completed", APPROVER, True)
+    # The operator watching the restarted server is told what it did on its own.
+    told = f"localui: carried out decision {decision.id} on {run}, left by a process that died"
+    assert told in again.output()
     assert decision.metadata == {"approver": APPROVER, "reason": "ok"}
     assert (decision.rearmed_checkpoint_id is not None) == rearmed
     # The SDK's rows: the run ended once, nothing waits, the other pauses still wait.
