@@ -1,6 +1,7 @@
 """Needs attention, in Chromium: an operator resumes a crashed and a failed run at once.
 
-``localui serve`` with sign-in on and the refund-bot registered, on a store where the
+``localui serve`` with sign-in on and the refund-bot registered, on a SQLite store and
+on PostgreSQL, where the
 real SDK, in child processes, left a run that died inside ``refund`` and a run whose
 model call failed. An operator (added with ``localui users add``) sees both on /attention with
 why they are there, the nav's count agreeing; ticks both, confirms (their rows are
@@ -12,16 +13,18 @@ same runs and no way to resume them.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 from conftest import SCREENSHOTS, START_TIMEOUT_S, STOP_TIMEOUT_S
-from helpers import LOCALUI, start_localui
+from helpers import start_localui
 from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
-from test_signin import AGENTS, LINK, SignInServer, _env
+from test_signin import AGENTS, LINK, SignInServer, _answering, _env, add_person
 
 #: The two runs that need a person: the demo's crash inside a tool and its failed run.
 PICKED = ("crashed-in-tool", "failed")
@@ -35,7 +38,7 @@ SEED = """
 import json, sys
 from localui.demo.scenarios import ALL_SCENARIOS, seed
 picked = tuple(s for s in ALL_SCENARIOS if s.name in sys.argv[2].split(","))
-print(json.dumps(dict(seed(sys.argv[1], scenarios=picked).runs)))
+print(json.dumps(dict(seed(sys.argv[1], pg_schema=sys.argv[3], scenarios=picked).runs)))
 """
 
 
@@ -44,70 +47,77 @@ class AttentionServer:
     served: SignInServer
     #: Execution ids by scenario name.
     runs: dict[str, str]
+    backend: str
 
 
-@pytest.fixture
-def attention_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AttentionServer]:
-    workdir = tmp_path_factory.mktemp("attention")
+@pytest.fixture(params=["sqlite", "postgres"])
+def attention_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[AttentionServer]:
+    workdir = tmp_path_factory.mktemp(f"attention-{request.param}")
     (workdir / "agents.py").write_text(AGENTS)
-    store = workdir / "local.db"
-    seeded = subprocess.run(
-        [sys.executable, "-c", SEED, str(store), ",".join(PICKED)],
-        cwd=workdir,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=START_TIMEOUT_S,
-    )
-    runs = json.loads(seeded.stdout.strip().splitlines()[-1])
-    server = start_localui(
-        ["serve", "--store", str(store), "--agents", f"{workdir / 'agents.py'}:refund_bot"]
-        + ["--stale-after", STALE_AFTER_S],
-        cwd=workdir,
-        log=workdir / "serve.log",
-        env=_env(),
-        ready="/signin",
-        timeout=START_TIMEOUT_S,
-    )
+    dsn = ""
+    schemas: list[str] = []
+    if request.param == "sqlite":
+        store, pg_schema = str(workdir / "local.db"), "fastaiagent"
+        store_args = ["--store", store]
+    else:
+        dsn = os.environ.get("LOCALUI_TEST_PG_DSN", "")
+        if not dsn:
+            pytest.fail("LOCALUI_TEST_PG_DSN is not set: run scripts/test.sh", pytrace=False)
+        _answering(dsn)
+        pg_schema, app_schema = (f"{p}_{uuid.uuid4().hex[:10]}" for p in ("fa", "localui"))
+        schemas = [pg_schema, app_schema]
+        store = dsn
+        store_args = ["--store", dsn, "--pg-schema", pg_schema, "--pg-app-schema", app_schema]
+    server = None
     try:
+        seeded = subprocess.run(
+            [sys.executable, "-c", SEED, store, ",".join(PICKED), pg_schema],
+            cwd=workdir,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=START_TIMEOUT_S,
+        )
+        runs = json.loads(seeded.stdout.strip().splitlines()[-1])
+        server = start_localui(
+            ["serve", *store_args, "--agents", f"{workdir / 'agents.py'}:refund_bot"]
+            + ["--stale-after", STALE_AFTER_S],
+            cwd=workdir,
+            log=workdir / "serve.log",
+            env=_env(),
+            ready="/signin",
+            timeout=START_TIMEOUT_S,
+        )
         printed = LINK.search(server.output())
         assert printed is not None, server.output()
         yield AttentionServer(
             SignInServer(
                 url=server.url,
-                store_args=["--store", str(store)],
+                store_args=store_args,
                 workdir=workdir,
                 owner_link=printed.group(1),
             ),
             runs,
+            request.param,
         )
     finally:
-        server.stop(timeout=STOP_TIMEOUT_S)
+        if server is not None:
+            server.stop(timeout=STOP_TIMEOUT_S)
+        if schemas:
+            import psycopg
+
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for schema in schemas:
+                    conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 def person(browser: Browser, server: SignInServer, link: str) -> BrowserContext:
     context = browser.new_context(base_url=server.url)
     context.new_page().goto(link)
     return context
-
-
-def added(server: SignInServer, name: str, role: str) -> str:
-    """``localui users add``: the new person's sign-in link."""
-    done = subprocess.run(
-        [str(LOCALUI), "users", "add", name, "--role", role]
-        + [*server.store_args, "--url", server.url],
-        cwd=server.workdir,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    found = LINK.search(done.stdout)
-    assert found is not None, done.stdout
-    return found.group(1)
 
 
 def row_of(page: Page, execution_id: str) -> Locator:
@@ -137,9 +147,10 @@ def test_an_operator_resumes_the_ticked_and_an_approver_cannot(
     browser: Browser, attention_server: AttentionServer
 ) -> None:
     served, runs = attention_server.served, attention_server.runs
+    backend = attention_server.backend
     crashed, failed = runs["crashed-in-tool"], runs["failed"]
     errors: list[str] = []
-    approver = person(browser, served, added(served, "Bea Approver", "approver"))
+    approver = person(browser, served, add_person(served, "Bea Approver", "approver"))
     try:
         page = approver.pages[0]
         page.on("pageerror", lambda error: errors.append(str(error)))
@@ -147,11 +158,11 @@ def test_an_operator_resumes_the_ticked_and_an_approver_cannot(
         expect(page.locator('input[name="pick"]')).to_have_count(0)
         expect(page.get_by_role("button", name="Resume the ticked")).to_have_count(0)
         expect(page.locator("#bulk-resume-form")).to_have_count(0)
-        shoot(page, "approver")
+        shoot(page, f"{backend}-approver")
     finally:
         approver.close()
 
-    operator = person(browser, served, added(served, "Otto Operator", "operator"))
+    operator = person(browser, served, add_person(served, "Otto Operator", "operator"))
     try:
         page = operator.pages[0]
         page.on("pageerror", lambda error: errors.append(str(error)))
@@ -167,7 +178,7 @@ def test_an_operator_resumes_the_ticked_and_an_approver_cannot(
         expect(crashed_row.locator("td").nth(5)).to_contain_text("refund")
         expect(failed_row).to_contain_text("error: RuntimeError: model provider returned 503")
         expect(crashed_row).to_contain_text("recent: needs confirming")
-        shoot(page, "listed")
+        shoot(page, f"{backend}-listed")
 
         crashed_row.locator('input[name="pick"]').check()
         failed_row.locator('input[name="pick"]').check()
@@ -177,13 +188,17 @@ def test_an_operator_resumes_the_ticked_and_an_approver_cannot(
         expect(page.locator("h1")).to_have_text("Bulk resume")
         preflight = page.locator("section.preflight li")
         expect(preflight).to_have_count(2)
-        expect(preflight.filter(has_text=crashed)).to_contain_text("refund")
+        # Before anything starts: the crash re-runs refund, whose call no cache answers.
+        expect(preflight.filter(has_text=crashed)).to_contain_text("repeats refund, not cached")
+        expect(page.locator("section.preflight p.problem")).to_contain_text(
+            "1 run will run a tool again that no cached result answers"
+        )
         outcomes = page.locator("#bulk-resume-outcome li.bulk-resumed")
         expect(outcomes).to_have_count(2, timeout=RESUMED_TIMEOUT_MS)
         expect(outcomes.filter(has_text=crashed)).to_contain_text("resumed: the run completed")
         expect(outcomes.filter(has_text=failed)).to_contain_text("resumed: the run completed")
         expect(page.locator("li.bulk-tally")).to_contain_text("2 done: 2 resumed")
-        shoot(page, "resumed")
+        shoot(page, f"{backend}-resumed")
 
         page.goto("/runs")
         for execution_id in (crashed, failed):
@@ -192,7 +207,7 @@ def test_an_operator_resumes_the_ticked_and_an_approver_cannot(
         page.goto("/attention")
         expect(page.locator("p.empty")).to_have_text("Nothing needs a person.")
         expect(page.locator("#nav-attention")).to_have_text("0")
-        shoot(page, "after")
+        shoot(page, f"{backend}-after")
     finally:
         operator.close()
     assert errors == []
