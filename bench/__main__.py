@@ -6,6 +6,7 @@
     .venv/bin/python -m bench --backend postgres --sizes 100k   # on PostgreSQL
     .venv/bin/python -m bench --sizes 1m --no-sdk-ui            # a million runs
     .venv/bin/python -m bench --only kill9                      # kill -9 mid-approval
+    .venv/bin/python -m bench --only bulk-resume                # 1,000 crashed runs resumed
 
 Exit status: 0 when every budget is met, 1 when one is missed, 2 when the
 benchmark could not measure something (a page that did not answer 200, a server
@@ -36,7 +37,9 @@ import httpx
 
 from bench import pg, report, store_cache, writes
 from bench.browser import page_weights
-from bench.budgets import Verdict, all_passed, judge
+from bench.budgets import BULK_RESUME_BUDGETS, Verdict, all_passed, judge
+from bench.bulk_resume import RUNS as BULK_RESUME_RUNS
+from bench.bulk_resume import run_bulk_bench
 from bench.demo_start import measure_demo
 from bench.fleet import measure_fleet
 from bench.kill9 import run_kill9
@@ -506,10 +509,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--only",
-        choices=("kill9",),
+        choices=("kill9", "bulk-resume"),
         default=None,
         help="run one measurement alone: kill9 is kill -9 of localui at random moments"
-        " during 100 approvals over 50 pauses, 5 rounds (bench/kill9.py)",
+        " during 100 approvals over 50 pauses, 5 rounds (bench/kill9.py); bulk-resume is"
+        " --bulk-resume-runs crashed runs resumed from /attention in one go"
+        " (bench/bulk_resume.py)",
+    )
+    parser.add_argument(
+        "--bulk-resume-runs",
+        type=int,
+        default=BULK_RESUME_RUNS,
+        metavar="N",
+        help="crashed runs resumed in bulk for the bulk-resume rows; 0 skips them",
     )
     parser.add_argument(
         "--demo-starts",
@@ -566,6 +578,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             with pg.server(log) as dsn:
                 return run_kill9(dsn, log, out)
         return run_kill9(None, log, out)
+    if args.only == "bulk-resume":
+        from bench.bulk_resume import main as bulk_resume_main
+
+        out = REPO / "bench" / "results" / f"bulk-resume-{args.backend}.md"
+        where = ["--localui-path", str(args.localui_path)] if args.localui_path else []
+        return bulk_resume_main(
+            ["--backend", args.backend, "--runs", str(args.bulk_resume_runs), "--out", str(out)]
+            + where
+        )
     if args.backend == "postgres":
         # The cluster lives in --workdir so the stores copied into it are found again.
         with pg.server(log, args.workdir.resolve() / "postgres") as dsn:
@@ -716,6 +737,18 @@ def _main(
             {label: notified}, runs=largest, with_sdk_ui=False, budgets=NOTIFY_BUDGETS
         )
         errors += notify_errors
+    if args.bulk_resume_runs > 0:
+        # A fresh store of crashed runs, in a process of its own (the agent's settings are
+        # its own), served from this run's copy of the app.
+        log(f"measuring bulk resume (load average {os.getloadavg()[0]:.1f})")
+        resumed, bulk_errors = run_bulk_bench(
+            backend=args.backend, dsn=dsn, runs=args.bulk_resume_runs, app_path=app_path
+        )
+        label = next(r.store.label for r in runs if r.store.runs == largest)
+        verdicts += judge(
+            {label: resumed}, runs=largest, with_sdk_ui=False, budgets=BULK_RESUME_BUDGETS
+        )
+        errors += bulk_errors
     errors += [e for r in runs if r.fleet is not None for e in r.fleet.errors]
     errors += demo.errors if demo is not None else []
     errors += [

@@ -167,6 +167,40 @@ BUDGETS: tuple[Budget, ...] = (
 )
 
 
+#: Bulk resume after an outage (``bench/bulk_resume.py``), judged on its own figures: a
+#: fresh store of crashed runs, whatever the sizes of the other rows.
+BULK_RESUME_BUDGETS: tuple[Budget, ...] = (
+    Budget(
+        "bulk_resume",
+        "bulk resume after an outage: 1,000 crashed runs (unless told), first post to last answer",
+        120,
+        "s",
+        ("bulk_resume_s",),
+    ),
+    Budget(
+        "bulk_resume_once",
+        "bulk resume: runs not ended as one resume would end them (read from the store)",
+        0,
+        "",
+        ("bulk_resume_not_once",),
+    ),
+    Budget(
+        "bulk_resume_twice",
+        "bulk resume: runs resumed twice or a tool run twice (the ledger of effects)",
+        0,
+        "",
+        ("bulk_resume_twice",),
+    ),
+    Budget(
+        "bulk_resume_again",
+        "bulk resume: runs resumed again by the same picks posted again",
+        0,
+        "",
+        ("bulk_resume_again",),
+    ),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     budget: Budget

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.budgets import BUDGETS, applicable
+from bench.budgets import BUDGETS, BULK_RESUME_BUDGETS, applicable
 from bench.model import LOCALUI_METRICS, LOCALUI_PAGES, SDK_METRICS
 from bench.notify import NOTIFY_BUDGETS, WATCHER_BUDGETS
 
@@ -75,6 +75,9 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory, backend: str) -> tuple[i
             "--notify-targets",
             "--watcher-idle-seconds",
             "2",
+            # 1,000 by default (bench/bulk_resume.py); a few here, for the rows.
+            "--bulk-resume-runs",
+            "20",
             "--out",
             str(out),
             "--workdir",
@@ -143,7 +146,12 @@ def test_every_budget_is_judged_and_the_exit_status_agrees(
     judged = {b["what"]: b for b in results["budgets"]}
     # A store of 200 runs, without the SDK UI: the million-run and SDK-relative budgets
     # do not hold there.
-    applying = (*applicable(200, with_sdk_ui=False), *WATCHER_BUDGETS, *NOTIFY_BUDGETS)
+    applying = (
+        *applicable(200, with_sdk_ui=False),
+        *WATCHER_BUDGETS,
+        *NOTIFY_BUDGETS,
+        *BULK_RESUME_BUDGETS,
+    )
     assert list(judged) == [b.what for b in applying]
     assert {b.key for b in BUDGETS} - {b.key for b in applying} == {
         "runs_search_1m",

@@ -391,3 +391,32 @@ def test_bad_picks_are_a_400_that_says_why(seeds: Seeds, tmp_path: Path) -> None
         bad = client.post("/runs/bulk-resume", data={"pick": ["not json"]}, headers=JSON)
     assert none.status_code == 400 and "pick at least one run" in none.text
     assert bad.status_code == 400 and re.search(r"pick=.*not json", bad.text)
+
+
+def test_a_full_bulk_of_picks_gets_through_the_form(seeds: Seeds, tmp_path: Path) -> None:
+    """As many picks as one bulk resume takes, with ``confirm`` beside them, are judged
+    (the form parser's own cap of 1,000 fields would refuse them); one more is a 400
+    that says the limit."""
+    from localui.views.bulk_resume import BULK_RESUME_LIMIT
+
+    with ExitStack() as stack:
+        twin = make_twin("sqlite", seeds, tmp_path, stack)
+        client = client_of(twin, Ledger(tmp_path / "l.jsonl"), stack)
+        crashed = seeds.sqlite.run_id("crashed-in-tool")
+        # The rest name runs the store does not hold: each is refused, none resumed.
+        gone = [json.dumps([f"gone-{n}", f"row-{n}"]) for n in range(BULK_RESUME_LIMIT)]
+        picks = [pick_of(client, crashed), *gone[: BULK_RESUME_LIMIT - 1]]
+        full = client.post(
+            "/runs/bulk-resume", data={"pick": picks, "confirm": "yes"}, headers=JSON
+        )
+        over = client.post(
+            "/runs/bulk-resume", data={"pick": [*picks, gone[-1]], "confirm": "yes"}, headers=JSON
+        )
+        state = state_of(twin, crashed)
+    assert full.status_code == 200, full.text[:500]
+    answer = full.json()
+    assert len(answer["items"]) == BULK_RESUME_LIMIT
+    assert answer["counts"]["resumed"] == 1
+    assert answer["counts"]["refused"] == BULK_RESUME_LIMIT - 1
+    assert state == runs.COMPLETED
+    assert over.status_code == 400 and f"at most {BULK_RESUME_LIMIT}" in over.text

@@ -45,6 +45,8 @@ from localui.views.urls import Urls, urls_of
 BULK_CONCURRENCY = 2
 #: The most runs one request resumes: an outage's worth, in one go.
 BULK_RESUME_LIMIT = 1000
+#: Fields a bulk resume form may carry beside its picks (``confirm``, ``actor``), with room.
+FORM_FIELDS_BESIDE_PICKS = 10
 
 #: Where the streamed page puts each outcome as it comes (see ``pages/bulk_resume.html``).
 STREAM_MARK = "<!-- outcomes -->"
@@ -190,7 +192,9 @@ async def bulk_resume(request: Request) -> Response:
     person = require(request, OPERATOR)
     ctx = context(request)
     ctx.actions.ensure_writable()
-    form = await request.form()
+    # Starlette refuses a form of more than 1,000 fields by default: the limit's worth
+    # of picks, with ``confirm`` and ``actor`` beside them, must get through to be judged.
+    form = await request.form(max_fields=BULK_RESUME_LIMIT + FORM_FIELDS_BESIDE_PICKS)
     picks = picked_cards([str(v) for v in form.getlist("pick")])
     if not picks:
         raise BadRequest("pick at least one run (tick its box) to resume in bulk")
