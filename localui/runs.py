@@ -691,6 +691,42 @@ def call_text(tool: str, arguments: Any) -> str:
     return f"{tool}({inside})"
 
 
+def skipped_siblings(snapshot: Any) -> tuple[str, ...]:
+    """The tools of the other calls in the turn a pre-tool row re-enters that have no
+    result yet. A resume re-invokes the row's own call only; the SDK answers these
+    "not run on resume" (``balance_tool_messages``) and never runs them."""
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("messages"), list):
+        return ()
+    messages = [m for m in snapshot["messages"] if isinstance(m, dict)]
+    answered = {m.get("tool_call_id") for m in messages}
+    turn = next(
+        (m for m in reversed(messages) if m.get("role") == "assistant" and m.get("tool_calls")),
+        None,
+    )
+    own = snapshot.get("tool_call_id")
+    return tuple(
+        str(call.get("name"))
+        for call in (turn or {}).get("tool_calls") or []
+        if isinstance(call, dict) and call.get("id") != own and call.get("id") not in answered
+    )
+
+
+def skipped_words(skipped: Sequence[str]) -> str:
+    """`` The other call of that turn, `notify`, is not run: …`` (empty for none)."""
+    if not skipped:
+        return ""
+    names = ", ".join(f"`{name}`" for name in skipped)
+    if len(skipped) == 1:
+        return (
+            f" The other call of that turn, {names}, is not run: the SDK tells the model it"
+            " was not."
+        )
+    return (
+        f" The other calls of that turn, {names}, are not run: the SDK tells the model they"
+        " were not."
+    )
+
+
 def decided_words(decision: Decision) -> str:
     """``"rejected by Ada: over budget"``: who decided a pause, how, and why."""
     words = f"{decision.verb} by {decision.actor}"
@@ -736,8 +772,10 @@ def verdict(
     saved_args: Any = None,
     run_error: str | None = None,
     cached_calls: int = 0,
+    skipped: Sequence[str] = (),
 ) -> Verdict:
-    """Plain words for the run page's banner."""
+    """Plain words for the run page's banner. ``skipped``: the tools of the re-entered
+    turn's other unanswered calls (:func:`skipped_siblings` of the re-entry row)."""
     when = age_words(last.created_at, now)
     cache_words = (
         f" {cached_calls} @idempotent result{'s' if cached_calls != 1 else ''} will be answered "
@@ -749,6 +787,8 @@ def verdict(
     resume = plan.reason if isinstance(plan, Refusal) else _resume_words(plan, saved_args)
     if isinstance(plan, ResumePlan):
         resume += (f" {plan.note}" if plan.note else "") + cache_words
+        if plan.shape == "tool":
+            resume += skipped_words(skipped)
 
     if state == COMPLETED:
         return Verdict("ok", f"Completed {when}: the run wrote its end marker.", resume, fork)

@@ -515,3 +515,77 @@ def test_an_agent_run_inside_another_agents_execution_is_the_outer_ones(copy: Co
     assert runs.run_owner(rows) == runs.Owner(runs.AGENT, FRONT_DESK)
     assert copy.store.get_run(outer.execution_id).agent == FRONT_DESK  # type: ignore[union-attr]
     assert state_of(copy.store, outer.execution_id) == runs.COMPLETED
+
+
+#: A child process that starts a refund-bot run asking for two tools in one turn and
+#: dies as the first (``refund``) starts: argv is the backend, where, and the run's id.
+DIE_IN_FIRST_OF_TWO = """
+import asyncio, sys
+from localui.demo.agent import build_agent
+backend, where, schema, execution_id = sys.argv[1:5]
+if backend == "sqlite":
+    from fastaiagent.checkpointers import SQLiteCheckpointer
+    checkpointer = SQLiteCheckpointer(where)
+else:
+    from fastaiagent.checkpointers.postgres import PostgresCheckpointer
+    checkpointer = PostgresCheckpointer(where, schema=schema)
+agent = build_agent(checkpointer, die_in_tool=True)
+asyncio.run(agent.arun("Refund order A-1011 for 80.00 and notify the customer",
+                       execution_id=execution_id))
+"""
+
+
+def test_a_resume_inside_the_first_of_two_calls_says_the_second_is_not_run(
+    copy: Copy, tmp_path: Path
+) -> None:
+    """The model asked for ``refund`` and ``notify_customer`` in one turn, and the process
+    died in ``refund``: a resume re-invokes ``refund`` only, and the SDK answers
+    ``notify_customer`` "not run on resume". The page says so before anyone clicks."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from localui.demo.agent import EXIT_DIED_IN_TOOL
+
+    execution_id = f"two-calls-{uuid.uuid4().hex[:8]}"
+    where = copy.settings.store
+    env = {**os.environ, "FASTAIAGENT_TRACE_ENABLED": "false"}
+    died = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DIE_IN_FIRST_OF_TWO,
+            copy.backend.kind,
+            where,
+            copy.settings.pg_schema,
+            execution_id,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert died.returncode == EXIT_DIED_IN_TOOL, died.stderr
+    events: list[str] = []
+    app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        page = client.get(f"/runs/{execution_id}.json").json()
+        said = page["verdict"]["resume"]
+        assert "Resume re-invokes `refund`" in said
+        assert "The other call of that turn, `notify_customer`, is not run" in said
+        response = client.post(
+            f"/runs/{execution_id}/resume",
+            data={
+                "checkpoint_id": page["resume"]["checkpoint_id"],
+                "actor": "Ops",
+                "confirm": "yes",
+            },
+            headers={"Accept": "application/json"},
+        )
+    assert response.status_code == 200, response.text
+    # What the SDK did is what the page said: refund ran again, notify_customer never.
+    assert "tool:refund-bot:refund" in events
+    assert "tool:refund-bot:notify_customer" not in events

@@ -153,30 +153,20 @@ def effects_of(pending: Pending, paused: PausedCall | None) -> Effects | None:
     tool = str(snapshot.get("tool_name") or runs.parse_node(pending.node_id).tool or "")
     paused_call_id = snapshot.get("tool_call_id")
     arguments = paused.node_input if isinstance(paused.node_input, dict) else None
-    skipped: list[str] = []
-    messages = snapshot.get("messages")
-    if isinstance(messages, list):
-        answered = {m.get("tool_call_id") for m in messages if isinstance(m, dict)}
-        turn = next(
-            (
-                m
-                for m in reversed(messages)
-                if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls")
-            ),
-            None,
-        )
-        for call in (turn or {}).get("tool_calls") or []:
-            if not isinstance(call, dict):
-                continue
-            if call.get("id") == paused_call_id:
-                if arguments is None:
-                    arguments = call.get("arguments")
-            elif call.get("id") not in answered:
-                skipped.append(str(call.get("name")))
+    if arguments is None and isinstance(snapshot.get("messages"), list):
+        # An older row without the call's input: its arguments as the model gave them.
+        for message in reversed(snapshot["messages"]):
+            calls = message.get("tool_calls") if isinstance(message, dict) else None
+            found = [
+                c for c in calls or [] if isinstance(c, dict) and c.get("id") == paused_call_id
+            ]
+            if found:
+                arguments = found[0].get("arguments")
+                break
     return Effects(
         call=runs.call_text(tool, arguments) if tool else None,
         tool=tool,
-        skipped=tuple(skipped),
+        skipped=runs.skipped_siblings(snapshot),
         reused=paused.cached_results,
     )
 

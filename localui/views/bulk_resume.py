@@ -109,12 +109,15 @@ def preflight_items(
             rows = actions.store.list_rows(execution_id)
             saved = None
             tool = None
+            skipped: tuple[str, ...] = ()
             if plan.tool is not None:
                 reentry = actions.store.get_row(plan.checkpoint_id)
-                saved = reentry.node_input if reentry is not None else None
+                if reentry is not None:
+                    saved = reentry.node_input
+                    skipped = runs.skipped_siblings(reentry.state_snapshot)
                 tool = actions.tool_of(plan.checkpoint_id, plan.node_id)
             words = runs.verdict(
-                state, plan, last=last, now=datetime.now(UTC), saved_args=saved
+                state, plan, last=last, now=datetime.now(UTC), saved_args=saved, skipped=skipped
             ).resume
             repeats = repeats_uncached(actions, plan, rows, tool)
             age = seconds_since(last.created_at)

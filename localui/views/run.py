@@ -552,10 +552,12 @@ def build_run_page(
     cache = store.list_cache(execution_id)
     pending = store.get_pending(execution_id) if facts.has_pending else None
     saved_args: Any = None
+    skipped: tuple[str, ...] = ()
     if isinstance(plan, runs.ResumePlan):
         reentry = store.get_row(plan.checkpoint_id)
         if reentry is not None:
             saved_args = reentry.node_input
+            skipped = runs.skipped_siblings(reentry.state_snapshot)
     run_error = _run_error(store.get_row(last.checkpoint_id)) if state == runs.FAILED else None
     verdict = runs.verdict(
         state,
@@ -565,6 +567,7 @@ def build_run_page(
         saved_args=saved_args,
         run_error=run_error,
         cached_calls=len(cache),
+        skipped=skipped,
     )
     trace = trace_section(traces, execution_id, headers)
     timeline = timeline_section(
