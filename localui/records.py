@@ -381,6 +381,9 @@ APPROVAL = "approval"
 RESUME = "resume"
 #: An operator re-armed an orphaned pause no decision explains (``ActionService.reopen``).
 REOPEN = "reopen"
+#: A listing entry of the decision record that is a vote (``localui_votes``): one
+#: approval a two-person rule counted, not the one that completed the count.
+VOTE = "vote"
 #: The outcome of a claim whose run the SDK had already resumed elsewhere: it decided nothing.
 ALREADY_RESUMED = "already_resumed"
 
@@ -421,6 +424,8 @@ class Decision:
             return "resumed"
         if self.kind == REOPEN:
             return "re-opened"
+        if self.kind == VOTE:
+            return "voted to approve"
         return "approved" if self.approved else "rejected"
 
 

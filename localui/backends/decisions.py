@@ -11,14 +11,16 @@ before the SDK is asked to do anything.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from localui.backends.shared import NamedRow
 from localui.errors import BadRequest
-from localui.records import Decision, DecisionEntry, Vote
+from localui.records import APPROVAL, VOTE, Decision, DecisionEntry, DecisionPage, Vote
 from localui.settings import CLAIM_LEASE_SECONDS
+
+R = TypeVar("R", bound=NamedRow)
 
 TABLE = "localui_decisions"
 #: Approvals of pauses whose rule needs several people (``localui.policy``), beside
@@ -110,9 +112,23 @@ def decision_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> Dec
 PENDING_OUTCOME = "pending"
 
 
+#: What the listing says a vote's outcome is: it was counted, and changed nothing yet.
+VOTE_OUTCOME = "voted"
+#: The id half of a listing cursor that points at a vote: votes count their ids apart
+#: from the decisions, so an entry is named by its kind and id together.
+VOTE_CURSOR_PREFIX = "vote-"
+
+#: The listing is one order over both tables, newest first: ``(time, source, id)``,
+#: a decision's source 0 and a vote's 1, so entries of the same instant keep an order.
+DECISION_SOURCE, VOTE_SOURCE = 0, 1
+
+
 def listing_key(entry: DecisionEntry) -> tuple[str, str]:
-    """Where the listing continues: ``(decided_at, id)`` of the page's last entry."""
-    return (entry.decision.decided_at, str(entry.decision.id))
+    """Where the listing continues: ``(decided_at, id)`` of the page's last entry, the
+    id of a vote written ``vote-<id>``."""
+    d = entry.decision
+    prefix = VOTE_CURSOR_PREFIX if d.kind == VOTE else ""
+    return (d.decided_at, f"{prefix}{d.id}")
 
 
 def cursor_id(text: str) -> int:
@@ -121,6 +137,61 @@ def cursor_id(text: str) -> int:
         return int(text)
     except ValueError:
         raise BadRequest(f"after: {text!r} is not a cursor this server gave out") from None
+
+
+def cursor_position(text: str) -> tuple[int, int]:
+    """The id half of a listing cursor as ``(source, id)``; anything else is a 400."""
+    if text.startswith(VOTE_CURSOR_PREFIX):
+        return VOTE_SOURCE, cursor_id(text[len(VOTE_CURSOR_PREFIX) :])
+    return DECISION_SOURCE, cursor_id(text)
+
+
+def listing_sources(kind: str | None, outcome: str | None) -> tuple[bool, bool]:
+    """Whether a listing under these filters reads the decisions, and the votes."""
+    decisions = kind != VOTE and outcome != VOTE_OUTCOME
+    votes = kind in (None, VOTE) and outcome in (None, VOTE_OUTCOME)
+    return decisions, votes
+
+
+def keyset_sql(time: str, id_: str, source: int, after_source: int, at: str, after_id: str) -> str:
+    """The condition that continues a table of ``source`` (columns ``time``, ``id_``)
+    after a cursor of ``after_source`` (placeholders ``at``, ``after_id``): the same
+    source compares the pair; the other the time alone, ``<=`` when this table sorts
+    below the cursor's at the same instant. ``after_id`` appears only for the first."""
+    if source == after_source:
+        return f"({time}, {id_}) < ({at}, {after_id})"
+    return f"{time} {'<=' if source < after_source else '<'} {at}"
+
+
+#: Votes the listing leaves out: the one that completed its rule's count is the
+#: approval that follows it, listed once, as that (as the run page shows it).
+COMPLETED_BY_DECISION = (
+    "NOT EXISTS (SELECT 1 FROM {table} x WHERE x.kind = '" + APPROVAL + "'"
+    " AND x.execution_id = v.execution_id AND x.checkpoint_id = v.checkpoint_id"
+    " AND x.actor = v.actor)"
+)
+
+
+def merged_page(
+    decisions: Sequence[R],
+    votes: Sequence[R],
+    limit: int,
+    time_of: Callable[[R, str], Any],
+    decision_entry: Callable[[R], DecisionEntry],
+    vote_entry: Callable[[R], DecisionEntry],
+) -> DecisionPage:
+    """One page of the listing from each table's first ``limit + 1`` rows under the
+    same cursor, newest first across both; only the rows kept become entries."""
+    keyed = [(time_of(r, "decided_at"), DECISION_SOURCE, int(r["id"]), r) for r in decisions]
+    keyed += [(time_of(r, "voted_at"), VOTE_SOURCE, int(r["id"]), r) for r in votes]
+    if votes and decisions:
+        keyed.sort(key=lambda k: k[:3], reverse=True)
+    entries = tuple(
+        (vote_entry if source == VOTE_SOURCE else decision_entry)(row)
+        for _, source, _, row in keyed[:limit]
+    )
+    next_key = listing_key(entries[-1]) if len(keyed) > limit and entries else None
+    return DecisionPage(entries=entries, next_key=next_key)
 
 
 def metadata_to_text(metadata: Mapping[str, Any] | None) -> str | None:
@@ -163,4 +234,25 @@ def vote_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> Vote:
         reason=str(row["reason"] or ""),
         fields_json=str(row["fields"] or "{}"),
         voted_at=instant(row["voted_at"]),
+    )
+
+
+def vote_as_decision(row: NamedRow, instant: Callable[[Any], str] = str) -> Decision:
+    """A row of ``VOTE_COLUMNS`` as an entry of the record: an approval (kind
+    ``vote``) whose outcome is that it was counted; ``metadata`` holds the fields
+    the person filled in."""
+    at = instant(row["voted_at"])
+    return Decision(
+        id=int(row["id"]),
+        kind=VOTE,
+        execution_id=str(row["execution_id"]),
+        checkpoint_id=str(row["checkpoint_id"]),
+        approved=True,
+        actor=str(row["actor"]),
+        reason=str(row["reason"] or ""),
+        decided_at=at,
+        outcome=VOTE_OUTCOME,
+        detail=None,
+        finished_at=at,
+        metadata=metadata_of(row["fields"]),
     )

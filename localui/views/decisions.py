@@ -1,10 +1,11 @@
 """``/decisions``: the decision record as data, newest first, for people and auditors.
 
-Every approval, rejection and resume localui recorded (``localui_decisions``), each
-with its run's agent and a link to the run; filtered by person, agent, outcome, kind
-and time; a page at a time (``.json`` too), or all of it as CSV streamed a page at a
-time (``/decisions.csv``, and ``localui decisions export`` on the command line, which
-writes the same columns as CSV or JSON lines).
+Every approval, rejection and resume localui recorded (``localui_decisions``), and
+every vote a two-person rule counted (``localui_votes``, kind ``vote``), each with its
+run's agent and a link to the run, in one order newest first; filtered by person,
+agent, outcome, kind and time; a page at a time (``.json`` too), or all of it as CSV
+streamed a page at a time (``/decisions.csv``, and ``localui decisions export`` on the
+command line, which writes the same columns as CSV or JSON lines).
 """
 
 from __future__ import annotations
@@ -57,19 +58,21 @@ FILTERS = ("approver", "agent", "outcome", "kind", "since", "until")
 
 @dataclass(frozen=True, slots=True)
 class DecisionRow:
+    #: Unique with ``kind``: a vote's id counts votes, the other kinds' count decisions.
     id: int
+    #: ``approval``, ``resume``, ``reopen``, or ``vote``.
     kind: str
     execution_id: str
     checkpoint_id: str
     agent: str
-    #: True or false for an approval, null for a resume.
+    #: True or false for an approval (a vote is true), null for a resume.
     approved: bool | None
     #: Who decided (the signed-in name, or the name typed with sign-in off).
     approver: str
     reason: str
     decided_at: str
     #: How the SDK's resume ended (``completed``, ``paused``, ``failed``,
-    #: ``already_resumed``), or ``pending`` while it is still going.
+    #: ``already_resumed``), ``pending`` while it is still going, ``voted`` for a vote.
     outcome: str
     detail: str | None
     finished_at: str | None
