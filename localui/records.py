@@ -462,6 +462,16 @@ class DecisionPage:
 
 
 @dataclass(frozen=True, slots=True)
+class ExportPage:
+    """One page of the decision record as an export writes it: plain tuples in the
+    order of ``localui.backends.decisions.EXPORT_FIELDS`` (an export writes a hundred
+    thousand of them, so no record objects), newest first."""
+
+    rows: tuple[tuple[Any, ...], ...]
+    next_key: tuple[str, str] | None
+
+
+@dataclass(frozen=True, slots=True)
 class Claim:
     """The outcome of trying to claim: ``won`` with our row, or the row that beat us."""
 

@@ -109,10 +109,11 @@ def test_votes_are_entries_of_the_record_newest_first_across_pages(
 
     # Pages of one and of three entries cross from one table to the other and back.
     for size in (1, 3):
-        client = desk.client_with(page_size=size) if desk.client_with else desk.client
+        assert desk.client_with is not None
+        client = desk.client_with(page_size=size)
         assert _all(client, "/decisions.json", OWNER) == whole
 
-    one = desk.client_with(page_size=1) if desk.client_with else desk.client
+    one = desk.client_with(page_size=1)
 
     def listed(query: str) -> list[tuple[Any, ...]]:
         return summary(_all(one, f"/decisions.json?{query}", OWNER))
@@ -140,6 +141,37 @@ def test_votes_are_entries_of_the_record_newest_first_across_pages(
     assert f'href="/runs/{runs["voted"]}"' in html and f'href="/runs/{runs["approved"]}"' in html
     assert f'href="/runs/{runs["rejected"]}"' not in html
     assert 'id="vote-' in html
+
+
+def test_a_vote_and_a_decision_of_the_same_instant_are_each_listed_once(
+    open_desk: Callable[..., Desk],
+) -> None:
+    """Two people decide within one clock tick on busy servers; paging one entry at a
+    time must neither skip nor repeat either (the app's own rows, moved to one instant,
+    as the app cannot be made to write them so)."""
+    desk = open_desk(TWO_FROM_FINANCE)
+    runs = _record_with_votes(desk)
+    moved = desk.execute(
+        "UPDATE {app}localui_votes SET voted_at = (SELECT decided_at FROM"
+        " {app}localui_decisions WHERE execution_id = ?) WHERE execution_id = ?",
+        (runs["rejected"], runs["voted"]),
+    )
+    assert moved == 1
+    whole = _all(desk.client, "/decisions.json", OWNER)
+    assert whole[0]["decided_at"] == whole[1]["decided_at"]
+    # At one instant the vote comes first, then the decision (newest first by time,
+    # then votes before decisions, then id).
+    assert [(e["execution_id"], e["kind"]) for e in whole[:2]] == [
+        (runs["voted"], "vote"),
+        (runs["rejected"], "approval"),
+    ]
+    assert desk.client_with is not None
+    one = desk.client_with(page_size=1)
+    assert _all(one, "/decisions.json", OWNER) == whole
+    served = one.get("/decisions.csv", headers={"Authorization": OWNER["Authorization"]})
+    assert [row["kind"] for row in csv.DictReader(io.StringIO(served.text))] == [
+        e["kind"] for e in whole
+    ]
 
 
 def test_a_withdrawn_vote_is_not_listed(open_desk: Callable[..., Desk]) -> None:

@@ -10,14 +10,24 @@ before the SDK is asked to do anything.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from localui.backends.shared import NamedRow
 from localui.errors import BadRequest
-from localui.records import APPROVAL, VOTE, Decision, DecisionEntry, DecisionPage, Vote
+from localui.records import (
+    APPROVAL,
+    VOTE,
+    Decision,
+    DecisionEntry,
+    DecisionPage,
+    ExportPage,
+    Vote,
+)
 from localui.settings import CLAIM_LEASE_SECONDS
 
 R = TypeVar("R", bound=NamedRow)
@@ -256,3 +266,89 @@ def vote_as_decision(row: NamedRow, instant: Callable[[Any], str] = str) -> Deci
         finished_at=at,
         metadata=metadata_of(row["fields"]),
     )
+
+
+#: An exported entry's fields, in order (``DecisionLog.list_export``): ``approved`` is
+#: true or false (1 or 0 from SQLite), None for a resume; ``outcome`` is ``pending``
+#: while the SDK is still going.
+EXPORT_FIELDS = (
+    "id",
+    "kind",
+    "execution_id",
+    "checkpoint_id",
+    "agent",
+    "approved",
+    "approver",
+    "reason",
+    "decided_at",
+    "outcome",
+    "detail",
+    "finished_at",
+)
+_EXPORT_ID = EXPORT_FIELDS.index("id")
+_EXPORT_KIND = EXPORT_FIELDS.index("kind")
+_EXPORT_AT = EXPORT_FIELDS.index("decided_at")
+_EXPORT_FINISHED = EXPORT_FIELDS.index("finished_at")
+
+
+def export_select(source: int, alias: str, agent: str, outcome: str) -> str:
+    """The select list of :data:`EXPORT_FIELDS` over the decisions (``DECISION_SOURCE``)
+    or the votes, as ``alias``; ``agent`` is the run's agent expression and
+    ``outcome`` the placeholder of the pending outcome (or the vote's)."""
+    if source == VOTE_SOURCE:
+        return (
+            f"{alias}.id, '{VOTE}', {alias}.execution_id, {alias}.checkpoint_id, {agent}, 1,"
+            f" {alias}.actor, {alias}.reason, {alias}.voted_at, {outcome}, NULL,"
+            f" {alias}.voted_at"
+        )
+    return (
+        f"{alias}.id, {alias}.kind, {alias}.execution_id, {alias}.checkpoint_id, {agent},"
+        f" {alias}.approved, {alias}.actor, {alias}.reason, {alias}.decided_at,"
+        f" COALESCE({alias}.outcome, {outcome}), {alias}.detail, {alias}.finished_at"
+    )
+
+
+def merged_export(
+    decisions: Sequence[tuple[Any, ...]],
+    votes: Sequence[tuple[Any, ...]],
+    limit: int,
+    instant: Callable[[Any], str] | None = None,
+) -> ExportPage:
+    """One export page from each table's first ``limit + 1`` rows (newest first, both),
+    merged in the listing's order; ``instant`` turns the database's time values into
+    ISO text (PostgreSQL's), after the merge ordered them as they are."""
+
+    if votes and decisions:
+        merged: Iterator[tuple[Any, ...]] = heapq.merge(
+            decisions,
+            votes,
+            key=lambda row: (
+                row[_EXPORT_AT],
+                VOTE_SOURCE if row[_EXPORT_KIND] == VOTE else DECISION_SOURCE,
+                row[_EXPORT_ID],
+            ),
+            reverse=True,
+        )
+        rows = list(itertools.islice(merged, limit + 1))
+    else:
+        rows = list(decisions or votes)
+    more = len(rows) > limit
+    del rows[limit:]
+    if instant is not None:
+        at, finished = _EXPORT_AT, _EXPORT_FINISHED
+        rows = [
+            (
+                *row[:at],
+                instant(row[at]),
+                *row[at + 1 : finished],
+                None if row[finished] is None else instant(row[finished]),
+                *row[finished + 1 :],
+            )
+            for row in rows
+        ]
+    next_key = None
+    if more and rows:
+        last = rows[-1]
+        prefix = VOTE_CURSOR_PREFIX if last[_EXPORT_KIND] == VOTE else ""
+        next_key = (str(last[_EXPORT_AT]), f"{prefix}{last[_EXPORT_ID]}")
+    return ExportPage(rows=tuple(rows), next_key=next_key)

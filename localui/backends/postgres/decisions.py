@@ -26,12 +26,15 @@ from localui.backends.decisions import (
     PENDING_OUTCOME,
     TABLE,
     VOTE_COLUMN_NAMES,
+    VOTE_OUTCOME,
     VOTE_SOURCE,
     VOTES_TABLE,
     cursor_position,
     decision_from_row,
+    export_select,
     keyset_sql,
     listing_sources,
+    merged_export,
     merged_page,
     vote_as_decision,
     vote_from_row,
@@ -49,6 +52,7 @@ from localui.records import (
     DecisionEntry,
     DecisionPage,
     DecisionQuery,
+    ExportPage,
     Vote,
 )
 
@@ -505,11 +509,75 @@ class PostgresDecisionLog:
             self._has_votes = found.fetchone()["t"] is not None
         return self._has_votes
 
-    def _listing_rows(
+    def list_export(self, query: DecisionQuery) -> ExportPage:
+        with self._reads.connection() as conn, conn.cursor() as cur:
+            if not self._table_exists_plain(cur):
+                return ExportPage(rows=(), next_key=None)
+            runs = self._runs_table_plain(cur)
+            if query.agent is not None and runs is None:
+                raise Unavailable(
+                    "decisions are found by agent through the runs index, which this "
+                    "localui does not keep (it is read-only): serve without --read-only once"
+                )
+            with_decisions, with_votes = listing_sources(query.kind, query.outcome)
+            decisions = (
+                self._export_rows(cur, query, DECISION_SOURCE, runs) if with_decisions else []
+            )
+            votes: list[tuple[Any, ...]] = []
+            if with_votes and self._votes_exist_plain(cur):
+                votes = self._export_rows(cur, query, VOTE_SOURCE, runs)
+        return merged_export(decisions, votes, query.limit, iso)
+
+    def _table_exists_plain(self, cur: Any) -> bool:
+        if not self._has_table:
+            found = cur.execute("SELECT to_regclass(%s)", (self._regclass(),)).fetchone()
+            if found[0] is None:
+                return False
+            from psycopg.rows import dict_row
+
+            with cur.connection.cursor(row_factory=dict_row) as named:
+                return self._table_exists(named)
+        return True
+
+    def _runs_table_plain(self, cur: Any) -> str | None:
+        if self._runs is None:
+            return None
+        found = cur.execute("SELECT to_regclass(%s)", (self._runs.runs,)).fetchone()
+        return self._runs.runs if found[0] is not None else None
+
+    def _votes_exist_plain(self, cur: Any) -> bool:
+        if not self._has_votes:
+            found = cur.execute("SELECT to_regclass(%s)", (self._votes.as_string(),)).fetchone()
+            self._has_votes = found[0] is not None
+        return self._has_votes
+
+    def _export_rows(
         self, cur: Any, query: DecisionQuery, source: int, runs: str | None
-    ) -> list[dict[str, Any]]:
+    ) -> list[tuple[Any, ...]]:
         """The first ``limit + 1`` entries of one table under the query, newest first,
-        each with its run's agent from the runs index when there is one."""
+        as plain tuples of ``EXPORT_FIELDS`` (times as the driver reads them)."""
+        votes = source == VOTE_SOURCE
+        alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
+        where, params = self._listing_where(query, source, runs)
+        params["outcome_of"] = VOTE_OUTCOME if votes else PENDING_OUTCOME
+        agent = "COALESCE(r.agent, '')" if runs is not None else "''"
+        join = f" LEFT JOIN {runs} r ON r.execution_id = {alias}.execution_id" if runs else ""
+        cur.execute(
+            self._sql(
+                f"SELECT {export_select(source, alias, agent, '%(outcome_of)s')}"
+                f" FROM {'{votes}' if votes else '{table}'} {alias}{join}"
+                f" WHERE {' AND '.join(where) or 'true'}"
+                f" ORDER BY {alias}.{at} DESC, {alias}.id DESC LIMIT %(n)s"
+            ),
+            params,
+        )
+        return list(cur.fetchall())
+
+    def _listing_where(
+        self, query: DecisionQuery, source: int, runs: str | None
+    ) -> tuple[list[str], dict[str, Any]]:
+        """The listing's filters over the decisions as ``d`` or the votes as ``v``, with
+        the parameters they name (``n``: one more than the page)."""
         votes = source == VOTE_SOURCE
         alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
         where: list[str] = []
@@ -548,10 +616,21 @@ class PostgresDecisionLog:
                 f"{alias}.execution_id IN (SELECT execution_id FROM {runs} WHERE agent = %(agent)s)"
             )
             params["agent"] = query.agent
+        if votes:
+            where.append(COMPLETED_BY_DECISION.format(table="{table}"))
+        return where, params
+
+    def _listing_rows(
+        self, cur: Any, query: DecisionQuery, source: int, runs: str | None
+    ) -> list[dict[str, Any]]:
+        """The first ``limit + 1`` entries of one table under the query, newest first,
+        each with its run's agent from the runs index when there is one."""
+        votes = source == VOTE_SOURCE
+        alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
+        where, params = self._listing_where(query, source, runs)
         agent = "COALESCE(r.agent, '')" if runs is not None else "''"
         join = f" LEFT JOIN {runs} r ON r.execution_id = {alias}.execution_id" if runs else ""
         if votes:
-            where.append(COMPLETED_BY_DECISION.format(table="{table}"))
             columns, table = "{vote_columns}", "{votes}"
         else:
             # The record's columns as this table has them (an old table has no

@@ -17,16 +17,20 @@ from localui.backends.decisions import (
     COLUMNS,
     COMPLETED_BY_DECISION,
     DECISION_SOURCE,
+    PENDING_OUTCOME,
     TABLE,
     VOTE_COLUMNS,
+    VOTE_OUTCOME,
     VOTE_SOURCE,
     VOTES_TABLE,
     abandoned,
     columns_of,
     cursor_position,
     decision_from_row,
+    export_select,
     keyset_sql,
     listing_sources,
+    merged_export,
     merged_page,
     metadata_to_text,
     now_iso,
@@ -46,6 +50,7 @@ from localui.records import (
     DecisionEntry,
     DecisionPage,
     DecisionQuery,
+    ExportPage,
     Vote,
 )
 
@@ -440,25 +445,71 @@ class SQLiteDecisionLog:
 
         return self._with_retry(read)
 
-    def _listing_rows(self, query: DecisionQuery, source: int) -> list[sqlite3.Row]:
+    def list_export(self, query: DecisionQuery) -> ExportPage:
+        def read() -> ExportPage:
+            if not self._table_exists():
+                return ExportPage(rows=(), next_key=None)
+            if not self._attach_index() and query.agent is not None:
+                raise Unavailable(
+                    "decisions are found by agent through the runs index, which is not "
+                    "built yet: try again in a moment"
+                )
+            with_decisions, with_votes = listing_sources(query.kind, query.outcome)
+            decisions = self._export_rows(query, DECISION_SOURCE) if with_decisions else []
+            votes = (
+                self._export_rows(query, VOTE_SOURCE) if with_votes and self._votes_exist() else []
+            )
+            return merged_export(decisions, votes, query.limit)
+
+        return self._with_retry(read)
+
+    def _export_rows(self, query: DecisionQuery, source: int) -> list[tuple[Any, ...]]:
         """The first ``limit + 1`` entries of one table under the query, newest first,
-        each with its run's agent (the runs index is attached when it exists)."""
+        as plain tuples of ``EXPORT_FIELDS``."""
         votes = source == VOTE_SOURCE
         alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
-        where, params = listing_where(query, source)
+        where, params = self._agent_where(query, source)
         agent = "COALESCE(r.agent, '')" if self._index_attached else "''"
-        join = (
-            f" LEFT JOIN ix.runs r ON r.execution_id = {alias}.execution_id"
-            if self._index_attached
-            else ""
-        )
+        outcome = f"'{VOTE_OUTCOME}'" if votes else f"'{PENDING_OUTCOME}'"
+        cursor = self._conn.cursor()
+        # Tuples, not rows by name: the export's hot path.
+        cursor.row_factory = None
+        return cursor.execute(
+            f"SELECT {export_select(source, alias, agent, outcome)}"
+            f" FROM {VOTES_TABLE if votes else TABLE} {alias}{self._agent_join(alias)}"
+            f" WHERE {' AND '.join(where) or '1'}"
+            f" ORDER BY {alias}.{at} DESC, {alias}.id DESC LIMIT ?",
+            (*params, query.limit + 1),
+        ).fetchall()
+
+    def _agent_join(self, alias: str) -> str:
+        if not self._index_attached:
+            return ""
+        return f" LEFT JOIN ix.runs r ON r.execution_id = {alias}.execution_id"
+
+    def _agent_where(self, query: DecisionQuery, source: int) -> tuple[list[str], list[Any]]:
+        """:func:`listing_where`, with the agent's filter and (for the votes) those
+        left out because their approval is listed."""
+        alias = "v" if source == VOTE_SOURCE else "d"
+        where, params = listing_where(query, source)
         if query.agent is not None:
             where.append(
                 f"{alias}.execution_id IN (SELECT execution_id FROM ix.runs WHERE agent = ?)"
             )
             params.append(query.agent)
-        if votes:
+        if source == VOTE_SOURCE:
             where.append(COMPLETED_BY_DECISION.format(table=TABLE))
+        return where, params
+
+    def _listing_rows(self, query: DecisionQuery, source: int) -> list[sqlite3.Row]:
+        """The first ``limit + 1`` entries of one table under the query, newest first,
+        each with its run's agent (the runs index is attached when it exists)."""
+        votes = source == VOTE_SOURCE
+        alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
+        where, params = self._agent_where(query, source)
+        agent = "COALESCE(r.agent, '')" if self._index_attached else "''"
+        join = self._agent_join(alias)
+        if votes:
             columns, table = VOTE_COLUMNS, VOTES_TABLE
         else:
             # The record's columns as this table has them (an old table has no
