@@ -238,3 +238,16 @@ def test_csv_and_jsonl_exports_round_trip_the_votes(open_desk: Callable[..., Des
         ("ada", True, "voted"),
     ]
     assert len({(row["kind"], row["id"]) for row in from_jsonl}) == len(from_jsonl)
+
+    def csv_of(query: str) -> list[tuple[str, str]]:
+        got = desk.client.get(
+            f"/decisions.csv?{query}", headers={"Authorization": OWNER["Authorization"]}
+        )
+        assert got.status_code == 200, got.text
+        return [(r["kind"], r["approver"]) for r in csv.DictReader(io.StringIO(got.text))]
+
+    # The CSV takes the page's filters.
+    assert csv_of("kind=vote") == [("vote", "ada"), ("vote", "ada")]
+    assert csv_of("approver=bob") == [("approval", "bob"), ("approval", "bob")]
+    assert csv_of("outcome=voted&approver=bob") == []
+    assert csv_of("agent=refund-bot&since=1h") == [(r["kind"], r["approver"]) for r in from_csv]
