@@ -510,46 +510,27 @@ class PostgresDecisionLog:
         return self._has_votes
 
     def list_export(self, query: DecisionQuery) -> ExportPage:
-        with self._reads.connection() as conn, conn.cursor() as cur:
-            if not self._table_exists_plain(cur):
-                return ExportPage(rows=(), next_key=None)
-            runs = self._runs_table_plain(cur)
+        from psycopg.rows import dict_row
+
+        with self._reads.connection() as conn:
+            with conn.cursor(row_factory=dict_row) as named:
+                if not self._table_exists(named):
+                    return ExportPage(rows=(), next_key=None)
+                runs = self._runs_table(named)
+                with_decisions, with_votes = listing_sources(query.kind, query.outcome)
+                with_votes = with_votes and self._votes_exist(named)
             if query.agent is not None and runs is None:
                 raise Unavailable(
                     "decisions are found by agent through the runs index, which this "
                     "localui does not keep (it is read-only): serve without --read-only once"
                 )
-            with_decisions, with_votes = listing_sources(query.kind, query.outcome)
-            decisions = (
-                self._export_rows(cur, query, DECISION_SOURCE, runs) if with_decisions else []
-            )
-            votes: list[tuple[Any, ...]] = []
-            if with_votes and self._votes_exist_plain(cur):
-                votes = self._export_rows(cur, query, VOTE_SOURCE, runs)
+            # Tuples, not rows by name: the export's hot path.
+            with conn.cursor() as cur:
+                decisions = (
+                    self._export_rows(cur, query, DECISION_SOURCE, runs) if with_decisions else []
+                )
+                votes = self._export_rows(cur, query, VOTE_SOURCE, runs) if with_votes else []
         return merged_export(decisions, votes, query.limit, iso)
-
-    def _table_exists_plain(self, cur: Any) -> bool:
-        if not self._has_table:
-            found = cur.execute("SELECT to_regclass(%s)", (self._regclass(),)).fetchone()
-            if found[0] is None:
-                return False
-            from psycopg.rows import dict_row
-
-            with cur.connection.cursor(row_factory=dict_row) as named:
-                return self._table_exists(named)
-        return True
-
-    def _runs_table_plain(self, cur: Any) -> str | None:
-        if self._runs is None:
-            return None
-        found = cur.execute("SELECT to_regclass(%s)", (self._runs.runs,)).fetchone()
-        return self._runs.runs if found[0] is not None else None
-
-    def _votes_exist_plain(self, cur: Any) -> bool:
-        if not self._has_votes:
-            found = cur.execute("SELECT to_regclass(%s)", (self._votes.as_string(),)).fetchone()
-            self._has_votes = found[0] is not None
-        return self._has_votes
 
     def _export_rows(
         self, cur: Any, query: DecisionQuery, source: int, runs: str | None
