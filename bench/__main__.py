@@ -52,7 +52,7 @@ from bench.notify import (
     run_notify_bench,
     watcher_idle_pct,
 )
-from bench.pg import drop_schema
+from bench.pg import copy_record, drop_schema
 from bench.sdk_ui import ensure_venv, installed, sdk_version
 from bench.servers import (
     REPO,
@@ -67,7 +67,14 @@ from bench.servers import (
     wait_until_search_indexed,
     wait_until_sqlite_search_indexed,
 )
-from bench.stores import BuiltStore, Templates, add_spans, build_store, make_templates
+from bench.stores import (
+    BuiltStore,
+    Templates,
+    add_spans,
+    add_votes,
+    build_store,
+    make_templates,
+)
 
 DEFAULT_WORKDIR = Path(tempfile.gettempdir()) / "localui-bench"
 DEFAULT_OUT = REPO / "bench" / "results" / "latest.md"
@@ -213,6 +220,10 @@ def measure_localui(
         result.startup_cold_s = server.startup_s
         result.startup_cpu["cold"] = server.startup_cpu_s
         log(f"  localui started (cold) in {server.startup_s:.2f} s")
+        if options.pg is not None:
+            # The record lives in the app's schema, made again by this start: filled now.
+            copied = copy_record(store.path, options.pg.dsn, options.pg.app_schema)
+            log(f"  decision record copied to PostgreSQL: {copied} entries")
         try:
             result.indexed_s = wait_until_indexed(server)
             log(f"  runs index complete {result.indexed_s:.2f} s after start")
@@ -380,6 +391,8 @@ def _store(
             f"store {store.label}: {store.rows:,} rows, found in {stores_dir}"
             f" (built in {store_cache.built_seconds(path) or 0:.0f} s)"
         )
+        if added := add_votes(path):
+            log(f"store {store.label}: {added:,} votes added beside its decisions")
         return store
     store_cache.forget(path)
     store = build_store(templates, path, runs=size, pending=pending)

@@ -200,6 +200,66 @@ def _copy_table(src: sqlite3.Connection, dst: object, schema: str, table: str) -
             copy.write_row(values)
 
 
+def copy_record(sqlite_path: Path, dsn: str, app_schema: str) -> int:
+    """The decision record of ``sqlite_path`` (its decisions and votes) into the tables
+    a localui server just made in ``app_schema``, which each cold start drops: the
+    PostgreSQL bench lists, exports and counts the same record as the SQLite one.
+    Returns the entries copied."""
+    import psycopg
+
+    from localui.backends.decisions import TABLE, VOTES_TABLE
+
+    src = sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)
+    copied = 0
+    try:
+        with psycopg.connect(dsn) as dst:
+            for table in (TABLE, VOTES_TABLE):
+                has = src.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+                ).fetchone()
+                if has is None:
+                    continue
+                copied += _copy_app_table(src, dst, app_schema, table)
+        with psycopg.connect(dsn, autocommit=True) as dst:
+            for table in (TABLE, VOTES_TABLE):
+                dst.execute(f"VACUUM (ANALYZE) {app_schema}.{table}")
+    finally:
+        src.close()
+    return copied
+
+
+def _copy_app_table(src: sqlite3.Connection, dst: object, schema: str, table: str) -> int:
+    """One of localui's tables, its rows in id order under new ids (the server's
+    identity column gives them), the columns both sides have."""
+    from typing import Any
+
+    conn: Any = dst
+    pg_types = {
+        str(name): str(kind)
+        for name, kind in conn.execute(
+            "SELECT column_name, data_type FROM information_schema.columns"
+            " WHERE table_schema = %s AND table_name = %s",
+            (schema, table),
+        ).fetchall()
+    }
+    columns = [
+        r[1]
+        for r in src.execute(f"PRAGMA table_info({table})")
+        if r[1] in pg_types and r[1] != "id"
+    ]
+    booleans = [i for i, c in enumerate(columns) if pg_types[c] == "boolean"]
+    count = 0
+    with conn.cursor().copy(f"COPY {schema}.{table} ({', '.join(columns)}) FROM STDIN") as copy:
+        for row in src.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY id"):
+            values = list(row)
+            for i in booleans:
+                if values[i] is not None:
+                    values[i] = bool(values[i])
+            copy.write_row(values)
+            count += 1
+    return count
+
+
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 

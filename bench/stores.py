@@ -559,6 +559,65 @@ def _add_decisions(path: Path, manifest: Sequence[RunCopy], count: int) -> None:
         conn.close()
 
 
+#: One vote (a two-person rule's first approval) for every this many decisions, ten
+#: seconds after it: the record's listing is timed across both of its tables.
+DECISIONS_PER_VOTE = 50
+_VOTE_CHECKPOINT = "bench-vote-"
+
+
+def add_votes(path: Path) -> int:
+    """Votes beside the store's decisions, once (a store built before the bench gave
+    them gets them at its next run): the votes table as localui makes it, the rows in
+    one transaction. Only localui's own tables change. Returns the votes added."""
+    from localui.backends.decisions import TABLE, VOTES_TABLE
+    from localui.backends.sqlite.decisions import VOTE_LISTING_INDEXES, VOTES_SCHEMA
+
+    conn = sqlite3.connect(path, timeout=60)
+    try:
+        with conn:
+            has_record = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)
+            ).fetchone()
+            if has_record is None:
+                return 0
+            conn.execute(VOTES_SCHEMA)
+            for statement in VOTE_LISTING_INDEXES:
+                conn.execute(statement)
+            seeded = conn.execute(
+                f"SELECT 1 FROM {VOTES_TABLE} WHERE checkpoint_id LIKE ? LIMIT 1",
+                (f"{_VOTE_CHECKPOINT}%",),
+            ).fetchone()
+            if seeded is not None:
+                return 0
+            rows = [
+                (
+                    execution_id,
+                    f"{_VOTE_CHECKPOINT}{n}",
+                    f"person-{(n + 5) % 17}",
+                    "" if n % 4 else "checked the order",
+                    json.dumps({"amount": 100 + n % 400}),
+                    (datetime.fromisoformat(at) + timedelta(seconds=10)).isoformat(),
+                )
+                for n, (execution_id, at) in enumerate(
+                    conn.execute(
+                        f"SELECT execution_id, decided_at FROM {TABLE}"
+                        f" WHERE checkpoint_id LIKE 'bench-decision-%' AND id % ? = 0"
+                        " ORDER BY id",
+                        (DECISIONS_PER_VOTE,),
+                    ).fetchall()
+                )
+            ]
+            conn.executemany(
+                f"INSERT INTO {VOTES_TABLE}"
+                " (execution_id, checkpoint_id, actor, reason, fields, voted_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            return len(rows)
+    finally:
+        conn.close()
+
+
 def build_store(templates: Templates, path: Path, *, runs: int, pending: int) -> BuiltStore:
     """A store of ``runs`` runs (three of them the budgets' long and big runs)."""
     started = time.monotonic()
@@ -618,6 +677,7 @@ def build_store(templates: Templates, path: Path, *, runs: int, pending: int) ->
     with _bulk(path) as conn:
         writer.write(conn)
     _add_decisions(path, manifest, min(runs, DECISIONS))
+    add_votes(path)
     return BuiltStore(
         path=path,
         runs=runs,

@@ -316,8 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     decisions_sub = decisions.add_subparsers(dest="decisions_command", required=True)
     exported = decisions_sub.add_parser(
         "export",
-        help="Write every decision (newest first) to standard output as CSV or JSON lines.",
-        description="Write every decision (newest first) to standard output as CSV or JSON lines.",
+        help="Write every decision and vote (newest first) to standard output as CSV or"
+        " JSON lines.",
+        description="Write every decision and vote (newest first) to standard output as CSV or"
+        " JSON lines.",
     )
     exported.add_argument("--store", default=None, help="The store, as for serve.")
     exported.add_argument("--pg-schema", default="fastaiagent", metavar="SCHEMA")
@@ -800,7 +802,7 @@ def run_decisions_export(args: argparse.Namespace) -> int:
 
     from localui.backends import open_backend
     from localui.records import DecisionQuery
-    from localui.views.decisions import csv_chunks, export_rows, jsonl_chunks
+    from localui.views.decisions import csv_chunks, export_chunks, jsonl_chunks
     from localui.views.params import parse_age
     from localui.views.urls import Urls
 
@@ -824,9 +826,9 @@ def run_decisions_export(args: argparse.Namespace) -> int:
 
     log = backend.decision_log(writable=False)
     try:
-        rows = export_rows(log, DecisionQuery(since=since), Urls(router=Router(build_routes())))
-        chunks = csv_chunks(rows) if args.format == "csv" else jsonl_chunks(rows)
-        for chunk in chunks:
+        rows = export_chunks(log, DecisionQuery(since=since), Urls(router=Router(build_routes())))
+        written = csv_chunks(rows) if args.format == "csv" else jsonl_chunks(rows)
+        for chunk in written:
             sys.stdout.write(chunk)
         sys.stdout.flush()
     except LocalUIError as exc:

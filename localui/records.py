@@ -381,6 +381,9 @@ APPROVAL = "approval"
 RESUME = "resume"
 #: An operator re-armed an orphaned pause no decision explains (``ActionService.reopen``).
 REOPEN = "reopen"
+#: A listing entry of the decision record that is a vote (``localui_votes``): one
+#: approval a two-person rule counted, not the one that completed the count.
+VOTE = "vote"
 #: The outcome of a claim whose run the SDK had already resumed elsewhere: it decided nothing.
 ALREADY_RESUMED = "already_resumed"
 
@@ -421,6 +424,8 @@ class Decision:
             return "resumed"
         if self.kind == REOPEN:
             return "re-opened"
+        if self.kind == VOTE:
+            return "voted to approve"
         return "approved" if self.approved else "rejected"
 
 
@@ -453,6 +458,16 @@ class DecisionEntry:
 @dataclass(frozen=True, slots=True)
 class DecisionPage:
     entries: tuple[DecisionEntry, ...]
+    next_key: tuple[str, str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExportPage:
+    """One page of the decision record as an export writes it: plain tuples in the
+    order of ``localui.backends.decisions.EXPORT_FIELDS`` (an export writes a hundred
+    thousand of them, so no record objects), newest first."""
+
+    rows: tuple[tuple[Any, ...], ...]
     next_key: tuple[str, str] | None
 
 

@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +68,10 @@ class Desk:
     execute: Callable[[str, tuple[Any, ...]], int]
     #: Python that opens the served store's decision log, for a process of its own.
     open_log: str
+    #: ``--store`` (and the schemas) as ``localui decisions export`` takes them.
+    export_args: list[str] = field(default_factory=list)
+    #: Another app over the same store, with these settings changed.
+    client_with: Callable[..., TestClient] | None = None
 
     def votes(self, run: str) -> list[str]:
         rows = self.query("SELECT actor FROM {app}localui_votes WHERE execution_id = ?", (run,))
@@ -113,9 +117,15 @@ def open_desk(request: pytest.FixtureRequest) -> Iterator[Callable[..., Desk]]:
             from localui.backends.sqlite.users import SQLiteUsers
 
             path: Path = request.getfixturevalue("copy_store")()
-            client = request.getfixturevalue("make_acting_client")(
-                path, policy=policy, raise_server_exceptions=False, **settings
-            )
+            make_client = request.getfixturevalue("make_acting_client")
+
+            def client_with(**more: Any) -> TestClient:
+                return make_client(
+                    path, policy=policy, raise_server_exceptions=False, **(settings | more)
+                )
+
+            client = client_with()
+            export_args = ["--store", str(path)]
             raw = Raw(path)
             users = SQLiteUsers(path, writable=True)
             ids = request.getfixturevalue("seeded").id
@@ -136,9 +146,22 @@ def open_desk(request: pytest.FixtureRequest) -> Iterator[Callable[..., Desk]]:
             from localui.backends.postgres.users import PostgresUsers
 
             store = request.getfixturevalue("pg_store")
-            client = request.getfixturevalue("make_pg_client")(
-                store, policy=policy, raise_server_exceptions=False, **settings
-            )
+            make_pg = request.getfixturevalue("make_pg_client")
+
+            def client_with(**more: Any) -> TestClient:
+                return make_pg(
+                    store, policy=policy, raise_server_exceptions=False, **(settings | more)
+                )
+
+            client = client_with()
+            export_args = [
+                "--store",
+                store.dsn,
+                "--pg-schema",
+                store.schema,
+                "--pg-app-schema",
+                store.app_schema,
+            ]
             users = PostgresUsers(store.dsn, schema=store.app_schema, writable=True)
             ids = request.getfixturevalue("pg_seeded").id
 
@@ -156,7 +179,7 @@ def open_desk(request: pytest.FixtureRequest) -> Iterator[Callable[..., Desk]]:
             )
 
         closing.append(users)
-        return Desk(client, ids, users, query, execute, open_log)
+        return Desk(client, ids, users, query, execute, open_log, export_args, client_with)
 
     yield make
     for users in closing:

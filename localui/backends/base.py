@@ -31,6 +31,7 @@ from localui.records import (
     Decision,
     DecisionPage,
     DecisionQuery,
+    ExportPage,
     ForkLink,
     PausedCall,
     Pending,
@@ -242,6 +243,11 @@ class DecisionLog(Protocol):
     def list_decisions(self, query: DecisionQuery) -> DecisionPage:
         """One page of the whole record, newest first (``decided_at``, then ``id``),
         each entry with its run's agent."""
+        ...
+
+    def list_export(self, query: DecisionQuery) -> ExportPage:
+        """The same page as :meth:`list_decisions`, as the plain rows an export writes
+        (``localui.backends.decisions.EXPORT_FIELDS``)."""
         ...
 
     def finished_since(self, after: tuple[str, int] | None, limit: int) -> tuple[Decision, ...]:

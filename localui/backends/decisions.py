@@ -10,15 +10,27 @@ before the SDK is asked to do anything.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from localui.backends.shared import NamedRow
 from localui.errors import BadRequest
-from localui.records import Decision, DecisionEntry, Vote
+from localui.records import (
+    APPROVAL,
+    VOTE,
+    Decision,
+    DecisionEntry,
+    DecisionPage,
+    ExportPage,
+    Vote,
+)
 from localui.settings import CLAIM_LEASE_SECONDS
+
+R = TypeVar("R", bound=NamedRow)
 
 TABLE = "localui_decisions"
 #: Approvals of pauses whose rule needs several people (``localui.policy``), beside
@@ -110,9 +122,23 @@ def decision_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> Dec
 PENDING_OUTCOME = "pending"
 
 
+#: What the listing says a vote's outcome is: it was counted, and changed nothing yet.
+VOTE_OUTCOME = "voted"
+#: The id half of a listing cursor that points at a vote: votes count their ids apart
+#: from the decisions, so an entry is named by its kind and id together.
+VOTE_CURSOR_PREFIX = "vote-"
+
+#: The listing is one order over both tables, newest first: ``(time, source, id)``,
+#: a decision's source 0 and a vote's 1, so entries of the same instant keep an order.
+DECISION_SOURCE, VOTE_SOURCE = 0, 1
+
+
 def listing_key(entry: DecisionEntry) -> tuple[str, str]:
-    """Where the listing continues: ``(decided_at, id)`` of the page's last entry."""
-    return (entry.decision.decided_at, str(entry.decision.id))
+    """Where the listing continues: ``(decided_at, id)`` of the page's last entry, the
+    id of a vote written ``vote-<id>``."""
+    d = entry.decision
+    prefix = VOTE_CURSOR_PREFIX if d.kind == VOTE else ""
+    return (d.decided_at, f"{prefix}{d.id}")
 
 
 def cursor_id(text: str) -> int:
@@ -121,6 +147,61 @@ def cursor_id(text: str) -> int:
         return int(text)
     except ValueError:
         raise BadRequest(f"after: {text!r} is not a cursor this server gave out") from None
+
+
+def cursor_position(text: str) -> tuple[int, int]:
+    """The id half of a listing cursor as ``(source, id)``; anything else is a 400."""
+    if text.startswith(VOTE_CURSOR_PREFIX):
+        return VOTE_SOURCE, cursor_id(text[len(VOTE_CURSOR_PREFIX) :])
+    return DECISION_SOURCE, cursor_id(text)
+
+
+def listing_sources(kind: str | None, outcome: str | None) -> tuple[bool, bool]:
+    """Whether a listing under these filters reads the decisions, and the votes."""
+    decisions = kind != VOTE and outcome != VOTE_OUTCOME
+    votes = kind in (None, VOTE) and outcome in (None, VOTE_OUTCOME)
+    return decisions, votes
+
+
+def keyset_sql(time: str, id_: str, source: int, after_source: int, at: str, after_id: str) -> str:
+    """The condition that continues a table of ``source`` (columns ``time``, ``id_``)
+    after a cursor of ``after_source`` (placeholders ``at``, ``after_id``): the same
+    source compares the pair; the other the time alone, ``<=`` when this table sorts
+    below the cursor's at the same instant. ``after_id`` appears only for the first."""
+    if source == after_source:
+        return f"({time}, {id_}) < ({at}, {after_id})"
+    return f"{time} {'<=' if source < after_source else '<'} {at}"
+
+
+#: Votes the listing leaves out: the one that completed its rule's count is the
+#: approval that follows it, listed once, as that (as the run page shows it).
+COMPLETED_BY_DECISION = (
+    "NOT EXISTS (SELECT 1 FROM {table} x WHERE x.kind = '" + APPROVAL + "'"
+    " AND x.execution_id = v.execution_id AND x.checkpoint_id = v.checkpoint_id"
+    " AND x.actor = v.actor)"
+)
+
+
+def merged_page(
+    decisions: Sequence[R],
+    votes: Sequence[R],
+    limit: int,
+    time_of: Callable[[R, str], Any],
+    decision_entry: Callable[[R], DecisionEntry],
+    vote_entry: Callable[[R], DecisionEntry],
+) -> DecisionPage:
+    """One page of the listing from each table's first ``limit + 1`` rows under the
+    same cursor, newest first across both; only the rows kept become entries."""
+    keyed = [(time_of(r, "decided_at"), DECISION_SOURCE, int(r["id"]), r) for r in decisions]
+    keyed += [(time_of(r, "voted_at"), VOTE_SOURCE, int(r["id"]), r) for r in votes]
+    if votes and decisions:
+        keyed.sort(key=lambda k: k[:3], reverse=True)
+    entries = tuple(
+        (vote_entry if source == VOTE_SOURCE else decision_entry)(row)
+        for _, source, _, row in keyed[:limit]
+    )
+    next_key = listing_key(entries[-1]) if len(keyed) > limit and entries else None
+    return DecisionPage(entries=entries, next_key=next_key)
 
 
 def metadata_to_text(metadata: Mapping[str, Any] | None) -> str | None:
@@ -164,3 +245,110 @@ def vote_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> Vote:
         fields_json=str(row["fields"] or "{}"),
         voted_at=instant(row["voted_at"]),
     )
+
+
+def vote_as_decision(row: NamedRow, instant: Callable[[Any], str] = str) -> Decision:
+    """A row of ``VOTE_COLUMNS`` as an entry of the record: an approval (kind
+    ``vote``) whose outcome is that it was counted; ``metadata`` holds the fields
+    the person filled in."""
+    at = instant(row["voted_at"])
+    return Decision(
+        id=int(row["id"]),
+        kind=VOTE,
+        execution_id=str(row["execution_id"]),
+        checkpoint_id=str(row["checkpoint_id"]),
+        approved=True,
+        actor=str(row["actor"]),
+        reason=str(row["reason"] or ""),
+        decided_at=at,
+        outcome=VOTE_OUTCOME,
+        detail=None,
+        finished_at=at,
+        metadata=metadata_of(row["fields"]),
+    )
+
+
+#: An exported entry's fields, in order (``DecisionLog.list_export``): ``approved`` is
+#: true or false (1 or 0 from SQLite), None for a resume; ``outcome`` is ``pending``
+#: while the SDK is still going.
+EXPORT_FIELDS = (
+    "id",
+    "kind",
+    "execution_id",
+    "checkpoint_id",
+    "agent",
+    "approved",
+    "approver",
+    "reason",
+    "decided_at",
+    "outcome",
+    "detail",
+    "finished_at",
+)
+_EXPORT_ID = EXPORT_FIELDS.index("id")
+_EXPORT_KIND = EXPORT_FIELDS.index("kind")
+_EXPORT_AT = EXPORT_FIELDS.index("decided_at")
+_EXPORT_FINISHED = EXPORT_FIELDS.index("finished_at")
+
+
+def export_select(source: int, alias: str, agent: str, outcome: str) -> str:
+    """The select list of :data:`EXPORT_FIELDS` over the decisions (``DECISION_SOURCE``)
+    or the votes, as ``alias``; ``agent`` is the run's agent expression and
+    ``outcome`` the placeholder of the pending outcome (or the vote's)."""
+    if source == VOTE_SOURCE:
+        return (
+            f"{alias}.id, '{VOTE}', {alias}.execution_id, {alias}.checkpoint_id, {agent}, 1,"
+            f" {alias}.actor, {alias}.reason, {alias}.voted_at, {outcome}, NULL,"
+            f" {alias}.voted_at"
+        )
+    return (
+        f"{alias}.id, {alias}.kind, {alias}.execution_id, {alias}.checkpoint_id, {agent},"
+        f" {alias}.approved, {alias}.actor, {alias}.reason, {alias}.decided_at,"
+        f" COALESCE({alias}.outcome, {outcome}), {alias}.detail, {alias}.finished_at"
+    )
+
+
+def merged_export(
+    decisions: Sequence[tuple[Any, ...]],
+    votes: Sequence[tuple[Any, ...]],
+    limit: int,
+    instant: Callable[[Any], str] | None = None,
+) -> ExportPage:
+    """One export page from each table's first ``limit + 1`` rows (newest first, both),
+    merged in the listing's order; ``instant`` turns the database's time values into
+    ISO text (PostgreSQL's), after the merge ordered them as they are."""
+
+    if votes and decisions:
+        merged: Iterator[tuple[Any, ...]] = heapq.merge(
+            decisions,
+            votes,
+            key=lambda row: (
+                row[_EXPORT_AT],
+                VOTE_SOURCE if row[_EXPORT_KIND] == VOTE else DECISION_SOURCE,
+                row[_EXPORT_ID],
+            ),
+            reverse=True,
+        )
+        rows = list(itertools.islice(merged, limit + 1))
+    else:
+        rows = list(decisions or votes)
+    more = len(rows) > limit
+    del rows[limit:]
+    if instant is not None:
+        at, finished = _EXPORT_AT, _EXPORT_FINISHED
+        rows = [
+            (
+                *row[:at],
+                instant(row[at]),
+                *row[at + 1 : finished],
+                None if row[finished] is None else instant(row[finished]),
+                *row[finished + 1 :],
+            )
+            for row in rows
+        ]
+    next_key = None
+    if more and rows:
+        last = rows[-1]
+        prefix = VOTE_CURSOR_PREFIX if last[_EXPORT_KIND] == VOTE else ""
+        next_key = (str(last[_EXPORT_AT]), f"{prefix}{last[_EXPORT_ID]}")
+    return ExportPage(rows=tuple(rows), next_key=next_key)

@@ -21,18 +21,26 @@ from localui.backends.decisions import (
     ABANDONED_AFTER_SECONDS,
     ADDED_COLUMNS,
     COLUMN_NAMES,
+    COMPLETED_BY_DECISION,
+    DECISION_SOURCE,
     PENDING_OUTCOME,
     TABLE,
     VOTE_COLUMN_NAMES,
+    VOTE_OUTCOME,
+    VOTE_SOURCE,
     VOTES_TABLE,
-    cursor_id,
+    cursor_position,
     decision_from_row,
-    listing_key,
+    export_select,
+    keyset_sql,
+    listing_sources,
+    merged_export,
+    merged_page,
+    vote_as_decision,
     vote_from_row,
 )
 from localui.backends.postgres.index.schema import Tables
 from localui.backends.postgres.pool import Pool, StaleConnection, identifier, iso, parse_instant
-from localui.backends.shared import Page
 from localui.errors import BadRequest, Unavailable
 from localui.records import (
     AGAIN,
@@ -44,6 +52,7 @@ from localui.records import (
     DecisionEntry,
     DecisionPage,
     DecisionQuery,
+    ExportPage,
     Vote,
 )
 
@@ -80,6 +89,15 @@ def _decision(row: dict[str, Any]) -> Decision:
 
 def _entry(row: dict[str, Any]) -> DecisionEntry:
     return DecisionEntry(decision=_decision(row), agent=str(row["agent"]))
+
+
+def _vote_entry(row: dict[str, Any]) -> DecisionEntry:
+    return DecisionEntry(decision=vote_as_decision(row, iso), agent=str(row["agent"]))
+
+
+def _raw_at(row: dict[str, Any], column: str) -> Any:
+    """The row's time as the driver reads it (a ``datetime``), which orders truly."""
+    return row[column]
 
 
 def _instant(name: str, value: str) -> Any:
@@ -123,6 +141,7 @@ class PostgresDecisionLog:
         )
         #: Whether the table is known to exist (a writable log makes it now).
         self._has_table = writable
+        self._has_votes = writable
         #: The select list the table can answer (see ``_table_exists``).
         self._columns: sql.Composable = _COLUMNS
         self._pool = Pool(
@@ -170,6 +189,13 @@ class PostgresDecisionLog:
             )"""
             )
         )
+        # The votes newest first, and one person's newest first, as the record lists them.
+        for suffix, columns in (("time", "(voted_at, id)"), ("actor", "(actor, voted_at, id)")):
+            conn.execute(
+                sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} " + columns).format(
+                    sql.Identifier(f"{VOTES_TABLE}_{suffix}"), self._votes
+                )
+            )
 
     def _create(self) -> None:
         """Schema, table and index, each only when missing: a role that was given an
@@ -468,48 +494,140 @@ class PostgresDecisionLog:
                     "decisions are found by agent through the runs index, which this "
                     "localui does not keep (it is read-only): serve without --read-only once"
                 )
-            where: list[str] = []
-            params: dict[str, Any] = {"n": query.limit + 1}
-            for column, value in (("actor", query.actor), ("kind", query.kind)):
-                if value is not None:
-                    where.append(f"d.{column} = %({column})s")
-                    params[column] = value
-            if query.outcome is not None:
-                # A claim the SDK has not finished yet has no outcome: it lists as pending.
-                where.append("COALESCE(d.outcome, %(pending)s) = %(outcome)s")
-                params.update(outcome=query.outcome, pending=PENDING_OUTCOME)
-            if query.since is not None:
-                where.append("d.decided_at >= %(since)s")
-                params["since"] = _instant("since", query.since)
-            if query.until is not None:
-                where.append("d.decided_at < %(until)s")
-                params["until"] = _instant("until", query.until)
-            if query.after is not None:
-                where.append("(d.decided_at, d.id) < (%(after_at)s, %(after_id)s)")
-                params.update(
-                    after_at=_instant("after", query.after[0]),
-                    after_id=cursor_id(query.after[1]),
-                )
-            if query.agent is not None:
-                where.append(
-                    f"d.execution_id IN (SELECT execution_id FROM {runs} WHERE agent = %(agent)s)"
-                )
-                params["agent"] = query.agent
-            agent = "COALESCE(r.agent, '')" if runs is not None else "''"
-            join = f" LEFT JOIN {runs} r ON r.execution_id = d.execution_id" if runs else ""
-            # The page inside, its columns outside: the record's columns as this table has
-            # them (an old table has no metadata column).
-            cur.execute(
-                self._sql(
-                    f"SELECT {{columns}}, agent FROM (SELECT d.*, {agent} AS agent"
-                    f" FROM {{table}} d{join} WHERE {' AND '.join(where) or 'true'}"
-                    " ORDER BY d.decided_at DESC, d.id DESC LIMIT %(n)s) AS page"
-                    " ORDER BY decided_at DESC, id DESC"
-                ),
-                params,
+            with_decisions, with_votes = listing_sources(query.kind, query.outcome)
+            decisions = (
+                self._listing_rows(cur, query, DECISION_SOURCE, runs) if with_decisions else []
             )
-            page = Page.of(cur.fetchall(), query.limit, _entry, listing_key)
-        return DecisionPage(entries=page.items, next_key=page.next_key)
+            votes: list[dict[str, Any]] = []
+            if with_votes and self._votes_exist(cur):
+                votes = self._listing_rows(cur, query, VOTE_SOURCE, runs)
+        return merged_page(decisions, votes, query.limit, _raw_at, _entry, _vote_entry)
+
+    def _votes_exist(self, cur: Any) -> bool:
+        if not self._has_votes:
+            found = cur.execute("SELECT to_regclass(%s) AS t", (self._votes.as_string(),))
+            self._has_votes = found.fetchone()["t"] is not None
+        return self._has_votes
+
+    def list_export(self, query: DecisionQuery) -> ExportPage:
+        from psycopg.rows import dict_row
+
+        with self._reads.connection() as conn:
+            with conn.cursor(row_factory=dict_row) as named:
+                if not self._table_exists(named):
+                    return ExportPage(rows=(), next_key=None)
+                runs = self._runs_table(named)
+                with_decisions, with_votes = listing_sources(query.kind, query.outcome)
+                with_votes = with_votes and self._votes_exist(named)
+            if query.agent is not None and runs is None:
+                raise Unavailable(
+                    "decisions are found by agent through the runs index, which this "
+                    "localui does not keep (it is read-only): serve without --read-only once"
+                )
+            # Tuples, not rows by name: the export's hot path.
+            with conn.cursor() as cur:
+                decisions = (
+                    self._export_rows(cur, query, DECISION_SOURCE, runs) if with_decisions else []
+                )
+                votes = self._export_rows(cur, query, VOTE_SOURCE, runs) if with_votes else []
+        return merged_export(decisions, votes, query.limit, iso)
+
+    def _export_rows(
+        self, cur: Any, query: DecisionQuery, source: int, runs: str | None
+    ) -> list[tuple[Any, ...]]:
+        """The first ``limit + 1`` entries of one table under the query, newest first,
+        as plain tuples of ``EXPORT_FIELDS`` (times as the driver reads them)."""
+        votes = source == VOTE_SOURCE
+        alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
+        where, params = self._listing_where(query, source, runs)
+        params["outcome_of"] = VOTE_OUTCOME if votes else PENDING_OUTCOME
+        agent = "COALESCE(r.agent, '')" if runs is not None else "''"
+        join = f" LEFT JOIN {runs} r ON r.execution_id = {alias}.execution_id" if runs else ""
+        cur.execute(
+            self._sql(
+                f"SELECT {export_select(source, alias, agent, '%(outcome_of)s')}"
+                f" FROM {'{votes}' if votes else '{table}'} {alias}{join}"
+                f" WHERE {' AND '.join(where) or 'true'}"
+                f" ORDER BY {alias}.{at} DESC, {alias}.id DESC LIMIT %(n)s"
+            ),
+            params,
+        )
+        return list(cur.fetchall())
+
+    def _listing_where(
+        self, query: DecisionQuery, source: int, runs: str | None
+    ) -> tuple[list[str], dict[str, Any]]:
+        """The listing's filters over the decisions as ``d`` or the votes as ``v``, with
+        the parameters they name (``n``: one more than the page)."""
+        votes = source == VOTE_SOURCE
+        alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
+        where: list[str] = []
+        params: dict[str, Any] = {"n": query.limit + 1}
+        if query.actor is not None:
+            where.append(f"{alias}.actor = %(actor)s")
+            params["actor"] = query.actor
+        if query.kind is not None and not votes:
+            where.append("d.kind = %(kind)s")
+            params["kind"] = query.kind
+        if query.outcome is not None and not votes:
+            # A claim the SDK has not finished yet has no outcome: it lists as pending.
+            where.append("COALESCE(d.outcome, %(pending)s) = %(outcome)s")
+            params.update(outcome=query.outcome, pending=PENDING_OUTCOME)
+        if query.since is not None:
+            where.append(f"{alias}.{at} >= %(since)s")
+            params["since"] = _instant("since", query.since)
+        if query.until is not None:
+            where.append(f"{alias}.{at} < %(until)s")
+            params["until"] = _instant("until", query.until)
+        if query.after is not None:
+            after_source, after_id = cursor_position(query.after[1])
+            where.append(
+                keyset_sql(
+                    f"{alias}.{at}",
+                    f"{alias}.id",
+                    source,
+                    after_source,
+                    "%(after_at)s",
+                    "%(after_id)s",
+                )
+            )
+            params.update(after_at=_instant("after", query.after[0]), after_id=after_id)
+        if query.agent is not None:
+            where.append(
+                f"{alias}.execution_id IN (SELECT execution_id FROM {runs} WHERE agent = %(agent)s)"
+            )
+            params["agent"] = query.agent
+        if votes:
+            where.append(COMPLETED_BY_DECISION.format(table="{table}"))
+        return where, params
+
+    def _listing_rows(
+        self, cur: Any, query: DecisionQuery, source: int, runs: str | None
+    ) -> list[dict[str, Any]]:
+        """The first ``limit + 1`` entries of one table under the query, newest first,
+        each with its run's agent from the runs index when there is one."""
+        votes = source == VOTE_SOURCE
+        alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
+        where, params = self._listing_where(query, source, runs)
+        agent = "COALESCE(r.agent, '')" if runs is not None else "''"
+        join = f" LEFT JOIN {runs} r ON r.execution_id = {alias}.execution_id" if runs else ""
+        if votes:
+            columns, table = "{vote_columns}", "{votes}"
+        else:
+            # The record's columns as this table has them (an old table has no
+            # metadata column).
+            columns, table = "{columns}", "{table}"
+        # The page inside, its columns outside.
+        cur.execute(
+            self._sql(
+                f"SELECT {columns}, agent FROM (SELECT {alias}.*, {agent} AS agent"
+                f" FROM {table} {alias}{join} WHERE {' AND '.join(where) or 'true'}"
+                f" ORDER BY {alias}.{at} DESC, {alias}.id DESC LIMIT %(n)s) AS page"
+                f" ORDER BY {at} DESC, id DESC"
+            ),
+            params,
+        )
+        return list(cur.fetchall())
 
     def finished_since(self, after: tuple[str, int] | None, limit: int) -> tuple[Decision, ...]:
         from psycopg.rows import dict_row

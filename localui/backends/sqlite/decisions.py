@@ -15,19 +15,28 @@ from localui.backends.decisions import (
     ABANDONED_AFTER_SECONDS,
     ADDED_COLUMNS,
     COLUMNS,
+    COMPLETED_BY_DECISION,
+    DECISION_SOURCE,
+    PENDING_OUTCOME,
     TABLE,
     VOTE_COLUMNS,
+    VOTE_OUTCOME,
+    VOTE_SOURCE,
     VOTES_TABLE,
     abandoned,
     columns_of,
-    cursor_id,
+    cursor_position,
     decision_from_row,
-    listing_key,
+    export_select,
+    keyset_sql,
+    listing_sources,
+    merged_export,
+    merged_page,
     metadata_to_text,
     now_iso,
+    vote_as_decision,
     vote_from_row,
 )
-from localui.backends.shared import Page
 from localui.backends.sqlite.errors import is_busy
 from localui.backends.sqlite.files import read_uri
 from localui.errors import Unavailable
@@ -41,6 +50,7 @@ from localui.records import (
     DecisionEntry,
     DecisionPage,
     DecisionQuery,
+    ExportPage,
     Vote,
 )
 
@@ -90,6 +100,11 @@ CREATE TABLE IF NOT EXISTS {VOTES_TABLE} (
     UNIQUE (execution_id, checkpoint_id, actor)
 )
 """
+#: The votes newest first, and one person's newest first, as the record lists them.
+VOTE_LISTING_INDEXES = (
+    f"CREATE INDEX IF NOT EXISTS {VOTES_TABLE}_time ON {VOTES_TABLE} (voted_at, id)",
+    f"CREATE INDEX IF NOT EXISTS {VOTES_TABLE}_actor ON {VOTES_TABLE} (actor, voted_at, id)",
+)
 
 
 def _decision(row: sqlite3.Row) -> Decision:
@@ -100,27 +115,45 @@ def _entry(row: sqlite3.Row) -> DecisionEntry:
     return DecisionEntry(decision=_decision(row), agent=str(row["agent"]))
 
 
-def listing_where(query: DecisionQuery) -> tuple[list[str], list[Any]]:
-    """The listing's filters other than the agent, over the record as ``d``."""
+def _vote_entry(row: sqlite3.Row) -> DecisionEntry:
+    return DecisionEntry(decision=vote_as_decision(row), agent=str(row["agent"]))
+
+
+def _text_at(row: sqlite3.Row, column: str) -> Any:
+    return row[column]
+
+
+def listing_where(
+    query: DecisionQuery, source: int = DECISION_SOURCE
+) -> tuple[list[str], list[Any]]:
+    """The listing's filters other than the agent, over the record as ``d`` (or the
+    votes as ``v``, for ``VOTE_SOURCE``)."""
+    votes = source == VOTE_SOURCE
+    alias, at = ("v", "v.voted_at") if votes else ("d", "d.decided_at")
     where: list[str] = []
     params: list[Any] = []
-    for column, value in (("actor", query.actor), ("kind", query.kind)):
-        if value is not None:
-            where.append(f"d.{column} = ?")
-            params.append(value)
-    if query.outcome is not None:
+    if query.actor is not None:
+        where.append(f"{alias}.actor = ?")
+        params.append(query.actor)
+    if query.kind is not None and not votes:
+        where.append("d.kind = ?")
+        params.append(query.kind)
+    if query.outcome is not None and not votes:
         # A claim the SDK has not finished yet has no outcome: it lists as pending.
         where.append("COALESCE(d.outcome, 'pending') = ?")
         params.append(query.outcome)
     if query.since is not None:
-        where.append("d.decided_at >= ?")
+        where.append(f"{at} >= ?")
         params.append(query.since)
     if query.until is not None:
-        where.append("d.decided_at < ?")
+        where.append(f"{at} < ?")
         params.append(query.until)
     if query.after is not None:
-        where.append("(d.decided_at, d.id) < (?, ?)")
-        params.extend((query.after[0], cursor_id(query.after[1])))
+        after_source, after_id = cursor_position(query.after[1])
+        where.append(keyset_sql(at, f"{alias}.id", source, after_source, "?", "?"))
+        params.append(query.after[0])
+        if after_source == source:
+            params.append(after_id)
     return where, params
 
 
@@ -175,6 +208,8 @@ class SQLiteDecisionLog:
         for statement in LISTING_INDEXES:
             self._conn.execute(statement)
         self._conn.execute(VOTES_SCHEMA)
+        for statement in VOTE_LISTING_INDEXES:
+            self._conn.execute(statement)
 
     def _present_columns(self) -> set[str]:
         return {str(r["name"]) for r in self._conn.execute(f"PRAGMA table_info({TABLE})")}
@@ -401,25 +436,93 @@ class SQLiteDecisionLog:
                     "decisions are found by agent through the runs index, which is not "
                     "built yet: try again in a moment"
                 )
-            where, params = listing_where(query)
-            agent = "COALESCE(r.agent, '')" if with_agents else "''"
-            join = " LEFT JOIN ix.runs r ON r.execution_id = d.execution_id" if with_agents else ""
-            if query.agent is not None:
-                where.append("d.execution_id IN (SELECT execution_id FROM ix.runs WHERE agent = ?)")
-                params.append(query.agent)
-            # The page inside, its columns outside: the record's columns as this table has
-            # them (an old table has no metadata column).
-            rows = self._conn.execute(
-                f"SELECT {self._columns}, agent FROM (SELECT d.*, {agent} AS agent"
-                f" FROM {TABLE} d{join} WHERE {' AND '.join(where) or '1'}"
-                " ORDER BY d.decided_at DESC, d.id DESC LIMIT ?)"
-                " ORDER BY decided_at DESC, id DESC",
-                (*params, query.limit + 1),
-            ).fetchall()
-            page = Page.of(rows, query.limit, _entry, listing_key)
-            return DecisionPage(entries=page.items, next_key=page.next_key)
+            with_decisions, with_votes = listing_sources(query.kind, query.outcome)
+            decisions = self._listing_rows(query, DECISION_SOURCE) if with_decisions else []
+            votes = (
+                self._listing_rows(query, VOTE_SOURCE) if with_votes and self._votes_exist() else []
+            )
+            return merged_page(decisions, votes, query.limit, _text_at, _entry, _vote_entry)
 
         return self._with_retry(read)
+
+    def list_export(self, query: DecisionQuery) -> ExportPage:
+        def read() -> ExportPage:
+            if not self._table_exists():
+                return ExportPage(rows=(), next_key=None)
+            if not self._attach_index() and query.agent is not None:
+                raise Unavailable(
+                    "decisions are found by agent through the runs index, which is not "
+                    "built yet: try again in a moment"
+                )
+            with_decisions, with_votes = listing_sources(query.kind, query.outcome)
+            decisions = self._export_rows(query, DECISION_SOURCE) if with_decisions else []
+            votes = (
+                self._export_rows(query, VOTE_SOURCE) if with_votes and self._votes_exist() else []
+            )
+            return merged_export(decisions, votes, query.limit)
+
+        return self._with_retry(read)
+
+    def _export_rows(self, query: DecisionQuery, source: int) -> list[tuple[Any, ...]]:
+        """The first ``limit + 1`` entries of one table under the query, newest first,
+        as plain tuples of ``EXPORT_FIELDS``."""
+        votes = source == VOTE_SOURCE
+        alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
+        where, params = self._agent_where(query, source)
+        agent = "COALESCE(r.agent, '')" if self._index_attached else "''"
+        outcome = f"'{VOTE_OUTCOME}'" if votes else f"'{PENDING_OUTCOME}'"
+        cursor = self._conn.cursor()
+        # Tuples, not rows by name: the export's hot path.
+        cursor.row_factory = None
+        return cursor.execute(
+            f"SELECT {export_select(source, alias, agent, outcome)}"
+            f" FROM {VOTES_TABLE if votes else TABLE} {alias}{self._agent_join(alias)}"
+            f" WHERE {' AND '.join(where) or '1'}"
+            f" ORDER BY {alias}.{at} DESC, {alias}.id DESC LIMIT ?",
+            (*params, query.limit + 1),
+        ).fetchall()
+
+    def _agent_join(self, alias: str) -> str:
+        if not self._index_attached:
+            return ""
+        return f" LEFT JOIN ix.runs r ON r.execution_id = {alias}.execution_id"
+
+    def _agent_where(self, query: DecisionQuery, source: int) -> tuple[list[str], list[Any]]:
+        """:func:`listing_where`, with the agent's filter and (for the votes) those
+        left out because their approval is listed."""
+        alias = "v" if source == VOTE_SOURCE else "d"
+        where, params = listing_where(query, source)
+        if query.agent is not None:
+            where.append(
+                f"{alias}.execution_id IN (SELECT execution_id FROM ix.runs WHERE agent = ?)"
+            )
+            params.append(query.agent)
+        if source == VOTE_SOURCE:
+            where.append(COMPLETED_BY_DECISION.format(table=TABLE))
+        return where, params
+
+    def _listing_rows(self, query: DecisionQuery, source: int) -> list[sqlite3.Row]:
+        """The first ``limit + 1`` entries of one table under the query, newest first,
+        each with its run's agent (the runs index is attached when it exists)."""
+        votes = source == VOTE_SOURCE
+        alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
+        where, params = self._agent_where(query, source)
+        agent = "COALESCE(r.agent, '')" if self._index_attached else "''"
+        join = self._agent_join(alias)
+        if votes:
+            columns, table = VOTE_COLUMNS, VOTES_TABLE
+        else:
+            # The record's columns as this table has them (an old table has no
+            # metadata column).
+            columns, table = self._columns, TABLE
+        # The page inside, its columns outside.
+        return self._conn.execute(
+            f"SELECT {columns}, agent FROM (SELECT {alias}.*, {agent} AS agent"
+            f" FROM {table} {alias}{join} WHERE {' AND '.join(where) or '1'}"
+            f" ORDER BY {alias}.{at} DESC, {alias}.id DESC LIMIT ?)"
+            f" ORDER BY {at} DESC, id DESC",
+            (*params, query.limit + 1),
+        ).fetchall()
 
     def finished_since(self, after: tuple[str, int] | None, limit: int) -> tuple[Decision, ...]:
         def read() -> tuple[Decision, ...]:
