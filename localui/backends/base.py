@@ -80,6 +80,16 @@ class Store(Protocol):
         """One row with its payloads; checkpoint ids are unique across runs."""
         ...
 
+    def list_rows_of(self, execution_ids: Sequence[str]) -> Mapping[str, tuple[RowHeader, ...]]:
+        """Each run's rows as :meth:`list_rows` gives them, for a page of runs in one
+        query, by execution id (runs with no rows are left out)."""
+        ...
+
+    def get_rows(self, checkpoint_ids: Sequence[str]) -> Mapping[str, RowDetail]:
+        """Each of these rows as :meth:`get_row` gives it, in one query, by the
+        checkpoint id asked for (rows gone are left out)."""
+        ...
+
     def row_times(self, checkpoint_ids: Sequence[str]) -> Mapping[str, str]:
         """When each of these rows was written, by checkpoint id (rows gone are left out)."""
         ...
@@ -98,6 +108,11 @@ class Store(Protocol):
         ...
 
     def list_cache(self, execution_id: str) -> tuple[CacheEntry, ...]: ...
+
+    def list_cache_of(self, execution_ids: Sequence[str]) -> Mapping[str, tuple[CacheEntry, ...]]:
+        """Each run's cached results as :meth:`list_cache` gives them, in one query, by
+        execution id (runs with none are left out)."""
+        ...
 
     def list_cache_before(
         self, cutoff: str, *, after: tuple[str, str] | None = None, limit: int = 50
