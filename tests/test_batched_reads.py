@@ -24,6 +24,7 @@ from conftest import BASE_URL, PgRaw, pg_name
 from helpers import LOOPBACK_CLIENT, NO_SIGN_IN
 from starlette.testclient import TestClient
 
+from localui import runs
 from localui.app import create_app
 from localui.backends.base import Backend
 from localui.demo import teams
@@ -243,3 +244,43 @@ def test_each_attention_row_says_what_its_own_run_page_says(
         sum(bool(r["detail"] and r["detail"].startswith("error: ")) for r in listed.values()) >= 2
     )
     assert listed[shapes.ids["crashed-in-tool"]]["repeats"] is not None
+
+
+# --- the counts a metrics scrape reads ------------------------------------------------
+
+
+def test_fleet_counts_are_the_runs_own_counts_at_every_cutoff(shapes: Shapes) -> None:
+    """Stalled and overdue are read as a state's count less its runs newer than the
+    cutoff: at a cutoff at, between and around every run's newest row they must be
+    exactly the runs of the state older than it, as the runs list's facts say."""
+    store = shapes.backend.store
+    page = store.list_runs(RunQuery(limit=100))
+    facts = {f.execution_id: f for f in page.runs}
+    state = {
+        eid: runs.run_state(f.last_step_type, f.last_status, f.has_pending)
+        for eid, f in facts.items()
+    }
+    times = sorted({f.last_at for f in facts.values()})
+    first, last = runs.parse_time(times[0]), runs.parse_time(times[-1])
+    assert first is not None and last is not None
+    # Before every run, at each run's newest row, and after every run.
+    cutoffs = [runs.cutoff(first, 1.0), *times, runs.cutoff(last, -1.0)]
+    totals = store.totals()
+    seen_stalled, seen_overdue = set(), set()
+    for cutoff in cutoffs:
+        fleet = store.fleet_counts(cutoff, cutoff)
+
+        assert fleet is not None
+        stalled = sum(state[e] == runs.UNFINISHED and f.last_at < cutoff for e, f in facts.items())
+        overdue = sum(state[e] == runs.PAUSED and f.last_at < cutoff for e, f in facts.items())
+        assert (fleet.attention.stalled, fleet.attention.overdue) == (stalled, overdue), cutoff
+        assert fleet.attention == store.attention_counts(cutoff, cutoff), cutoff
+        seen_stalled.add(stalled)
+        seen_overdue.add(overdue)
+    assert len(seen_stalled) > 2 and len(seen_overdue) > 2, "the cutoffs split no runs"
+    assert {s: n for s, n in fleet.states.items() if n} == page.counts
+    assert (fleet.rows_waiting, fleet.rows_quarantined) == (
+        totals.rows_waiting,
+        totals.rows_quarantined,
+    )
+    assert fleet.rows_quarantined == 1

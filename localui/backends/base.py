@@ -31,6 +31,7 @@ from localui.records import (
     Decision,
     DecisionPage,
     DecisionQuery,
+    FleetCounts,
     ForkLink,
     PausedCall,
     Pending,
@@ -70,6 +71,12 @@ class Store(Protocol):
 
     def attention_counts(self, stale_before: str, overdue_before: str) -> AttentionCounts:
         """How many runs need a person for each reason, from the runs index."""
+        ...
+
+    def fleet_counts(self, stale_before: str, overdue_before: str) -> FleetCounts | None:
+        """Runs per state, how many need a person for each reason and the outbox totals,
+        from the runs index after one catch-up, in one snapshot (what a metrics scrape
+        reads); None while the index is first built."""
         ...
 
     def list_rows(self, execution_id: str) -> tuple[RowHeader, ...]:

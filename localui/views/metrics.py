@@ -1,10 +1,11 @@
 """``/metrics``: the fleet in Prometheus's text format, for the monitoring a team runs.
 
-Every value comes from what localui already keeps: run counts per state and the
-outbox totals from the runs index, the attention counts over its indexes, the pause
-count from the SDK's small pending table, and the decision record folded in a little
-at a time (each scrape reads only the decisions finished since the one before). The
-exposition is ``prometheus_client``'s, over a registry of this app's own.
+Every value comes from what localui already keeps: run counts per state, the
+attention counts and the outbox totals from the runs index (one catch-up and one
+statement a scrape), the pause count from the SDK's small pending table, and the
+decision record folded in a little at a time (each scrape reads only the decisions
+finished since the one before). The exposition is ``prometheus_client``'s, over a
+registry of this app's own.
 
 Metric names (``docs/monitoring.md`` has the scrape config, a dashboard and alerts):
 
@@ -43,7 +44,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from localui import runs
 from localui.backends.base import STATES, DecisionLog, Store
 from localui.errors import Unavailable
-from localui.records import APPROVAL, RunQuery
+from localui.records import APPROVAL, FleetCounts
 from localui.settings import Settings
 from localui.views.common import AppState, attention_cutoffs, context, off_loop
 
@@ -158,20 +159,26 @@ class FleetCollector:
 def fleet_metrics(
     store: Store, log: DecisionLog, settings: Settings, tally: DecisionTally
 ) -> Iterator[Metric]:
-    page = store.list_runs(RunQuery(limit=1))
-    if page.indexing is None:
+    """Everything a scrape reports. The runs index is brought up to date once and its
+    counts read in one statement; the pause count is the SDK's small pending table;
+    the decisions are folded in since the last scrape. Nothing counts a long range, so
+    a scrape costs the same at a million runs as at a thousand."""
+    now = datetime.now(UTC)
+    stale_before, overdue_before = attention_cutoffs(settings, now)
+    # None while a first build of the runs index runs: what it counts is left out then.
+    fleet = store.fleet_counts(stale_before, overdue_before)
+    if fleet is not None:
         by_state = GaugeMetricFamily(
             "localui_runs", "Runs per state, as the runs list counts them.", labels=["state"]
         )
         for state in STATES:
-            by_state.add_metric([state], page.counts.get(state, 0))
+            by_state.add_metric([state], fleet.states.get(state, 0))
         yield by_state
     yield GaugeMetricFamily(
         "localui_pending_approvals", "Pauses waiting for a person.", value=store.count_pending()
     )
-    if page.indexing is None:
-        # While a first build of the runs index runs these wait for it: left out until then.
-        yield from _index_metrics(store, settings)
+    if fleet is not None:
+        yield from _index_metrics(fleet, now)
     tally.fold(log, store)
     with tally.lock:
         # A counter: the record only grows (prune never touches it).
@@ -192,11 +199,9 @@ def fleet_metrics(
         yield latency
 
 
-def _index_metrics(store: Store, settings: Settings) -> Iterator[Metric]:
+def _index_metrics(fleet: FleetCounts, now: datetime) -> Iterator[Metric]:
     """What the runs index counts: attention, the oldest pause, the outbox."""
-    now = datetime.now(UTC)
-    stale_before, overdue_before = attention_cutoffs(settings, now)
-    counts = store.attention_counts(stale_before, overdue_before)
+    counts = fleet.attention
     oldest = runs.parse_time(counts.oldest_pause_at) if counts.oldest_pause_at else None
     yield GaugeMetricFamily(
         "localui_oldest_pause_age_seconds",
@@ -214,12 +219,11 @@ def _index_metrics(store: Store, settings: Settings) -> Iterator[Metric]:
     for reason, n in counts.by_reason().items():
         attention.add_metric([reason], n)
     yield attention
-    totals = store.totals()
     outbox = GaugeMetricFamily(
         "localui_outbox_rows", "Rows waiting for the plane, or quarantined by it.", labels=["state"]
     )
-    outbox.add_metric(["waiting"], totals.rows_waiting)
-    outbox.add_metric(["quarantined"], totals.rows_quarantined)
+    outbox.add_metric(["waiting"], fleet.rows_waiting)
+    outbox.add_metric(["quarantined"], fleet.rows_quarantined)
     yield outbox
 
 

@@ -51,6 +51,7 @@ from localui.records import (
     AttentionQuery,
     CacheEntry,
     CachePage,
+    FleetCounts,
     ForkLink,
     PausedCall,
     Pending,
@@ -419,6 +420,9 @@ class PostgresStore:
 
     def attention_counts(self, stale_before: str, overdue_before: str) -> AttentionCounts:
         return self._complete_index().attention_counts(stale_before, overdue_before)
+
+    def fleet_counts(self, stale_before: str, overdue_before: str) -> FleetCounts | None:
+        return self._complete_index().fleet_counts(stale_before, overdue_before)
 
     def _recently_written(self, limit: int) -> tuple[RunFacts, ...]:
         """The ``limit`` runs with the newest rows, from the SDK's tables: a lookup on

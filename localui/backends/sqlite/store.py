@@ -38,6 +38,7 @@ from localui.records import (
     AttentionQuery,
     CacheEntry,
     CachePage,
+    FleetCounts,
     ForkLink,
     PausedCall,
     Pending,
@@ -311,6 +312,10 @@ class SQLiteStore:
     def attention_counts(self, stale_before: str, overdue_before: str) -> AttentionCounts:
         with self._index_errors():
             return self._index.attention_counts(stale_before, overdue_before)
+
+    def fleet_counts(self, stale_before: str, overdue_before: str) -> FleetCounts | None:
+        with self._index_errors():
+            return self._index.fleet_counts(stale_before, overdue_before)
 
     @property
     def index_path(self) -> Path:
