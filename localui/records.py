@@ -209,6 +209,8 @@ class FleetCounts:
     attention: AttentionCounts
     rows_waiting: int
     rows_quarantined: int
+    #: Pauses waiting for a person (the SDK's ``pending_interrupts``).
+    pending: int
 
 
 @dataclass(frozen=True, slots=True)

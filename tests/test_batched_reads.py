@@ -284,3 +284,4 @@ def test_fleet_counts_are_the_runs_own_counts_at_every_cutoff(shapes: Shapes) ->
         totals.rows_quarantined,
     )
     assert fleet.rows_quarantined == 1
+    assert fleet.pending == store.count_pending() > 0

@@ -74,9 +74,9 @@ class Store(Protocol):
         ...
 
     def fleet_counts(self, stale_before: str, overdue_before: str) -> FleetCounts | None:
-        """Runs per state, how many need a person for each reason and the outbox totals,
-        from the runs index after one catch-up, in one snapshot (what a metrics scrape
-        reads); None while the index is first built."""
+        """Runs per state, how many need a person for each reason, the outbox totals and
+        the pending pauses, from the runs index after one catch-up, in one snapshot (what
+        a metrics scrape reads); None while the index is first built."""
         ...
 
     def list_rows(self, execution_id: str) -> tuple[RowHeader, ...]:

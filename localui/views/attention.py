@@ -5,7 +5,8 @@ A run is here when it is stalled (unfinished, its newest row older than
 claimed and it never went on), paused for longer than ``--remind-after``, or has rows
 the plane quarantined. The list and its counts come from the runs index; each row of
 the page then says what a resume would do, in the run page's words, read from that
-run's own rows (found by its id, never by a scan).
+run's own rows (found by its id, never by a scan): the rows of the page's runs, the rows
+their resumes re-enter at and their cache are each read in one query for the page.
 """
 
 from __future__ import annotations
@@ -154,7 +155,9 @@ class _Planned:
     def reentry_id(self) -> str | None:
         """The row a tool resume re-enters at: its saved arguments and tool name."""
         plan = self.plan
-        return plan.checkpoint_id if isinstance(plan, runs.ResumePlan) and plan.tool else None
+        if isinstance(plan, runs.ResumePlan) and plan.tool is not None:
+            return plan.checkpoint_id
+        return None
 
     @property
     def error_id(self) -> str | None:
@@ -218,7 +221,10 @@ def attention_row(
     checkpoint_id = plan.checkpoint_id if isinstance(plan, runs.ResumePlan) and resumable else None
     repeats = (
         uncached_tool(plan, rows, tool, cache.get(facts.execution_id, ()))
-        if isinstance(plan, runs.ResumePlan) and resumable and plan.shape == "tool" and tool
+        if isinstance(plan, runs.ResumePlan)
+        and resumable
+        and plan.shape == "tool"
+        and tool is not None
         else None
     )
     if error:

@@ -165,8 +165,8 @@ def fleet_metrics(
     store: Store, log: DecisionLog, settings: Settings, tally: DecisionTally
 ) -> Iterator[Metric]:
     """Everything a scrape reports. The runs index is brought up to date once and its
-    counts read in one statement; the pause count is the SDK's small pending table;
-    the decisions are folded in since the last scrape. Nothing counts a long range, so
+    counts (with the SDK's small pending table) read in one statement; the decisions
+    are folded in since the last scrape. Nothing counts a long range, so
     a scrape costs the same at a million runs as at a thousand."""
     now = datetime.now(UTC)
     stale_before, overdue_before = attention_cutoffs(settings, now)
@@ -179,8 +179,9 @@ def fleet_metrics(
         for state in STATES:
             by_state.add_metric([state], fleet.states.get(state, 0))
         yield by_state
+    pending = fleet.pending if fleet is not None else store.count_pending()
     yield GaugeMetricFamily(
-        "localui_pending_approvals", "Pauses waiting for a person.", value=store.count_pending()
+        "localui_pending_approvals", "Pauses waiting for a person.", value=pending
     )
     if fleet is not None:
         yield from _index_metrics(fleet, now)

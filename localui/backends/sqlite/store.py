@@ -314,8 +314,10 @@ class SQLiteStore:
             return self._index.attention_counts(stale_before, overdue_before)
 
     def fleet_counts(self, stale_before: str, overdue_before: str) -> FleetCounts | None:
+        with self._read() as conn:
+            pending = self._schema_for(conn).has_pending
         with self._index_errors():
-            return self._index.fleet_counts(stale_before, overdue_before)
+            return self._index.fleet_counts(stale_before, overdue_before, pending=pending)
 
     @property
     def index_path(self) -> Path:

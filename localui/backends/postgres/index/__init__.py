@@ -119,8 +119,12 @@ class PgRunIndex:
             if self._sync.progress() is not None:
                 return None
             self._sync.complete()
+        store = self._sync.store_sql()
+        pending = store.pending if store is not None else None
         with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            return query.fleet_counts(cur, self.tables, stale_before, overdue_before)
+            return query.fleet_counts(
+                cur, self.tables, stale_before, overdue_before, pending=pending
+            )
 
     def totals(self) -> tuple[int, int, int]:
         from psycopg.rows import dict_row

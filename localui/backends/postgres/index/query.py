@@ -196,16 +196,20 @@ def attention_counts(
     return _attention_counts(cur.fetchone())
 
 
-def fleet_counts(cur: Any, t: Tables, stale_before: str, overdue_before: str) -> FleetCounts:
-    """Runs per state, the attention counts and the outbox totals in one statement: one
-    snapshot of the index, so the numbers agree with each other."""
+def fleet_counts(
+    cur: Any, t: Tables, stale_before: str, overdue_before: str, *, pending: str | None
+) -> FleetCounts:
+    """Runs per state, the attention counts, the outbox totals and the pending pauses
+    (``pending``: the SDK's table, None when the store has none) in one statement: one
+    snapshot, one round trip."""
+    paused = f"(SELECT COUNT(*) FROM {pending})" if pending is not None else "0"
     states = ", ".join(
         f"(SELECT COALESCE(SUM(n), 0) FROM {t.counts} WHERE state = '{state}') AS state_{state}"
         for state in STATES
     )
     cur.execute(
         f"SELECT {_attention_counts_sql(t)}, {states}, x.waiting AS waiting,"
-        f" x.quarantined AS rows_quarantined FROM {t.totals} x",
+        f" x.quarantined AS rows_quarantined, {paused} AS pending FROM {t.totals} x",
         _cutoffs(stale_before, overdue_before),
     )
     row = cur.fetchone()
@@ -214,4 +218,5 @@ def fleet_counts(cur: Any, t: Tables, stale_before: str, overdue_before: str) ->
         attention=_attention_counts(row),
         rows_waiting=int(row["waiting"]),
         rows_quarantined=int(row["rows_quarantined"]),
+        pending=int(row["pending"]),
     )

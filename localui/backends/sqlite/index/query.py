@@ -225,13 +225,17 @@ def attention_counts(
     return _attention_counts(_rows(conn, f"SELECT {_ATTENTION_COUNTS}", params)[0])
 
 
-def fleet_counts(conn: sqlite3.Connection, stale_before: str, overdue_before: str) -> FleetCounts:
-    """Runs per state, the attention counts and the outbox totals in one statement: one
-    snapshot of the index, so the numbers agree with each other."""
+def fleet_counts(
+    conn: sqlite3.Connection, stale_before: str, overdue_before: str, *, pending: bool
+) -> FleetCounts:
+    """Runs per state, the attention counts, the outbox totals and (when the store has
+    the table) the pending pauses in one statement: one snapshot of the index and the
+    attached store, so the numbers agree with each other."""
+    paused = "(SELECT COUNT(*) FROM s.pending_interrupts)" if pending else "0"
     row = _rows(
         conn,
         f"SELECT {_ATTENTION_COUNTS}, {_STATE_COUNTS}, t.waiting AS waiting,"
-        " t.quarantined AS rows_quarantined FROM totals t",
+        f" t.quarantined AS rows_quarantined, {paused} AS pending FROM totals t",
         {"stale": stale_before, "overdue": overdue_before},
     )[0]
     return FleetCounts(
@@ -239,6 +243,7 @@ def fleet_counts(conn: sqlite3.Connection, stale_before: str, overdue_before: st
         attention=_attention_counts(row),
         rows_waiting=int(row["waiting"]),
         rows_quarantined=int(row["rows_quarantined"]),
+        pending=int(row["pending"]),
     )
 
 
