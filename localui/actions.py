@@ -40,6 +40,7 @@ from localui.records import (
     Decision,
     Pending,
     PrunePreview,
+    RowDetail,
     RowHeader,
     Vote,
 )
@@ -243,19 +244,26 @@ class ActionService:
             )
         return self.runner_problem(owner)
 
-    def plan_problem(self, plan: runs.ResumePlan) -> str | None:
-        """Why this process cannot carry out ``plan``, read exactly as the SDK will."""
+    def plan_problem(
+        self, plan: runs.ResumePlan, *, reentry: RowDetail | None = None
+    ) -> str | None:
+        """Why this process cannot carry out ``plan``, read exactly as the SDK will.
+        ``reentry`` is the row the plan re-enters at, when the caller has read it."""
         tool = None
         if plan.tool is not None and plan.owner.kind != runs.CHAIN:
-            tool = self.tool_of(plan.checkpoint_id, plan.node_id)
+            tool = self.tool_of(plan.checkpoint_id, plan.node_id, reentry)
         node = plan.start_node if plan.owner.kind == runs.CHAIN else None
         if plan.owner.kind == runs.SWARM and plan.shape != "approval":
             tool = None  # the active agent runs again from its input: no saved tool
         return self.runner_problem(plan.owner, member=plan.member, tool=tool, node=node)
 
-    def tool_of(self, checkpoint_id: str, node_id: str) -> str | None:
-        """The tool a resume re-invokes: ``state_snapshot.tool_name``, as the SDK reads it."""
-        detail = self.store.get_row(checkpoint_id)
+    def tool_of(
+        self, checkpoint_id: str, node_id: str, detail: RowDetail | None = None
+    ) -> str | None:
+        """The tool a resume re-invokes: ``state_snapshot.tool_name``, as the SDK reads it
+        (from ``detail`` when it is that row, read already)."""
+        if detail is None or detail.header.checkpoint_id != checkpoint_id:
+            detail = self.store.get_row(checkpoint_id)
         if detail is not None and isinstance(detail.state_snapshot, dict):
             name = detail.state_snapshot.get("tool_name")
             if isinstance(name, str) and name:

@@ -200,6 +200,20 @@ class AttentionCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetCounts:
+    """What the runs index counts across the store, read after one catch-up in one
+    snapshot: what a metrics scrape reports."""
+
+    #: Runs per state (:data:`localui.backends.base.STATES`), as the runs list counts them.
+    states: Mapping[str, int]
+    attention: AttentionCounts
+    rows_waiting: int
+    rows_quarantined: int
+    #: Pauses waiting for a person (the SDK's ``pending_interrupts``).
+    pending: int
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionPage:
     runs: tuple[RunFacts, ...]
     #: ``(last_at, execution_id)`` of the last run on this page when more follow.

@@ -463,3 +463,27 @@ def test_csv_and_jsonl_exports_round_trip_the_record(fleet: Fleet) -> None:
     ] == from_csv
     assert [{k: as_text(v) for k, v in row.items()} for row in from_jsonl] == from_csv
     assert list(csv.DictReader(io.StringIO(cli_csv.stdout))) == from_csv
+
+
+def test_request_durations_are_a_cumulative_histogram_by_route() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from localui.views.metrics import RequestDurations
+
+    durations = RequestDurations()
+    for route, seconds in (("runs", 0.005), ("runs", 0.02), ("runs", 9.0), ("run", 0.001)):
+        durations.observe(route, seconds)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(durations)
+    text = generate_latest(registry).decode()
+
+    [family] = list(text_string_to_metric_families(text))
+    assert (family.name, family.type) == ("localui_request_duration_seconds", "histogram")
+    samples = {(s.name, s.labels["route"], s.labels.get("le")): s.value for s in family.samples}
+    runs = {le: v for (name, route, le), v in samples.items() if route == "runs" and le}
+    # An answer that took exactly a bound is in that bucket (le: less or equal).
+    assert runs == {"0.005": 1, "0.015": 1, "0.05": 2, "0.1": 2, "0.5": 2, "2.5": 2, "+Inf": 3}
+    assert samples[("localui_request_duration_seconds_count", "runs", None)] == 3
+    assert samples[("localui_request_duration_seconds_sum", "runs", None)] == pytest.approx(9.025)
+    assert samples[("localui_request_duration_seconds_count", "run", None)] == 1
+    assert "_created" not in text

@@ -32,6 +32,7 @@ from localui.records import (
     DecisionPage,
     DecisionQuery,
     ExportPage,
+    FleetCounts,
     ForkLink,
     PausedCall,
     Pending,
@@ -73,12 +74,28 @@ class Store(Protocol):
         """How many runs need a person for each reason, from the runs index."""
         ...
 
+    def fleet_counts(self, stale_before: str, overdue_before: str) -> FleetCounts | None:
+        """Runs per state, how many need a person for each reason, the outbox totals and
+        the pending pauses, from the runs index after one catch-up, in one snapshot (what
+        a metrics scrape reads); None while the index is first built."""
+        ...
+
     def list_rows(self, execution_id: str) -> tuple[RowHeader, ...]:
         """The run's rows in the order they were written, without payloads."""
         ...
 
     def get_row(self, checkpoint_id: str) -> RowDetail | None:
         """One row with its payloads; checkpoint ids are unique across runs."""
+        ...
+
+    def list_rows_of(self, execution_ids: Sequence[str]) -> Mapping[str, tuple[RowHeader, ...]]:
+        """Each run's rows as :meth:`list_rows` gives them, for a page of runs in one
+        query, by execution id (runs with no rows are left out)."""
+        ...
+
+    def get_rows(self, checkpoint_ids: Sequence[str]) -> Mapping[str, RowDetail]:
+        """Each of these rows as :meth:`get_row` gives it, in one query, by the
+        checkpoint id asked for (rows gone are left out)."""
         ...
 
     def row_times(self, checkpoint_ids: Sequence[str]) -> Mapping[str, str]:
@@ -99,6 +116,11 @@ class Store(Protocol):
         ...
 
     def list_cache(self, execution_id: str) -> tuple[CacheEntry, ...]: ...
+
+    def list_cache_of(self, execution_ids: Sequence[str]) -> Mapping[str, tuple[CacheEntry, ...]]:
+        """Each run's cached results as :meth:`list_cache` gives them, in one query, by
+        execution id (runs with none are left out)."""
+        ...
 
     def list_cache_before(
         self, cutoff: str, *, after: tuple[str, str] | None = None, limit: int = 50

@@ -5,7 +5,8 @@ A run is here when it is stalled (unfinished, its newest row older than
 claimed and it never went on), paused for longer than ``--remind-after``, or has rows
 the plane quarantined. The list and its counts come from the runs index; each row of
 the page then says what a resume would do, in the run page's words, read from that
-run's own rows (found by its id, never by a scan).
+run's own rows (found by its id, never by a scan): the rows of the page's runs, the rows
+their resumes re-enter at and their cache are each read in one query for the page.
 """
 
 from __future__ import annotations
@@ -22,7 +23,16 @@ from starlette.responses import Response
 from localui import runs
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
 from localui.auth import OPERATOR, person_of
-from localui.records import APPROVAL, RESUME, AttentionQuery, Decision, RowHeader, RunFacts
+from localui.records import (
+    APPROVAL,
+    RESUME,
+    AttentionQuery,
+    CacheEntry,
+    Decision,
+    RowDetail,
+    RowHeader,
+    RunFacts,
+)
 from localui.shortids import shortest_unique
 from localui.views.common import (
     Nav,
@@ -99,8 +109,7 @@ class AttentionPage:
     legend: tuple[tuple[str, str], ...] = html_only(())
 
 
-def _run_error(actions: ActionService, checkpoint_id: str) -> str | None:
-    detail = actions.store.get_row(checkpoint_id)
+def _run_error(detail: RowDetail | None) -> str | None:
     if detail is None or not isinstance(detail.state_snapshot, dict):
         return None
     error = detail.state_snapshot.get("run_error")
@@ -114,24 +123,67 @@ def repeats_uncached(
     re-enters at: that call runs again, side effects and all."""
     if plan.shape != "tool" or tool is None:
         return None
-    for entry in actions.store.list_cache(rows[-1].execution_id):
+    return uncached_tool(plan, rows, tool, actions.store.list_cache(rows[-1].execution_id))
+
+
+def uncached_tool(
+    plan: runs.ResumePlan, rows: Sequence[RowHeader], tool: str, cache: Sequence[CacheEntry]
+) -> str | None:
+    """:func:`repeats_uncached` over the run's cache entries, read already."""
+    for entry in cache:
         writer = writer_row(entry, rows)
         if writer is not None and writer.checkpoint_id == plan.checkpoint_id:
             return None
     return tool
 
 
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """One run of the page with its rows read and its resume planned: what the page
+    reads next for all its runs at once."""
+
+    facts: RunFacts
+    state: str
+    rows: tuple[RowHeader, ...]
+    plan: runs.ResumePlan | runs.Refusal
+
+    @property
+    def resumable(self) -> bool:
+        return isinstance(self.plan, runs.ResumePlan) and self.plan.shape != "approval"
+
+    @property
+    def reentry_id(self) -> str | None:
+        """The row a tool resume re-enters at: its saved arguments and tool name."""
+        plan = self.plan
+        if isinstance(plan, runs.ResumePlan) and plan.tool is not None:
+            return plan.checkpoint_id
+        return None
+
+    @property
+    def error_id(self) -> str | None:
+        """A failed run's end marker, which holds its error."""
+        return self.rows[-1].checkpoint_id if self.state == runs.FAILED and self.rows else None
+
+
+def _plan(actions: ActionService, facts: RunFacts, rows: tuple[RowHeader, ...]) -> _Planned:
+    state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+    return _Planned(facts, state, rows, actions.plan(state, rows))
+
+
 def attention_row(
     actions: ActionService,
-    facts: RunFacts,
+    planned: _Planned,
+    details: Mapping[str, RowDetail],
+    cache: Mapping[str, tuple[CacheEntry, ...]],
     decision: Decision | None,
     now: datetime,
     urls: Urls,
     short_id: str = "",
 ) -> AttentionRow:
-    """One run of the page, with what a resume would do read from its own rows."""
+    """One run of the page, with what a resume would do read from its own rows
+    (``details`` and ``cache`` hold what the page read for all its runs)."""
     settings = actions.settings
-    state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+    facts, state, rows, plan = planned.facts, planned.state, planned.rows, planned.plan
     why = runs.attention_reasons(
         state,
         facts.last_at,
@@ -140,12 +192,11 @@ def attention_row(
         stale_after=settings.stale_after,
         remind_after=settings.remind_after,
     )
-    rows = actions.store.list_rows(facts.execution_id)
-    plan = actions.plan(state, rows)
     saved_args: Any = None
     tool: str | None = None
+    reentry: RowDetail | None = None
     if isinstance(plan, runs.ResumePlan) and plan.tool is not None:
-        reentry = actions.store.get_row(plan.checkpoint_id)
+        reentry = details.get(plan.checkpoint_id)
         tool = runs.parse_node(plan.node_id).tool
         if reentry is not None:
             saved_args = reentry.node_input
@@ -154,20 +205,26 @@ def attention_row(
             snapshot = reentry.state_snapshot
             named = snapshot.get("tool_name") if isinstance(snapshot, dict) else None
             tool = named if isinstance(named, str) and named else tool
-    error = _run_error(actions, rows[-1].checkpoint_id) if state == runs.FAILED and rows else None
+    error_id = planned.error_id
+    error = _run_error(details.get(error_id)) if error_id is not None else None
     resume = (
         runs.verdict(state, plan, last=rows[-1], now=now, saved_args=saved_args).resume
         if rows
         else "The run has no rows left."
     )
-    resumable = isinstance(plan, runs.ResumePlan) and plan.shape != "approval"
+    resumable = planned.resumable
     problem = (
-        actions.plan_problem(plan) if isinstance(plan, runs.ResumePlan) and resumable else None
+        actions.plan_problem(plan, reentry=reentry)
+        if isinstance(plan, runs.ResumePlan) and resumable
+        else None
     )
     checkpoint_id = plan.checkpoint_id if isinstance(plan, runs.ResumePlan) and resumable else None
     repeats = (
-        repeats_uncached(actions, plan, rows, tool)
-        if isinstance(plan, runs.ResumePlan) and resumable
+        uncached_tool(plan, rows, tool, cache.get(facts.execution_id, ()))
+        if isinstance(plan, runs.ResumePlan)
+        and resumable
+        and plan.shape == "tool"
+        and tool is not None
         else None
     )
     if error:
@@ -198,6 +255,44 @@ def attention_row(
         since_ago=runs.age_words(facts.last_at, now),
         why_words="; ".join(REASON_WORDS[w] for w in why),
         card_url=urls.approval(facts.execution_id) if state == runs.PAUSED else None,
+    )
+
+
+def attention_rows(
+    actions: ActionService,
+    page: Sequence[RunFacts],
+    decided: Mapping[str, Decision],
+    now: datetime,
+    urls: Urls,
+) -> tuple[AttentionRow, ...]:
+    """The page's runs, each read from its own rows: three reads for the whole page
+    (the runs' rows; the rows resumes re-enter at and failed runs' end markers; the
+    cache of the runs a tool resume would re-invoke), not three per run."""
+    store = actions.store
+    ids = [f.execution_id for f in page]
+    rows_of = store.list_rows_of(ids)
+    planned = [_plan(actions, f, rows_of.get(f.execution_id, ())) for f in page]
+    wanted = [cid for p in planned for cid in (p.reentry_id, p.error_id) if cid is not None]
+    details = store.get_rows(wanted) if wanted else {}
+    tool_runs = [
+        p.facts.execution_id
+        for p in planned
+        if p.resumable and isinstance(p.plan, runs.ResumePlan) and p.plan.shape == "tool"
+    ]
+    cache = store.list_cache_of(tool_runs) if tool_runs else {}
+    shown = shortest_unique(ids)
+    return tuple(
+        attention_row(
+            actions,
+            p,
+            details,
+            cache,
+            decided.get(p.facts.execution_id),
+            now,
+            urls,
+            shown[p.facts.execution_id],
+        )
+        for p in planned
     )
 
 
@@ -236,12 +331,8 @@ def build_attention_page(
     )
     next_cursor = encode_cursor(page.next_key) if page.next_key else None
     counts = {**page.counts.by_reason(), "total": page.counts.total}
-    shown = shortest_unique(ids)
     return AttentionPage(
-        runs=tuple(
-            attention_row(actions, f, decided.get(f.execution_id), now, urls, shown[f.execution_id])
-            for f in page.runs
-        ),
+        runs=attention_rows(actions, page.runs, decided, now, urls),
         counts=counts,
         next=next_cursor,
         next_url=urls.path("attention", {"after": next_cursor}) if next_cursor else None,

@@ -51,6 +51,7 @@ from localui.records import (
     AttentionQuery,
     CacheEntry,
     CachePage,
+    FleetCounts,
     ForkLink,
     PausedCall,
     Pending,
@@ -420,6 +421,9 @@ class PostgresStore:
     def attention_counts(self, stale_before: str, overdue_before: str) -> AttentionCounts:
         return self._complete_index().attention_counts(stale_before, overdue_before)
 
+    def fleet_counts(self, stale_before: str, overdue_before: str) -> FleetCounts | None:
+        return self._complete_index().fleet_counts(stale_before, overdue_before)
+
     def _recently_written(self, limit: int) -> tuple[RunFacts, ...]:
         """The ``limit`` runs with the newest rows, from the SDK's tables: a lookup on
         its ``(synced, created_at)`` index, then those runs' facts."""
@@ -549,6 +553,46 @@ class PostgresStore:
 
         return tuple(self._header(r) for r in self._run(work))
 
+    def list_rows_of(self, execution_ids: Sequence[str]) -> dict[str, tuple[RowHeader, ...]]:
+        wanted = list(dict.fromkeys(execution_ids))
+
+        def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:
+            if not s.has_checkpoints or not wanted:
+                return []
+            cur.execute(
+                f"SELECT {self._header_columns(s)} FROM {self._t['checkpoints']}"
+                f" WHERE execution_id = ANY(%s) ORDER BY execution_id, {OLDEST_FIRST}",
+                (wanted,),
+            )
+            rows: list[dict[str, Any]] = cur.fetchall()
+            return rows
+
+        grouped: dict[str, list[RowHeader]] = {}
+        for r in self._run(work):
+            header = self._header(r)
+            grouped.setdefault(header.execution_id, []).append(header)
+        return {eid: tuple(rows) for eid, rows in grouped.items()}
+
+    def get_rows(self, checkpoint_ids: Sequence[str]) -> dict[str, RowDetail]:
+        wanted = list(dict.fromkeys(checkpoint_ids))
+
+        def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:
+            if not s.has_checkpoints or not wanted:
+                return []
+            cur.execute(
+                f"SELECT {self._row_columns(s)} FROM {self._t['checkpoints']}"
+                " WHERE checkpoint_id = ANY(%s)",
+                (wanted,),
+            )
+            rows: list[dict[str, Any]] = cur.fetchall()
+            return rows
+
+        found: dict[str, RowDetail] = {}
+        for row in self._run(work):
+            detail = row_detail(self._header(row), row)
+            found[detail.header.checkpoint_id] = detail
+        return found
+
     def row_times(self, checkpoint_ids: Sequence[str]) -> dict[str, str]:
         wanted = list(dict.fromkeys(checkpoint_ids))
 
@@ -564,18 +608,25 @@ class PostgresStore:
 
         return self._run(work)
 
+    @classmethod
+    def _row_columns(cls, s: _Schema) -> str:
+        """A row's header and payloads, as :func:`row_detail` reads them."""
+        context = (
+            "interrupt_context::text" if "interrupt_context" in s.checkpoint_columns else "NULL"
+        )
+        return (
+            f"{cls._header_columns(s)}, state_snapshot::text AS state_snapshot,"
+            " node_input::text AS node_input, node_output::text AS node_output,"
+            f" {context} AS interrupt_context, iteration"
+        )
+
     def get_row(self, checkpoint_id: str) -> RowDetail | None:
         def work(cur: Any, s: _Schema) -> dict[str, Any] | None:
             if not s.has_checkpoints:
                 return None
-            context = (
-                "interrupt_context::text" if "interrupt_context" in s.checkpoint_columns else "NULL"
-            )
             cur.execute(
-                f"SELECT {self._header_columns(s)}, state_snapshot::text AS state_snapshot,"
-                " node_input::text AS node_input, node_output::text AS node_output,"
-                f" {context} AS interrupt_context, iteration"
-                f" FROM {self._t['checkpoints']} WHERE checkpoint_id = %s",
+                f"SELECT {self._row_columns(s)} FROM {self._t['checkpoints']}"
+                " WHERE checkpoint_id = %s",
                 (checkpoint_id,),
             )
             row: dict[str, Any] | None = cur.fetchone()
@@ -701,6 +752,27 @@ class PostgresStore:
             return rows
 
         return tuple(_cache_entry(r) for r in self._run(work))
+
+    def list_cache_of(self, execution_ids: Sequence[str]) -> dict[str, tuple[CacheEntry, ...]]:
+        wanted = list(dict.fromkeys(execution_ids))
+
+        def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:
+            if not s.has_cache or not wanted:
+                return []
+            cur.execute(
+                "SELECT execution_id, function_key, result::text AS result, created_at"
+                f" FROM {self._t['cache']} WHERE execution_id = ANY(%s)"
+                ' ORDER BY execution_id, created_at ASC, function_key COLLATE "C" ASC',
+                (wanted,),
+            )
+            rows: list[dict[str, Any]] = cur.fetchall()
+            return rows
+
+        grouped: dict[str, list[CacheEntry]] = {}
+        for r in self._run(work):
+            entry = _cache_entry(r)
+            grouped.setdefault(entry.execution_id, []).append(entry)
+        return {eid: tuple(entries) for eid, entries in grouped.items()}
 
     def list_cache_before(
         self, cutoff: str, *, after: tuple[str, str] | None = None, limit: int = 50

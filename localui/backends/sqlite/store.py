@@ -38,6 +38,7 @@ from localui.records import (
     AttentionQuery,
     CacheEntry,
     CachePage,
+    FleetCounts,
     ForkLink,
     PausedCall,
     Pending,
@@ -56,6 +57,9 @@ from localui.records import (
 #: Read connections open at once, and the page cache of each (SQLite's default is 2 MiB).
 POOL_SIZE = 4
 CACHE_KIB = 1024
+#: Ids bound in one ``IN (...)`` list (SQLite allows 32,766 variables; a page asks for
+#: a few dozen).
+CHUNK = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +313,12 @@ class SQLiteStore:
         with self._index_errors():
             return self._index.attention_counts(stale_before, overdue_before)
 
+    def fleet_counts(self, stale_before: str, overdue_before: str) -> FleetCounts | None:
+        with self._read() as conn:
+            pending = self._schema_for(conn).has_pending
+        with self._index_errors():
+            return self._index.fleet_counts(stale_before, overdue_before, pending=pending)
+
     @property
     def index_path(self) -> Path:
         """The runs index's file, which the decision record reads runs' agents from."""
@@ -356,6 +366,62 @@ class SQLiteStore:
             return None
         return row_detail(shared.row_header(row), row)
 
+    def list_rows_of(self, execution_ids: Sequence[str]) -> dict[str, tuple[RowHeader, ...]]:
+        wanted = list(dict.fromkeys(execution_ids))
+        grouped: dict[str, list[RowHeader]] = {}
+        with self._read() as conn:
+            s = self._schema_for(conn)
+            if not s.has_checkpoints or not wanted:
+                return {}
+            cursor = conn.cursor()
+            cursor.row_factory = None
+            for start in range(0, len(wanted), CHUNK):
+                chunk = wanted[start : start + CHUNK]
+                marks = ",".join("?" * len(chunk))
+                for r in cursor.execute(
+                    f"SELECT {self._header_columns(s)} FROM checkpoints"
+                    f" WHERE execution_id IN ({marks})"
+                    " ORDER BY execution_id, created_at ASC, rowid ASC",
+                    chunk,
+                ):
+                    header = shared.row_header_values(r)
+                    grouped.setdefault(header.execution_id, []).append(header)
+        return {eid: tuple(rows) for eid, rows in grouped.items()}
+
+    def get_rows(self, checkpoint_ids: Sequence[str]) -> dict[str, RowDetail]:
+        wanted = list(dict.fromkeys(checkpoint_ids))
+        found: dict[str, RowDetail] = {}
+        by_id: dict[str, RowDetail] = {}
+        with self._read() as conn:
+            s = self._schema_for(conn)
+            if not s.has_checkpoints or not wanted:
+                return found
+            has_key = "checkpoint_id" in s.checkpoint_columns
+            for start in range(0, len(wanted), CHUNK):
+                chunk = wanted[start : start + CHUNK]
+                marks = ",".join("?" * len(chunk))
+                match = (
+                    f"checkpoint_id IN ({marks}) OR id IN ({marks})"
+                    if has_key
+                    else (f"id IN ({marks})")
+                )
+                rows = conn.execute(
+                    f"SELECT {self._header_columns(s)}, state_snapshot, node_input, node_output,"
+                    f" {s.col('interrupt_context')} AS interrupt_context, iteration,"
+                    f" id AS row_id FROM checkpoints WHERE {match}",
+                    [*chunk, *chunk] if has_key else chunk,
+                ).fetchall()
+                for row in rows:
+                    detail = row_detail(shared.row_header(row), row)
+                    found.setdefault(detail.header.checkpoint_id, detail)
+                    by_id.setdefault(str(row["row_id"]), detail)
+        # As get_row matches, a row's own checkpoint id before another row's plain id.
+        return {
+            cid: found[cid] if cid in found else by_id[cid]
+            for cid in wanted
+            if cid in found or cid in by_id
+        }
+
     def row_times(self, checkpoint_ids: Sequence[str]) -> dict[str, str]:
         wanted = list(dict.fromkeys(checkpoint_ids))
         found: dict[str, str] = {}
@@ -364,8 +430,8 @@ class SQLiteStore:
             if not s.has_checkpoints or not wanted:
                 return found
             key = "checkpoint_id" if "checkpoint_id" in s.checkpoint_columns else "id"
-            for start in range(0, len(wanted), 500):
-                chunk = wanted[start : start + 500]
+            for start in range(0, len(wanted), CHUNK):
+                chunk = wanted[start : start + CHUNK]
                 marks = ",".join("?" * len(chunk))
                 for cid, at in conn.execute(
                     f"SELECT {key}, created_at FROM checkpoints WHERE {key} IN ({marks})", chunk
@@ -466,6 +532,24 @@ class SQLiteStore:
                 (execution_id,),
             ).fetchall()
         return tuple(shared.cache_entry(r) for r in rows)
+
+    def list_cache_of(self, execution_ids: Sequence[str]) -> dict[str, tuple[CacheEntry, ...]]:
+        wanted = list(dict.fromkeys(execution_ids))
+        grouped: dict[str, list[CacheEntry]] = {}
+        with self._read() as conn:
+            if not self._schema_for(conn).has_cache or not wanted:
+                return {}
+            for start in range(0, len(wanted), CHUNK):
+                chunk = wanted[start : start + CHUNK]
+                marks = ",".join("?" * len(chunk))
+                for r in conn.execute(
+                    "SELECT execution_id, function_key, result, created_at FROM idempotency_cache"
+                    f" WHERE execution_id IN ({marks}) ORDER BY execution_id, created_at ASC",
+                    chunk,
+                ):
+                    entry = shared.cache_entry(r)
+                    grouped.setdefault(entry.execution_id, []).append(entry)
+        return {eid: tuple(entries) for eid, entries in grouped.items()}
 
     def list_cache_before(
         self, cutoff: str, *, after: tuple[str, str] | None = None, limit: int = 50

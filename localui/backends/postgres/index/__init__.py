@@ -33,6 +33,7 @@ from localui.records import (
     AttentionCounts,
     AttentionPage,
     AttentionQuery,
+    FleetCounts,
     IndexProgress,
     RunFactsPage,
     RunQuery,
@@ -108,6 +109,22 @@ class PgRunIndex:
         self._ready()
         with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             return query.attention_counts(cur, self.tables, stale_before, overdue_before)
+
+    def fleet_counts(self, stale_before: str, overdue_before: str) -> FleetCounts | None:
+        """Runs per state, what needs attention and the outbox totals after one catch-up,
+        in one statement; None while a first build runs (those wait for it)."""
+        from psycopg.rows import dict_row
+
+        if not self._sync.refresh():
+            if self._sync.progress() is not None:
+                return None
+            self._sync.complete()
+        store = self._sync.store_sql()
+        pending = store.pending if store is not None else None
+        with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            return query.fleet_counts(
+                cur, self.tables, stale_before, overdue_before, pending=pending
+            )
 
     def totals(self) -> tuple[int, int, int]:
         from psycopg.rows import dict_row

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from localui.backends import shared
+from localui.backends.base import STATES
 from localui.backends.postgres.index import schema
 from localui.backends.postgres.index.schema import Tables
 from localui.backends.postgres.pool import iso, parse_instant
@@ -20,6 +21,7 @@ from localui.records import (
     AttentionCounts,
     AttentionPage,
     AttentionQuery,
+    FleetCounts,
     RunFacts,
     RunFactsPage,
     RunQuery,
@@ -139,30 +141,41 @@ def list_attention(cur: Any, t: Tables, query: AttentionQuery) -> AttentionPage:
     return AttentionPage(runs=page.items, next_key=page.next_key, counts=counts)
 
 
-def attention_counts(
-    cur: Any, t: Tables, stale_before: str, overdue_before: str
-) -> AttentionCounts:
-    """Runs per reason they need a person, each counted over an index range."""
-    cur.execute(
-        "SELECT"
-        f" (SELECT COUNT(*) FROM {t.runs} WHERE state = 'unfinished' AND last_at < %(stale)s)"
+def _attention_counts_sql(t: Tables) -> str:
+    """The attention counts as columns of one select (``%(stale)s``, ``%(overdue)s``).
+
+    Stalled and overdue runs are most of their state in a large store, so each is the
+    state's count, which the index keeps, less the few runs of that state that are not
+    past the cutoff (a row since it, or no time at all): the same number, from the same
+    snapshot, without counting a long range."""
+    return (
+        f"(SELECT COALESCE(SUM(n), 0) FROM {t.counts} WHERE state = 'unfinished')"
+        f" - (SELECT COUNT(*) FROM {t.runs} WHERE state = 'unfinished' AND last_at >= %(stale)s)"
+        f" - (SELECT COUNT(*) FROM {t.runs} WHERE state = 'unfinished' AND last_at IS NULL)"
         " AS stalled,"
         f" (SELECT COALESCE(SUM(n), 0) FROM {t.counts} WHERE state = 'failed') AS failed,"
         f" (SELECT COALESCE(SUM(n), 0) FROM {t.counts} WHERE state = 'orphaned') AS orphaned,"
-        f" (SELECT COUNT(*) FROM {t.runs} WHERE state = 'paused' AND last_at < %(overdue)s)"
+        f" (SELECT COALESCE(SUM(n), 0) FROM {t.counts} WHERE state = 'paused')"
+        f" - (SELECT COUNT(*) FROM {t.runs} WHERE state = 'paused' AND last_at >= %(overdue)s)"
+        f" - (SELECT COUNT(*) FROM {t.runs} WHERE state = 'paused' AND last_at IS NULL)"
         " AS overdue,"
         f" (SELECT COUNT(*) FROM {t.runs} WHERE rows_quarantined > 0) AS quarantined,"
         f" (SELECT MIN(last_at) FROM {t.runs} WHERE state = 'paused') AS oldest,"
         # Quarantined runs that no other reason counted: the total counts each run once.
         f" (SELECT COUNT(*) FROM {t.runs} WHERE rows_quarantined > 0 AND NOT ("
         "   state IN ('failed', 'orphaned') OR (state = 'unfinished' AND last_at < %(stale)s)"
-        "   OR (state = 'paused' AND last_at < %(overdue)s))) AS only_quarantined",
-        {
-            "stale": _instant("stale_before", stale_before),
-            "overdue": _instant("overdue_before", overdue_before),
-        },
+        "   OR (state = 'paused' AND last_at < %(overdue)s))) AS only_quarantined"
     )
-    row = cur.fetchone()
+
+
+def _cutoffs(stale_before: str, overdue_before: str) -> dict[str, Any]:
+    return {
+        "stale": _instant("stale_before", stale_before),
+        "overdue": _instant("overdue_before", overdue_before),
+    }
+
+
+def _attention_counts(row: dict[str, Any]) -> AttentionCounts:
     return AttentionCounts(
         stalled=int(row["stalled"]),
         failed=int(row["failed"]),
@@ -172,4 +185,38 @@ def attention_counts(
         oldest_pause_at=None if row["oldest"] is None else iso(row["oldest"]),
         total=sum(int(row[k]) for k in ("stalled", "failed", "orphaned", "overdue"))
         + int(row["only_quarantined"]),
+    )
+
+
+def attention_counts(
+    cur: Any, t: Tables, stale_before: str, overdue_before: str
+) -> AttentionCounts:
+    """Runs per reason they need a person, each counted over a short index range."""
+    cur.execute(f"SELECT {_attention_counts_sql(t)}", _cutoffs(stale_before, overdue_before))
+    return _attention_counts(cur.fetchone())
+
+
+def fleet_counts(
+    cur: Any, t: Tables, stale_before: str, overdue_before: str, *, pending: str | None
+) -> FleetCounts:
+    """Runs per state, the attention counts, the outbox totals and the pending pauses
+    (``pending``: the SDK's table, None when the store has none) in one statement: one
+    snapshot, one round trip."""
+    paused = f"(SELECT COUNT(*) FROM {pending})" if pending is not None else "0"
+    states = ", ".join(
+        f"(SELECT COALESCE(SUM(n), 0) FROM {t.counts} WHERE state = '{state}') AS state_{state}"
+        for state in STATES
+    )
+    cur.execute(
+        f"SELECT {_attention_counts_sql(t)}, {states}, x.waiting AS waiting,"
+        f" x.quarantined AS rows_quarantined, {paused} AS pending FROM {t.totals} x",
+        _cutoffs(stale_before, overdue_before),
+    )
+    row = cur.fetchone()
+    return FleetCounts(
+        states={state: int(row[f"state_{state}"]) for state in STATES},
+        attention=_attention_counts(row),
+        rows_waiting=int(row["waiting"]),
+        rows_quarantined=int(row["rows_quarantined"]),
+        pending=int(row["pending"]),
     )

@@ -28,6 +28,7 @@ from localui.records import (
     AttentionCounts,
     AttentionPage,
     AttentionQuery,
+    FleetCounts,
     IndexProgress,
     RunFacts,
     RunFactsPage,
@@ -122,6 +123,20 @@ class RunIndex:
         self._ready()
         with self._sync.lock:
             return query.attention_counts(self._sync.conn, stale_before, overdue_before)
+
+    def fleet_counts(
+        self, stale_before: str, overdue_before: str, *, pending: bool
+    ) -> FleetCounts | None:
+        """Runs per state, what needs attention, the outbox totals and the pending pauses
+        (``pending``: the store has the table) after one catch-up, in one snapshot; None
+        while a first build runs (those wait for it)."""
+        sync = self._sync
+        if not sync.refresh():
+            if sync.progress() is not None:
+                return None
+            sync.complete()
+        with sync.lock:
+            return query.fleet_counts(sync.conn, stale_before, overdue_before, pending=pending)
 
     def resumable_cache_before(self, cutoff: str) -> dict[str, int]:
         """Cache entries older than ``cutoff`` of runs that can still resume, per run."""

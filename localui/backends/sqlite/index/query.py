@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from localui.backends import shared
+from localui.backends.base import STATES
 from localui.backends.shared import Page
 from localui.backends.sqlite.index import schema
 from localui.backends.sqlite.index.sync import StoreColumns, facts, fold, store_pending
@@ -20,6 +21,7 @@ from localui.records import (
     AttentionCounts,
     AttentionPage,
     AttentionQuery,
+    FleetCounts,
     RunFacts,
     RunFactsPage,
     RunQuery,
@@ -173,25 +175,36 @@ def list_attention(conn: sqlite3.Connection, query: AttentionQuery) -> Attention
     return AttentionPage(runs=page.items, next_key=page.next_key, counts=counts)
 
 
-def attention_counts(
-    conn: sqlite3.Connection, stale_before: str, overdue_before: str
-) -> AttentionCounts:
-    """Runs per reason they need a person, each counted over an index range."""
-    row = _rows(
-        conn,
-        "SELECT"
-        " (SELECT COUNT(*) FROM runs WHERE state = 'unfinished' AND last_at < :stale) AS stalled,"
-        " (SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state = 'failed') AS failed,"
-        " (SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state = 'orphaned') AS orphaned,"
-        " (SELECT COUNT(*) FROM runs WHERE state = 'paused' AND last_at < :overdue) AS overdue,"
-        " (SELECT COUNT(*) FROM runs WHERE rows_quarantined > 0) AS quarantined,"
-        " (SELECT MIN(last_at) FROM runs WHERE state = 'paused') AS oldest,"
-        # Quarantined runs that no other reason counted: the total counts each run once.
-        " (SELECT COUNT(*) FROM runs WHERE rows_quarantined > 0 AND NOT ("
-        "   state IN ('failed', 'orphaned') OR (state = 'unfinished' AND last_at < :stale)"
-        "   OR (state = 'paused' AND last_at < :overdue))) AS only_quarantined",
-        {"stale": stale_before, "overdue": overdue_before},
-    )[0]
+#: The attention counts as columns of one select (``:stale``, ``:overdue``).
+#: Stalled and overdue runs are most of their state in a large store (every run whose
+#: process died long ago), so each is the state's count, which the index keeps, less
+#: the few runs of that state with a row since the cutoff: the same number, read from
+#: the same snapshot, without counting a long range.
+_ATTENTION_COUNTS = (
+    "(SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state = 'unfinished')"
+    " - (SELECT COUNT(*) FROM runs WHERE state = 'unfinished' AND last_at >= :stale)"
+    " AS stalled,"
+    " (SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state = 'failed') AS failed,"
+    " (SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state = 'orphaned') AS orphaned,"
+    " (SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state = 'paused')"
+    " - (SELECT COUNT(*) FROM runs WHERE state = 'paused' AND last_at >= :overdue)"
+    " AS overdue,"
+    " (SELECT COUNT(*) FROM runs WHERE rows_quarantined > 0) AS quarantined,"
+    " (SELECT MIN(last_at) FROM runs WHERE state = 'paused') AS oldest,"
+    # Quarantined runs that no other reason counted: the total counts each run once.
+    " (SELECT COUNT(*) FROM runs WHERE rows_quarantined > 0 AND NOT ("
+    "   state IN ('failed', 'orphaned') OR (state = 'unfinished' AND last_at < :stale)"
+    "   OR (state = 'paused' AND last_at < :overdue))) AS only_quarantined"
+)
+
+#: Runs per state as columns of one select, from the counts the index keeps.
+_STATE_COUNTS = ", ".join(
+    f"(SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state = '{state}') AS state_{state}"
+    for state in STATES
+)
+
+
+def _attention_counts(row: sqlite3.Row) -> AttentionCounts:
     return AttentionCounts(
         stalled=int(row["stalled"]),
         failed=int(row["failed"]),
@@ -201,6 +214,36 @@ def attention_counts(
         oldest_pause_at=row["oldest"],
         total=sum(int(row[k]) for k in ("stalled", "failed", "orphaned", "overdue"))
         + int(row["only_quarantined"]),
+    )
+
+
+def attention_counts(
+    conn: sqlite3.Connection, stale_before: str, overdue_before: str
+) -> AttentionCounts:
+    """Runs per reason they need a person, each counted over a short index range."""
+    params = {"stale": stale_before, "overdue": overdue_before}
+    return _attention_counts(_rows(conn, f"SELECT {_ATTENTION_COUNTS}", params)[0])
+
+
+def fleet_counts(
+    conn: sqlite3.Connection, stale_before: str, overdue_before: str, *, pending: bool
+) -> FleetCounts:
+    """Runs per state, the attention counts, the outbox totals and (when the store has
+    the table) the pending pauses in one statement: one snapshot of the index and the
+    attached store, so the numbers agree with each other."""
+    paused = "(SELECT COUNT(*) FROM s.pending_interrupts)" if pending else "0"
+    row = _rows(
+        conn,
+        f"SELECT {_ATTENTION_COUNTS}, {_STATE_COUNTS}, t.waiting AS waiting,"
+        f" t.quarantined AS rows_quarantined, {paused} AS pending FROM totals t",
+        {"stale": stale_before, "overdue": overdue_before},
+    )[0]
+    return FleetCounts(
+        states={state: int(row[f"state_{state}"]) for state in STATES},
+        attention=_attention_counts(row),
+        rows_waiting=int(row["waiting"]),
+        rows_quarantined=int(row["rows_quarantined"]),
+        pending=int(row["pending"]),
     )
 
 
