@@ -12,6 +12,7 @@ claimed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -570,12 +571,17 @@ def test_a_resume_inside_the_first_of_two_calls_says_the_second_is_not_run(
     )
     assert died.returncode == EXIT_DIED_IN_TOOL, died.stderr
     events: list[str] = []
-    app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
+    # Stalled at once, so /attention lists it beside the others.
+    settings = dataclasses.replace(copy.settings, stale_after=0.0)
+    app = create_app(settings, agents=list(runners(copy.checkpointer, events).values()))
     with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
         page = client.get(f"/runs/{execution_id}.json").json()
         said = page["verdict"]["resume"]
         assert "Resume re-invokes `refund`" in said
         assert "The other call of that turn, `notify_customer`, is not run" in said
+        listed = client.get("/attention.json").json()["runs"]
+        [row] = [r for r in listed if r["execution_id"] == execution_id]
+        assert "The other call of that turn, `notify_customer`, is not run" in row["resume"]
         response = client.post(
             f"/runs/{execution_id}/resume",
             data={

@@ -193,6 +193,7 @@ def attention_row(
         remind_after=settings.remind_after,
     )
     saved_args: Any = None
+    skipped: tuple[str, ...] = ()
     tool: str | None = None
     reentry: RowDetail | None = None
     if isinstance(plan, runs.ResumePlan) and plan.tool is not None:
@@ -200,6 +201,7 @@ def attention_row(
         tool = runs.parse_node(plan.node_id).tool
         if reentry is not None:
             saved_args = reentry.node_input
+            skipped = runs.skipped_siblings(reentry.state_snapshot)
             # The tool the SDK re-invokes, read as ``ActionService.tool_of`` reads it,
             # from the row already at hand.
             snapshot = reentry.state_snapshot
@@ -208,7 +210,9 @@ def attention_row(
     error_id = planned.error_id
     error = _run_error(details.get(error_id)) if error_id is not None else None
     resume = (
-        runs.verdict(state, plan, last=rows[-1], now=now, saved_args=saved_args).resume
+        runs.verdict(
+            state, plan, last=rows[-1], now=now, saved_args=saved_args, skipped=skipped
+        ).resume
         if rows
         else "The run has no rows left."
     )
