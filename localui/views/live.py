@@ -238,7 +238,8 @@ class QueueView:
         )
 
     def affected_by(self, changes: Changes) -> bool:
-        return changes.pauses_changed
+        # A vote leaves its pause in the queue and changes what the card says of its rule.
+        return changes.pauses_changed or bool(changes.voted)
 
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         actions = ctx.actions
