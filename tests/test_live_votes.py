@@ -3,7 +3,8 @@
 Under a rule that needs two people, a first approval is a vote: the pause stays, and
 what its card says of the rule changes ("ada approved 3 s ago; one more person
 needed"). The change feed's source sees a vote cast or withdrawn by any process, and
-the queue's and the run's live streams push the card again with it.
+the live streams of the queue, the run's page and the card's own page push what the
+card says of its rule again, with it.
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ def test_a_vote_cast_or_withdrawn_by_another_process_moves_the_feed(served: Serv
 
 
 @pytest.mark.anyio
-async def test_the_queue_and_the_run_stream_push_the_card_with_a_new_vote(
+async def test_the_queue_the_run_and_the_card_streams_push_a_new_vote(
     served: Served, page_text: Callable[..., str]
 ) -> None:
     run, rule_id = served.paused, f'id="approval-{served.paused}-rule"'
@@ -199,12 +200,24 @@ async def test_the_queue_and_the_run_stream_push_the_card_with_a_new_vote(
         async with (
             running(app),
             http(app) as client,
-            _streams(app, "/live/approvals", f"/live/runs/{run}") as (queue, run_page),
+            _streams(app, "/live/approvals", f"/live/runs/{run}", f"/live/approvals/{run}") as (
+                queue,
+                run_page,
+                card_page,
+            ),
         ):
             opening = (await queue.first("queue"))["queue"].data
             assert rule_id in opening
             assert "none yet; 2 people needed" in page_text(opening, f"approval-{run}-rule")
             await run_page.first("run-state", "decisions")
+            card_opening = await card_page.first("approval-rule", "decisions")
+            assert "none yet" in page_text(
+                card_opening["approval-rule"].data, f"approval-{run}-rule"
+            )
+            # The card's own page listens to its stream.
+            html = (await client.get(f"/approvals/{run}")).text
+            assert f'sse-connect="/live/approvals/{run}"' in html
+            assert f'hx-target="#approval-{run}-rule"' in html and rule_id in html
 
             response = await client.post(
                 f"/approvals/{run}/approve",
@@ -228,6 +241,12 @@ async def test_the_queue_and_the_run_stream_push_the_card_with_a_new_vote(
             )
             assert "one more person needed" in page_text(
                 on_run["run-state"].data, f"approval-{run}-rule"
+            )
+            on_card = await card_page.each(
+                {"approval-rule": says_ada, "decisions": lambda e: "ada approved it at" in e.data}
+            )
+            assert "one more person needed" in page_text(
+                on_card["approval-rule"].data, f"approval-{run}-rule"
             )
 
 
