@@ -1,7 +1,8 @@
 """``/live/...``: Server-Sent Events that keep an open page's live parts current.
 
 One stream per page: the nav badge plus that page's fragments (the runs table;
-a run's state, actions, decisions and timeline; the approvals queue). Each
+a run's state, actions, decisions and timeline; the approvals queue; a card's own
+page: what it says of its rule, and its decisions). Each
 fragment is rendered from the same partial file the page includes and sent as
 an SSE event named after it; a hidden listener on the page (htmx's SSE
 extension, ``sse-swap``) swaps it over the element with the same id.
