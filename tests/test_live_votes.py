@@ -249,6 +249,22 @@ async def test_the_queue_the_run_and_the_card_streams_push_a_new_vote(
                 on_card["approval-rule"].data, f"approval-{run}-rule"
             )
 
+            # The second approval resumes the run: the card's page says it no longer waits.
+            response = await client.post(
+                f"/approvals/{run}/approve",
+                data={"approver": "bob", "reason": "", "checkpoint_id": served.checkpoint_id},
+                headers={"accept": "application/json"},
+            )
+            assert response.status_code == 200, response.text
+            assert response.json()["status"] == "completed"
+            decided = await card_page.each(
+                {
+                    "approval-rule": lambda e: "No longer waiting" in e.data,
+                    "decisions": lambda e: "bob approved it at" in e.data,
+                }
+            )
+            assert rule_id in decided["approval-rule"].data
+
 
 @contextlib.asynccontextmanager
 async def _streams(app: Starlette, *paths: str) -> AsyncIterator[tuple[Any, ...]]:
