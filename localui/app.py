@@ -144,6 +144,11 @@ def build_routes() -> list[Route | Mount]:
         Route("/live/runs", live_views.live_runs, name="live_runs"),
         Route("/live/runs/{execution_id:localui_id}", live_views.live_run, name="live_run"),
         Route("/live/approvals", live_views.live_approvals, name="live_approvals"),
+        Route(
+            "/live/approvals/{execution_id:localui_id}",
+            live_views.live_approval,
+            name="live_approval",
+        ),
         Route("/live/mux", live_views.live_mux, name="live_mux"),
         Route("/prune.json", as_json(action_views.prune_preview), name="prune_json"),
         Route("/prune", action_views.prune_preview, methods=["GET"], name="prune"),

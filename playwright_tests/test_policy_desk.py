@@ -155,3 +155,59 @@ def test_two_people_in_two_browsers_decide_one_card(
     finally:
         ada.close()
         bob.close()
+
+
+def test_a_vote_shows_on_the_other_persons_open_pages_without_a_reload(
+    browser: Browser, policy_server: SignInServer
+) -> None:
+    """Bob has the queue and the card's page open, and has started typing on the card;
+    Ada approves. Both of Bob's pages say so by themselves, and what he typed stays."""
+    ada = signed_in(browser, policy_server, "Ada")
+    bob = signed_in(browser, policy_server, "Bob")
+    errors: list[str] = []
+    try:
+        a, b_queue = ada.pages[0], bob.pages[0]
+        for page in (a, b_queue):
+            page.on("pageerror", lambda error: errors.append(str(error)))
+        queue = a.request.get("/approvals.json").json()["approvals"]
+        run = next(i["execution_id"] for i in queue if i["context"]["order_id"] == "A-1002")
+        none_yet = "Rule 'large refunds': 2 approvals from finance — none yet; 2 people needed"
+        ada_voted = re.compile(
+            r"^Rule 'large refunds': 2 approvals from finance — Ada approved \d+ s ago;"
+            r" one more person needed$"
+        )
+
+        b_queue.goto("/approvals")
+        queued = b_queue.locator(f"#approval-{run}")
+        expect(queued.locator("p.rule")).to_have_text(none_yet)
+        queued.get_by_label("Amount to refund").fill("99")
+        queued.get_by_label("Reason").fill("checking the receipt")
+        b_card = bob.new_page()
+        b_card.on("pageerror", lambda error: errors.append(str(error)))
+        b_card.goto(f"/approvals/{run}")
+        on_card = b_card.locator("article.approval")
+        expect(on_card.locator("p.rule")).to_have_text(none_yet)
+        on_card.get_by_label("Reason").fill("half typed")
+        expect(b_card.locator("#decisions")).to_contain_text("No decisions recorded")
+
+        a.goto(f"/approvals/{run}")
+        card = a.locator("article.approval")
+        card.get_by_label("Amount to refund").fill("120.5")
+        card.get_by_role("button", name="Approve").click()
+        expect(card.locator(".result")).to_contain_text(
+            "approval 1 of 2 recorded (Ada)", timeout=20_000
+        )
+
+        # Without a reload: the queue's card and the card's page say who approved.
+        expect(queued.locator("p.rule")).to_have_text(ada_voted, timeout=20_000)
+        expect(on_card.locator("p.rule")).to_have_text(ada_voted, timeout=20_000)
+        expect(b_card.locator("#decisions")).to_contain_text("Ada approved it at")
+        shoot(bob, "3-bob-sees-ada-vote")
+        # The cards were not drawn again: what Bob typed is still there.
+        expect(queued.get_by_label("Amount to refund")).to_have_value("99")
+        expect(queued.get_by_label("Reason")).to_have_value("checking the receipt")
+        expect(on_card.get_by_label("Reason")).to_have_value("half typed")
+        assert errors == []
+    finally:
+        ada.close()
+        bob.close()

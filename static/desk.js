@@ -83,8 +83,21 @@
     var notes = {};
     fresh.querySelectorAll("template.gone-note").forEach(function (t) { notes[t.dataset.for] = t; });
 
+    var freshById = {};
+    freshItems.forEach(function (f) { freshById[f.id] = f; });
+
     items(q).forEach(function (item) {
-      if (freshIds.has(item.id) || item.classList.contains("gone")) return;
+      if (freshIds.has(item.id) && !item.classList.contains("gone")) {
+        // Still waiting: only what the card says of its rule (a vote cast elsewhere)
+        // is brought up to date; what the person typed stays.
+        var rule = item.querySelector("p.rule");
+        var freshRule = freshById[item.id].querySelector("p.rule");
+        if (rule && freshRule && rule.textContent !== freshRule.textContent) {
+          rule.replaceWith(document.importNode(freshRule, true));
+        }
+        return;
+      }
+      if (item.classList.contains("gone")) return;
       var height = item.getBoundingClientRect().height;
       item.classList.add("gone");
       if (item.classList.contains("deciding") || item.querySelector(".outcome")) {

@@ -68,6 +68,7 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "live_runs": (RUNS_FILTERS, ()),
     "live_run": ((), ()),
     "live_approvals": (QUEUE, ()),
+    "live_approval": ((), ()),
     "live_mux": (("s",), ()),
     "prune": (("older_than",), ()),
     "prune_json": (("older_than",), ()),

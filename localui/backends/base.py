@@ -161,6 +161,9 @@ class Changes:
     pauses_removed: frozenset[str] = frozenset()
     #: Runs with a new or finished decision in the app's own record.
     decided: frozenset[str] = frozenset()
+    #: Runs whose pause got a vote, or lost one, under a rule that needs several people:
+    #: the pause stays, and what its card says of the rule changes.
+    voted: frozenset[str] = frozenset()
     #: Something changed that cannot be pinned to runs (the schema): refresh all.
     everything: bool = False
     #: The feed's count of published changes; stamped by ``localui.live.ChangeFeed``.
@@ -168,7 +171,12 @@ class Changes:
 
     def __bool__(self) -> bool:
         return bool(
-            self.everything or self.runs or self.pauses_added or self.pauses_removed or self.decided
+            self.everything
+            or self.runs
+            or self.pauses_added
+            or self.pauses_removed
+            or self.decided
+            or self.voted
         )
 
     @property
@@ -183,7 +191,7 @@ class Changes:
         """Whether a page about this one run must be rendered again."""
         return self.everything or any(
             execution_id in ids
-            for ids in (self.runs, self.pauses_added, self.pauses_removed, self.decided)
+            for ids in (self.runs, self.pauses_added, self.pauses_removed, self.decided, self.voted)
         )
 
     def merge(self, other: Changes) -> Changes:
@@ -193,6 +201,7 @@ class Changes:
             pauses_added=self.pauses_added | other.pauses_added,
             pauses_removed=self.pauses_removed | other.pauses_removed,
             decided=self.decided | other.decided,
+            voted=self.voted | other.voted,
             everything=self.everything or other.everything,
             seq=max(self.seq, other.seq),
         )

@@ -1,7 +1,8 @@
 """``/live/...``: Server-Sent Events that keep an open page's live parts current.
 
 One stream per page: the nav badge plus that page's fragments (the runs table;
-a run's state, actions, decisions and timeline; the approvals queue). Each
+a run's state, actions, decisions and timeline; the approvals queue; a card's own
+page: what it says of its rule, and its decisions). Each
 fragment is rendered from the same partial file the page includes and sent as
 an SSE event named after it; a hidden listener on the page (htmx's SSE
 extension, ``sse-swap``) swaps it over the element with the same id.
@@ -49,6 +50,7 @@ from localui.live import ChangeFeed, Resync, Subscription
 from localui.views.approvals import (
     actions_of,
     approver_of,
+    build_approval_page,
     build_approvals_page,
     gone_notes,
     mine_of,
@@ -238,7 +240,8 @@ class QueueView:
         )
 
     def affected_by(self, changes: Changes) -> bool:
-        return changes.pauses_changed
+        # A vote leaves its pause in the queue and changes what the card says of its rule.
+        return changes.pauses_changed or bool(changes.voted)
 
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         actions = ctx.actions
@@ -266,6 +269,35 @@ class QueueView:
             person=self.person,
         )
         return Rendered(fragments=(Fragment("queue", html),), memo=(shown, tuple(gone)))
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalView:
+    """One card's own page: what the card says of its rule, and the decisions on it.
+    The card itself stays as drawn, with whatever the person typed in it."""
+
+    execution_id: str
+    urls: Urls
+    person: Person = NOBODY
+
+    @property
+    def key(self) -> Hashable:
+        return ("approval", self.execution_id, self.urls, self.person)
+
+    def affected_by(self, changes: Changes) -> bool:
+        return changes.touches(self.execution_id)
+
+    def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
+        page = build_approval_page(ctx.actions, self.execution_id, self.urls, self.person)
+        return Rendered(
+            fragments=tuple(
+                Fragment(event, render_partial(ctx, name, self.urls, page=page, live=True))
+                for event, name in (
+                    ("approval-rule", "partials/_approval_rule.html"),
+                    ("decisions", "partials/_decisions.html"),
+                )
+            )
+        )
 
 
 @dataclass
@@ -530,6 +562,15 @@ async def approvals_views(request: Request) -> list[LiveView]:
     return [NAV, view]
 
 
+async def approval_views(request: Request) -> list[LiveView]:
+    execution_id = request.path_params["execution_id"]
+    actions_of(request)  # the card needs the action service: fail now, not mid-stream
+    if await off_loop(context(request).store.get_run, execution_id) is None:
+        raise NotFound(f"no run with execution id {execution_id!r} in this store")
+    view = ApprovalView(execution_id=execution_id, urls=urls_of(request), person=person_of(request))
+    return [NAV, view]
+
+
 async def live_nav(request: Request) -> Response:
     """The nav badge alone, for pages with nothing else live."""
     return stream(request, await nav_views(request))
@@ -550,12 +591,18 @@ async def live_approvals(request: Request) -> Response:
     return stream(request, await approvals_views(request))
 
 
+async def live_approval(request: Request) -> Response:
+    """One card's own page; a 404 for a run not in the store, so the browser backs off."""
+    return stream(request, await approval_views(request))
+
+
 #: The live routes a shared stream may carry, by route name.
 WATCHABLE = {
     "live_nav": nav_views,
     "live_runs": runs_views,
     "live_run": run_views,
     "live_approvals": approvals_views,
+    "live_approval": approval_views,
 }
 
 

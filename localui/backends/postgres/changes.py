@@ -15,8 +15,9 @@ and PostgreSQL has no rowid. What there is:
 - ``pg_stat_user_tables.n_tup_del`` of ``checkpoints``: deletes (a prune) are
   not pinned to runs, so every view refreshes. The statistics reach other
   sessions when the deleting session goes idle (within seconds) or exits.
-- The pending table (small: one row per paused run) and the app's own decision
-  record, as the SQLite source reads them.
+- The pending table (small: one row per paused run), the app's own decision
+  record and its votes of rules that need several people, as the SQLite source
+  reads them.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 from localui.backends.base import Changes
 from localui.backends.changes import pause_changes
-from localui.backends.decisions import TABLE
+from localui.backends.decisions import TABLE, VOTES_TABLE
 from localui.backends.postgres.pool import identifier, iso, one_line, server_of, table
 from localui.errors import Unavailable
 
@@ -45,6 +46,7 @@ class _Shape:
     synced: bool
     pending: bool
     decisions: bool
+    votes: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,8 @@ class _Cursor:
     pending: Mapping[str, str]
     #: The decision record: ``(max id, count, newest finished_at)``.
     decisions: tuple[int, int, datetime | None]
+    #: The votes of rules that need several people: ``(max id, count)``.
+    votes: tuple[int, int]
 
 
 class PostgresChangeSource:
@@ -84,6 +88,7 @@ class PostgresChangeSource:
         self._checkpoints = table(self.schema, "checkpoints")
         self._pending = table(self.schema, "pending_interrupts")
         self._decisions = table(self.app_schema, TABLE)
+        self._votes = table(self.app_schema, VOTES_TABLE)
         self._window = timedelta(seconds=window)
         #: Called with every SQL statement the source runs (tests count them).
         self._trace = trace
@@ -171,20 +176,24 @@ class PostgresChangeSource:
 
     def _read_shape(self) -> _Shape:
         rows = self._execute(
-            "SELECT n.nspname, c.relname, a.attname FROM pg_class c"
+            "SELECT n.nspname, c.relname, a.attname, has_table_privilege(c.oid, 'SELECT')"
+            " FROM pg_class c"
             " JOIN pg_namespace n ON n.oid = c.relnamespace"
             " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'synced'"
             " AND NOT a.attisdropped"
             " WHERE (n.nspname = %s AND c.relname IN ('checkpoints', 'pending_interrupts'))"
-            " OR (n.nspname = %s AND c.relname = 'localui_decisions')",
-            (self.schema, self.app_schema),
+            " OR (n.nspname = %s AND c.relname IN (%s, %s))",
+            (self.schema, self.app_schema, TABLE, VOTES_TABLE),
         ).fetchall()
         found = {(r[0], r[1]) for r in rows}
         return _Shape(
             checkpoints=(self.schema, "checkpoints") in found,
             synced=any(r[1] == "checkpoints" and r[2] == "synced" for r in rows),
             pending=(self.schema, "pending_interrupts") in found,
-            decisions=(self.app_schema, "localui_decisions") in found,
+            decisions=(self.app_schema, TABLE) in found,
+            # A reader not granted the votes (they came after the decisions) still
+            # follows everything else.
+            votes=any(r[0] == self.app_schema and r[1] == VOTES_TABLE and r[3] for r in rows),
         )
 
     def _read_cursor(self, previous: _Cursor | None) -> _Cursor:
@@ -240,6 +249,10 @@ class PostgresChangeSource:
                 f"SELECT max(id), count(*), max(finished_at) FROM {self._decisions}"
             ).fetchone()
             decisions = (int(row[0] or 0), int(row[1] or 0), row[2])
+        votes = (0, 0)
+        if shape.votes:
+            row = self._execute(f"SELECT max(id), count(*) FROM {self._votes}").fetchone()
+            votes = (int(row[0] or 0), int(row[1] or 0))
         return _Cursor(
             shape=shape,
             newest_at=newest_at,
@@ -248,6 +261,7 @@ class PostgresChangeSource:
             deleted=deleted,
             pending=MappingProxyType(pending),
             decisions=decisions,
+            votes=votes,
         )
 
     def _compare(self, before: _Cursor, now: _Cursor) -> Changes:
@@ -281,10 +295,25 @@ class PostgresChangeSource:
                 else:
                     sql += " OR finished_at IS NOT NULL"
                 decided.update(str(r[0]) for r in self._execute(sql, params))
+        voted: set[str] = set()
+        if now.votes != before.votes:
+            cast = dict(
+                self._execute(
+                    f"SELECT execution_id, count(*) FROM {self._votes} WHERE id > %s"
+                    " GROUP BY execution_id",
+                    (before.votes[0],),
+                ).fetchall()
+            )
+            voted.update(str(e) for e in cast)
+            # Fewer than counted: a vote withdrawn. More: one whose id was handed out
+            # before the last poll committed after it. Either way, not pinned to a run.
+            if now.votes[1] != before.votes[1] + sum(cast.values()):
+                everything = True
         return Changes(
             runs=frozenset(runs),
             pauses_added=added,
             pauses_removed=removed,
             decided=frozenset(decided),
+            voted=frozenset(voted),
             everything=everything,
         )

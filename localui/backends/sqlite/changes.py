@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 from localui.backends.base import Changes
 from localui.backends.changes import pause_changes
-from localui.backends.decisions import TABLE
+from localui.backends.decisions import TABLE, VOTES_TABLE
 from localui.backends.sqlite.files import decode_text, read_uri
 
 
@@ -37,6 +37,8 @@ class _Cursor:
     pending: Mapping[str, str]
     #: The decision record: ``(max id, count, newest finished_at)``.
     decisions: tuple[int, int, str]
+    #: The votes of rules that need several people: ``(max id, count)``.
+    votes: tuple[int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,7 @@ class _Tables:
     synced: bool
     pending: bool
     decisions: bool
+    votes: bool
 
 
 class SQLiteChangeSource:
@@ -54,9 +57,9 @@ class SQLiteChangeSource:
     ``PRAGMA data_version`` changes on that connection whenever another
     connection commits, so an idle poll is one statement that reads no table.
     Only when it moves are the cursors read, each an index lookup: the newest
-    rowid, the newest synced row, the (small) pending table and the decision
-    record, and a count of the checkpoints, which shows rows deleted (a prune by
-    any process) at the next poll.
+    rowid, the newest synced row, the (small) pending table, the decision
+    record and the votes of rules that need several people, and a count of the
+    checkpoints, which shows rows deleted (a prune by any process) at the next poll.
     """
 
     def __init__(
@@ -158,6 +161,7 @@ class SQLiteChangeSource:
             synced="synced" in columns,
             pending="pending_interrupts" in names,
             decisions=TABLE in names,
+            votes=VOTES_TABLE in names,
         )
         self._tables_version = schema_version
         return self._tables
@@ -191,6 +195,11 @@ class SQLiteChangeSource:
                 f"SELECT max(id), count(*), max(finished_at) FROM {TABLE}"
             ).fetchone()
             decisions = (int(row[0] or 0), int(row[1] or 0), str(row[2] or ""))
+        votes = (0, 0)
+        if t.votes:
+            # The votes of pauses being decided: a small table, read through its rowid.
+            row = conn.execute(f"SELECT max(id), count(*) FROM {VOTES_TABLE}").fetchone()
+            votes = (int(row[0] or 0), int(row[1] or 0))
         return _Cursor(
             schema_version=schema_version,
             max_rowid=max_rowid,
@@ -198,6 +207,7 @@ class SQLiteChangeSource:
             newest_synced=newest_synced,
             pending=MappingProxyType(pending),
             decisions=decisions,
+            votes=votes,
         )
 
     def _compare(self, conn: sqlite3.Connection, before: _Cursor, now: _Cursor) -> Changes:
@@ -240,10 +250,23 @@ class SQLiteChangeSource:
                         (before.decisions[0], before.decisions[2]),
                     )
                 )
+        voted: set[str] = set()
+        if now.votes != before.votes:
+            cast = dict(
+                conn.execute(
+                    f"SELECT execution_id, count(*) FROM {VOTES_TABLE} WHERE id > ?"
+                    " GROUP BY execution_id",
+                    (before.votes[0],),
+                ).fetchall()
+            )
+            voted.update(str(e) for e in cast)
+            if now.votes[1] != before.votes[1] + sum(cast.values()):
+                everything = True  # a vote withdrawn: we cannot tell whose
         return Changes(
             runs=frozenset(runs),
             pauses_added=pauses_added,
             pauses_removed=pauses_removed,
             decided=frozenset(decided),
+            voted=frozenset(voted),
             everything=everything,
         )

@@ -97,6 +97,9 @@ _BUILD_KEYS = (
     _BUILD_SWEEP,
     _BUILD_SWEPT,
 )
+#: Rows waiting for the plane at or before the newest marked row's time, as the last
+#: look counted them: a mark out of the drain's order makes them fewer.
+_BEHIND = "behind"
 #: Set when a first build in chunks has folded every run and the trigram index is
 #: still to be made (text search scans the index's rows until it is).
 _SEARCH_PENDING = "search_index_pending"
@@ -426,6 +429,7 @@ class IndexSync:
         # As in _build: cursors first, so whatever they count as folded is.
         newest = self._newest(cur, store)
         synced = self._newest_synced(cur, store)
+        behind = self._behind(cur, store, synced[0] if synced else None)[1]
         if first:
             cur.execute(f"TRUNCATE {t.runs}, {t.counts}, {t.seen}")
             cur.execute(f"UPDATE {t.totals} SET rows = 0, waiting = 0, quarantined = 0")
@@ -464,6 +468,7 @@ class IndexSync:
                 "newest": newest.isoformat() if newest is not None else None,
                 "synced_at": synced[0].isoformat() if synced else None,
                 "synced_id": synced[1] if synced else None,
+                _BEHIND: str(behind),
             },
         )
 
@@ -592,6 +597,7 @@ class IndexSync:
         # runs, and what comes in between is folded (again) by the next catch-up.
         newest = self._newest(cur, store)
         synced = self._newest_synced(cur, store)
+        behind = self._behind(cur, store, synced[0] if synced else None)[1]
         if first:
             cur.execute(f"TRUNCATE {t.runs}, {t.counts}, {t.seen}")
             cur.execute(f"UPDATE {t.totals} SET rows = 0, waiting = 0, quarantined = 0")
@@ -624,6 +630,7 @@ class IndexSync:
                 "newest": newest.isoformat() if newest is not None else None,
                 "synced_at": synced[0].isoformat() if synced else None,
                 "synced_id": synced[1] if synced else None,
+                _BEHIND: str(behind),
             },
         )
 
@@ -638,9 +645,10 @@ class IndexSync:
 
     def _window_rows(self, store: StoreSql) -> str:
         in_index = " AND synced IN (false, true)" if store.has_synced else ""
+        waiting = "synced = false" if store.has_synced else "false"
         return (
-            f"SELECT checkpoint_id, execution_id, created_at FROM {store.checkpoints}"
-            f" WHERE created_at > %(since)s{in_index}"
+            f"SELECT checkpoint_id, execution_id, created_at, {waiting} AS waiting"
+            f" FROM {store.checkpoints} WHERE created_at > %(since)s{in_index}"
         )
 
     def _see_window(self, cur: Any, store: StoreSql, newest: Any) -> None:
@@ -655,17 +663,16 @@ class IndexSync:
         changed: set[str] = set()
         previous = datetime.fromisoformat(meta["newest"]) if meta.get("newest") else None
         params = {"since": previous - WINDOW if previous is not None else _BEFORE_ANY_ROW}
-        changed.update(
-            str(r[0])
-            for r in cur.execute(
-                f"WITH fresh AS ({self._window_rows(store)}),"
-                f" added AS (INSERT INTO {t.seen} SELECT checkpoint_id, created_at FROM fresh"
-                " ON CONFLICT DO NOTHING RETURNING checkpoint_id, created_at)"
-                " SELECT DISTINCT f.execution_id FROM fresh f JOIN added a"
-                " USING (checkpoint_id, created_at)",
-                params,
-            ).fetchall()
-        )
+        # The rows not seen before among the newest: (run, created_at, waiting).
+        fresh_rows = cur.execute(
+            f"WITH fresh AS ({self._window_rows(store)}),"
+            f" added AS (INSERT INTO {t.seen} SELECT checkpoint_id, created_at FROM fresh"
+            " ON CONFLICT DO NOTHING RETURNING checkpoint_id, created_at)"
+            " SELECT f.execution_id, f.created_at, f.waiting FROM fresh f JOIN added a"
+            " USING (checkpoint_id, created_at)",
+            params,
+        ).fetchall()
+        changed.update(str(r[0]) for r in fresh_rows)
         updates: dict[str, str | None] = {}
         if changed:
             newest = self._newest(cur, store)
@@ -695,21 +702,69 @@ class IndexSync:
         synced = self._newest_synced(cur, store)
         before = (meta.get("synced_at"), meta.get("synced_id"))
         now = (synced[0].isoformat(), synced[1]) if synced else (None, None)
+        old_front = datetime.fromisoformat(before[0]) if before[0] is not None else None
+        # Counted before the marks are read: a mark made after the count is found by
+        # the next look, whichever side of the front it lands.
+        behind_old, behind_now = self._behind(cur, store, synced[0] if synced else None, old_front)
         if synced is not None and now != before:
             sql = (
                 f"SELECT DISTINCT execution_id FROM {store.checkpoints}"
                 " WHERE synced = true AND created_at <= %(to)s"
             )
             marked: dict[str, Any] = {"to": synced[0]}
-            if before[0] is not None:
+            if old_front is not None:
                 sql += " AND created_at >= %(from)s"
-                marked["from"] = datetime.fromisoformat(before[0])
+                marked["from"] = old_front
             changed.update(str(r[0]) for r in cur.execute(sql, marked).fetchall())
             updates.update(synced_at=now[0], synced_id=now[1])
+        if old_front is not None and meta.get(_BEHIND) is not None:
+            # Rows marked out of the drain's order (another drain, a mark by hand) lie
+            # before the front, outside the range above: the rows waiting there are
+            # fewer than the last look counted, beside those written there since.
+            late = sum(1 for _, at, waiting in fresh_rows if waiting and at <= old_front)
+            if behind_old != int(meta[_BEHIND]) + late:
+                changed.update(self._marked_behind(cur, store, old_front))
+        if meta.get(_BEHIND) != str(behind_now):
+            updates[_BEHIND] = str(behind_now)
         if changed:
             self.refold(cur, store, sorted(changed))
         if updates:
             self._set_meta(cur, updates)
+
+    def _behind(
+        self, cur: Any, store: StoreSql, front: Any, earlier: Any = None
+    ) -> tuple[int, int]:
+        """The rows waiting for the plane at or before ``earlier`` and at or before
+        ``front`` (0 where either is None), in one statement, so both are of one
+        snapshot. A range of the SDK's ``(synced, created_at)`` index: behind a drain
+        that marks oldest first only the rows it has not reached yet (written late,
+        or skipped) wait there, a handful."""
+        if not store.has_synced or front is None:
+            return 0, 0
+        upto = front if earlier is None else max(front, earlier)
+        row = cur.execute(
+            "SELECT count(*) FILTER (WHERE created_at <= %(earlier)s), count(*)"
+            f" FILTER (WHERE created_at <= %(front)s) FROM {store.checkpoints}"
+            " WHERE synced = false AND created_at <= %(upto)s",
+            {"earlier": earlier if earlier is not None else front, "front": front, "upto": upto},
+        ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def _marked_behind(self, cur: Any, store: StoreSql, front: Any) -> set[str]:
+        """The runs whose rows waiting in the store are not what the index holds, among
+        those with rows waiting at or before ``front``: the runs marked out of order.
+        One lookup per such run in the SDK's ``execution_id`` index; a drain that marks
+        oldest first never comes here."""
+        return {
+            str(r[0])
+            for r in cur.execute(
+                f"SELECT r.execution_id FROM {self.t.runs} r WHERE r.rows_waiting > 0"
+                " AND r.first_at <= %(front)s AND r.rows_waiting <> (SELECT count(*)"
+                f" FROM {store.checkpoints} c WHERE c.execution_id = r.execution_id"
+                " AND c.synced = false)",
+                {"front": front},
+            ).fetchall()
+        }
 
     def refold(self, cur: Any, store: StoreSql, execution_ids: list[str]) -> None:
         """Fold these runs again from their rows; a run with none left is dropped."""
