@@ -265,6 +265,9 @@ def test_the_page_lists_what_each_run_would_do_before_the_outcomes(
     assert "2 done:</strong> 2 resumed" in outcomes
     assert states == [runs.COMPLETED, runs.COMPLETED]
     assert ledger.count("charge_back") == 1
+    # The nav's badges carry numbers, as on every other page.
+    badges = re.findall(r'id="nav-(?:pending|attention)"[^>]*>([^<]*)<', html)
+    assert len(badges) == 2 and all(b.strip().isdigit() for b in badges), badges
 
 
 AGENTS_FILE = """\

@@ -37,7 +37,14 @@ from localui.auth import OPERATOR, require, template_values
 from localui.errors import BadRequest, LocalUIError
 from localui.views.approvals import approver_of, picked_cards
 from localui.views.attention import repeats_uncached
-from localui.views.common import AppState, context, off_loop, to_jsonable, wants_json
+from localui.views.common import (
+    AppState,
+    context,
+    nav_counts,
+    off_loop,
+    to_jsonable,
+    wants_json,
+)
 from localui.views.urls import Urls, urls_of
 
 #: Resumes running at once: each drives an agent on this process's event loop, and a
@@ -230,11 +237,13 @@ async def _stream(
     """The page up to its outcomes, each outcome as its run finishes, then the tally."""
     urls = urls_of(request)
     page = BulkResumePage(checked, (), {}, repeating)
+    # The badges as the page starts (runs resumed by then no longer count).
+    nav = await off_loop(nav_counts, ctx.store, ctx.settings)
     values = {
         "page": page,
         "settings": ctx.settings,
         "urls": urls,
-        "nav": None,
+        "nav": nav,
         "request": request,
         "stream_mark": Markup(STREAM_MARK),
     }
