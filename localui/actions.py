@@ -404,6 +404,7 @@ class ActionService:
                         reason=reason,
                         fields_json=json.dumps(typed),
                         needed=rule.approvals,
+                        agent=owner.name,
                     )
                 )
                 completing = ballot.votes[: rule.approvals]
@@ -464,6 +465,7 @@ class ActionService:
                 reason=reason,
                 still_pending=lambda: self.store.get_pending(execution_id) is not None,
                 metadata=resume_metadata,
+                agent=owner.name,
             )
         )
         if not claim.won:
@@ -538,6 +540,7 @@ class ActionService:
                 actor=actor.strip() or "someone",
                 reason="",
                 still_pending=lambda: False,
+                agent=plan.owner.name,
             )
         )
         if not claim.won:
@@ -797,6 +800,7 @@ class ActionService:
                 actor=actor.strip() or "someone",
                 reason="",
                 still_pending=lambda: False,
+                agent=owner.name,
             )
         )
         if not claim.won:
