@@ -70,6 +70,7 @@ from bench.servers import (
 from bench.stores import (
     BuiltStore,
     Templates,
+    add_agents,
     add_spans,
     add_votes,
     build_store,
@@ -393,6 +394,8 @@ def _store(
         )
         if added := add_votes(path):
             log(f"store {store.label}: {added:,} votes added beside its decisions")
+        if added := add_agents(path):
+            log(f"store {store.label}: {added:,} decisions and votes given their run's agent")
         return store
     store_cache.forget(path)
     store = build_store(templates, path, runs=size, pending=pending)

@@ -618,6 +618,60 @@ def add_votes(path: Path) -> int:
         conn.close()
 
 
+def add_agents(path: Path) -> int:
+    """The run's agent on each seeded decision and vote, as localui records it when it
+    writes them (the run's owner, ``localui.runs``), once: a store whose record was
+    seeded before entries carried agents gets the column (as a writable localui adds
+    it) and the agents, in one transaction. Only localui's own tables change, and only
+    the bench's own entries: any other keeps what its writer recorded. Returns the
+    entries given an agent."""
+    from localui import runs
+    from localui.backends.decisions import AGENT_COLUMN, TABLE, VOTES_TABLE
+
+    seeded = ((TABLE, "bench-decision-%"), (VOTES_TABLE, f"{_VOTE_CHECKPOINT}%"))
+    conn = sqlite3.connect(path, timeout=60)
+    try:
+        with conn:
+            tables = [
+                (table, pattern)
+                for table, pattern in seeded
+                if conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+                ).fetchone()
+            ]
+            for table, _ in tables:
+                present = {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")}
+                if AGENT_COLUMN not in present:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {AGENT_COLUMN} TEXT")
+            owners: dict[str, str] = {}
+            filled = 0
+            for table, pattern in tables:
+                missing = conn.execute(
+                    f"SELECT DISTINCT execution_id FROM {table}"
+                    f" WHERE {AGENT_COLUMN} IS NULL AND checkpoint_id LIKE ?",
+                    (pattern,),
+                ).fetchall()
+                for (execution_id,) in missing:
+                    if execution_id not in owners:
+                        rows = conn.execute(
+                            "SELECT agent_path, chain_name FROM checkpoints"
+                            " WHERE execution_id = ? ORDER BY rowid",
+                            (execution_id,),
+                        ).fetchall()
+                        # The runs list's name for the run: the owner its shallowest
+                        # path names, else its first row's agent.
+                        named = runs.path_owner_name(runs.owner_path([r[0] for r in rows]))
+                        owners[execution_id] = named or (rows[0][1] if rows else "") or ""
+                filled += conn.executemany(
+                    f"UPDATE {table} SET {AGENT_COLUMN} = ? WHERE execution_id = ?"
+                    f" AND {AGENT_COLUMN} IS NULL AND checkpoint_id LIKE ?",
+                    [(owners[eid], eid, pattern) for (eid,) in missing],
+                ).rowcount
+            return filled
+    finally:
+        conn.close()
+
+
 def build_store(templates: Templates, path: Path, *, runs: int, pending: int) -> BuiltStore:
     """A store of ``runs`` runs (three of them the budgets' long and big runs)."""
     started = time.monotonic()
@@ -678,6 +732,7 @@ def build_store(templates: Templates, path: Path, *, runs: int, pending: int) ->
         writer.write(conn)
     _add_decisions(path, manifest, min(runs, DECISIONS))
     add_votes(path)
+    add_agents(path)
     return BuiltStore(
         path=path,
         runs=runs,

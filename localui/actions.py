@@ -412,6 +412,7 @@ class ActionService:
                         reason=reason,
                         fields_json=json.dumps(typed),
                         needed=rule.approvals,
+                        agent=owner.name,
                     )
                 )
                 completing = ballot.votes[: rule.approvals]
@@ -472,6 +473,7 @@ class ActionService:
                 reason=reason,
                 still_pending=lambda: self.store.get_pending(execution_id) is not None,
                 metadata=resume_metadata,
+                agent=owner.name,
             )
         )
         if not claim.won:
@@ -546,6 +548,7 @@ class ActionService:
                 actor=actor.strip() or "someone",
                 reason="",
                 still_pending=lambda: False,
+                agent=plan.owner.name,
             )
         )
         if not claim.won:
@@ -805,6 +808,7 @@ class ActionService:
                 actor=actor.strip() or "someone",
                 reason="",
                 still_pending=lambda: False,
+                agent=owner.name,
             )
         )
         if not claim.won:

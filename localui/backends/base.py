@@ -237,9 +237,11 @@ class DecisionLog(Protocol):
         reason: str,
         still_pending: Callable[[], bool],
         metadata: Mapping[str, Any] | None = None,
+        agent: str | None = None,
     ) -> Claim:
         """Claim ``(kind, execution_id, checkpoint_id)``, recording ``metadata``: exactly
-        what the decision hands the SDK, so a recovery can carry the same decision out."""
+        what the decision hands the SDK, so a recovery can carry the same decision out;
+        and ``agent``, the run's owner, which the record lists the entry under."""
         ...
 
     def finish(self, decision_id: int, outcome: str, detail: str | None) -> Decision: ...
@@ -300,10 +302,12 @@ class DecisionLog(Protocol):
         reason: str,
         fields_json: str,
         needed: int,
+        agent: str | None = None,
     ) -> Ballot:
-        """Record ``actor``'s approval of the pause at ``checkpoint_id``, unless they
-        approved it already or ``needed`` people have: one vote at a time per pause,
-        across processes, so exactly one vote is the one that completes the count."""
+        """Record ``actor``'s approval of the pause at ``checkpoint_id`` (of a run of
+        ``agent``), unless they approved it already or ``needed`` people have: one vote
+        at a time per pause, across processes, so exactly one vote is the one that
+        completes the count."""
         ...
 
     def withdraw_vote(self, vote_id: int) -> None:

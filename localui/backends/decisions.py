@@ -48,6 +48,14 @@ VOTE_COLUMN_NAMES = (
 )
 VOTE_COLUMNS = ", ".join(VOTE_COLUMN_NAMES)
 
+#: The run's agent (its owner, as the runs list names it), recorded with each decision
+#: and vote when it is written, so the listing and the export need not look every run
+#: up in the runs index. Entries written before the column existed hold NULL: theirs
+#: comes from the runs index, as before.
+AGENT_COLUMN = "agent"
+#: Columns added to the votes table after its first release, as ``ADDED_COLUMNS``.
+ADDED_VOTE_COLUMNS: dict[str, tuple[str, str]] = {AGENT_COLUMN: ("TEXT", "TEXT")}
+
 #: A claim whose row has no outcome, and whose process has not said it is alive for
 #: this long, was left by a process that died: another may take it over. The
 #: process carrying a decision out renews its heartbeat several times within it
@@ -78,6 +86,8 @@ ADDED_COLUMNS: dict[str, tuple[str, str]] = {
     "metadata": ("TEXT", "JSONB"),
     "heartbeat_at": ("TEXT", "TIMESTAMPTZ"),
     "rearmed_checkpoint_id": ("TEXT", "TEXT"),
+    # Read by the listing and the export only (``agent_sql``), never into a Decision.
+    AGENT_COLUMN: ("TEXT", "TEXT"),
 }
 COLUMNS = ", ".join(COLUMN_NAMES)
 
@@ -171,6 +181,27 @@ def keyset_sql(time: str, id_: str, source: int, after_source: int, at: str, aft
     if source == after_source:
         return f"({time}, {id_}) < ({at}, {after_id})"
     return f"{time} {'<=' if source < after_source else '<'} {at}"
+
+
+def agent_lookup(alias: str, *, stored: bool, runs: str | None) -> str | None:
+    """The entry's agent over the table as ``alias``, NULL when nothing names it: the
+    recorded one (``stored``: the table has the column), else the runs index's
+    (``runs``: its table) for an entry written before agents were recorded. COALESCE
+    evaluates its arguments in order and stops at the first not null, on both
+    databases: the index is read only for the entries that record no agent. None when
+    neither is there to read."""
+    found = [f"{alias}.{AGENT_COLUMN}"] if stored else []
+    if runs is not None:
+        found.append(f"(SELECT r.agent FROM {runs} r WHERE r.execution_id = {alias}.execution_id)")
+    if not found:
+        return None
+    return found[0] if len(found) == 1 else f"COALESCE({', '.join(found)})"
+
+
+def agent_sql(alias: str, *, stored: bool, runs: str | None) -> str:
+    """:func:`agent_lookup` as the listing shows it: empty when nothing names one."""
+    lookup = agent_lookup(alias, stored=stored, runs=runs)
+    return "''" if lookup is None else f"COALESCE({lookup}, '')"
 
 
 #: Votes the listing leaves out: the one that completed its rule's count is the

@@ -20,6 +20,8 @@ from psycopg.types.json import Jsonb
 from localui.backends.decisions import (
     ABANDONED_AFTER_SECONDS,
     ADDED_COLUMNS,
+    ADDED_VOTE_COLUMNS,
+    AGENT_COLUMN,
     COLUMN_NAMES,
     COMPLETED_BY_DECISION,
     DECISION_SOURCE,
@@ -29,6 +31,8 @@ from localui.backends.decisions import (
     VOTE_OUTCOME,
     VOTE_SOURCE,
     VOTES_TABLE,
+    agent_lookup,
+    agent_sql,
     cursor_position,
     decision_from_row,
     export_select,
@@ -144,6 +148,10 @@ class PostgresDecisionLog:
         self._has_votes = writable
         #: The select list the table can answer (see ``_table_exists``).
         self._columns: sql.Composable = _COLUMNS
+        #: Whether each table records its entries' agents (an old one a read-only log
+        #: may not migrate does not: the runs index names them all).
+        self._agents_recorded = writable
+        self._vote_agents_recorded = writable
         self._pool = Pool(
             dsn, name="localui-decisions", read_only=not writable, privileges=privileges
         )
@@ -185,10 +193,20 @@ class PostgresDecisionLog:
                 reason        TEXT NOT NULL DEFAULT '',
                 fields        TEXT NOT NULL DEFAULT '{{}}',
                 voted_at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+                agent         TEXT,
                 UNIQUE (execution_id, checkpoint_id, actor)
             )"""
             )
         )
+        present = self._present_columns(conn, VOTES_TABLE)
+        for column, (_, kind) in ADDED_VOTE_COLUMNS.items():
+            if column not in present:
+                # A votes table made before the column existed: old votes keep NULL.
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
+                        self._votes, sql.Identifier(column), sql.SQL(kind)
+                    )
+                )
         # The votes newest first, and one person's newest first, as the record lists them.
         for suffix, columns in (("time", "(voted_at, id)"), ("actor", "(actor, voted_at, id)")):
             conn.execute(
@@ -241,6 +259,7 @@ class PostgresDecisionLog:
                     metadata      JSONB,
                     heartbeat_at  TIMESTAMPTZ,
                     rearmed_checkpoint_id TEXT,
+                    agent         TEXT,
                     UNIQUE (kind, execution_id, checkpoint_id)
                 )"""
                 )
@@ -266,7 +285,7 @@ class PostgresDecisionLog:
                     sql.Identifier(f"{TABLE}_{suffix}"), self._table
                 )
             )
-            self._create_votes(conn)
+        self._create_votes(conn)
 
     def _create_open_index(self, conn: Any) -> None:
         """The claims still being carried out, which the recovery sweep reads each poll."""
@@ -276,17 +295,17 @@ class PostgresDecisionLog:
             ).format(sql.Identifier(f"{TABLE}_open"), self._table)
         )
 
-    def _present_columns(self, conn: Any) -> set[str]:
+    def _present_columns(self, conn: Any, table: str = TABLE) -> set[str]:
         rows = conn.execute(
             "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s)"
             " AND attnum > 0 AND NOT attisdropped",
-            (self._regclass(),),
+            (self._regclass(table),),
         ).fetchall()
         return {str(r["attname"] if isinstance(r, dict) else r[0]) for r in rows}
 
-    def _regclass(self) -> str:
+    def _regclass(self, table: str = TABLE) -> str:
         """The table as ``to_regclass`` parses it: quoted, so the name is taken as is."""
-        return sql.Identifier(self.schema, TABLE).as_string()
+        return sql.Identifier(self.schema, table).as_string()
 
     def claim(
         self,
@@ -299,6 +318,7 @@ class PostgresDecisionLog:
         reason: str,
         still_pending: Callable[[], bool],
         metadata: Mapping[str, Any] | None = None,
+        agent: str | None = None,
     ) -> Claim:
         from psycopg.rows import dict_row
 
@@ -322,8 +342,8 @@ class PostgresDecisionLog:
                 row = cur.execute(
                     self._sql(
                         "INSERT INTO {table}"
-                        " (kind, execution_id, checkpoint_id, approved, actor, reason, metadata)"
-                        " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                        " (kind, execution_id, checkpoint_id, approved, actor, reason, metadata,"
+                        " agent) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
                         " ON CONFLICT (kind, execution_id, checkpoint_id) DO NOTHING"
                         " RETURNING {columns}"
                     ),
@@ -333,6 +353,7 @@ class PostgresDecisionLog:
                         actor,
                         reason,
                         None if metadata is None else Jsonb(dict(metadata)),
+                        agent,
                     ),
                 ).fetchone()
                 if row is not None:
@@ -424,7 +445,9 @@ class PostgresDecisionLog:
         if not self._has_table:
             found = cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()
             if found["t"] is not None:
-                self._columns = _columns_of(self._present_columns(cur))
+                present = self._present_columns(cur)
+                self._columns = _columns_of(present)
+                self._agents_recorded = AGENT_COLUMN in present
             self._has_table = found["t"] is not None
         return self._has_table
 
@@ -503,10 +526,17 @@ class PostgresDecisionLog:
                 votes = self._listing_rows(cur, query, VOTE_SOURCE, runs)
         return merged_page(decisions, votes, query.limit, _raw_at, _entry, _vote_entry)
 
+    def _recorded(self, source: int) -> bool:
+        """Whether the table of ``source`` records each entry's agent."""
+        return self._vote_agents_recorded if source == VOTE_SOURCE else self._agents_recorded
+
     def _votes_exist(self, cur: Any) -> bool:
         if not self._has_votes:
             found = cur.execute("SELECT to_regclass(%s) AS t", (self._votes.as_string(),))
             self._has_votes = found.fetchone()["t"] is not None
+            if self._has_votes:
+                present = self._present_columns(cur, VOTES_TABLE)
+                self._vote_agents_recorded = AGENT_COLUMN in present
         return self._has_votes
 
     def list_export(self, query: DecisionQuery) -> ExportPage:
@@ -541,12 +571,11 @@ class PostgresDecisionLog:
         alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
         where, params = self._listing_where(query, source, runs)
         params["outcome_of"] = VOTE_OUTCOME if votes else PENDING_OUTCOME
-        agent = "COALESCE(r.agent, '')" if runs is not None else "''"
-        join = f" LEFT JOIN {runs} r ON r.execution_id = {alias}.execution_id" if runs else ""
+        agent = agent_sql(alias, stored=self._recorded(source), runs=runs)
         cur.execute(
             self._sql(
                 f"SELECT {export_select(source, alias, agent, '%(outcome_of)s')}"
-                f" FROM {'{votes}' if votes else '{table}'} {alias}{join}"
+                f" FROM {'{votes}' if votes else '{table}'} {alias}"
                 f" WHERE {' AND '.join(where) or 'true'}"
                 f" ORDER BY {alias}.{at} DESC, {alias}.id DESC LIMIT %(n)s"
             ),
@@ -592,10 +621,10 @@ class PostgresDecisionLog:
                 )
             )
             params.update(after_at=_instant("after", query.after[0]), after_id=after_id)
-        if query.agent is not None:
-            where.append(
-                f"{alias}.execution_id IN (SELECT execution_id FROM {runs} WHERE agent = %(agent)s)"
-            )
+        if query.agent is not None and runs is not None:
+            # Entries that record no agent are found by the runs index's.
+            lookup = agent_lookup(alias, stored=self._recorded(source), runs=runs)
+            where.append(f"{lookup} = %(agent)s")
             params["agent"] = query.agent
         if votes:
             where.append(COMPLETED_BY_DECISION.format(table="{table}"))
@@ -609,21 +638,18 @@ class PostgresDecisionLog:
         votes = source == VOTE_SOURCE
         alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
         where, params = self._listing_where(query, source, runs)
-        agent = "COALESCE(r.agent, '')" if runs is not None else "''"
-        join = f" LEFT JOIN {runs} r ON r.execution_id = {alias}.execution_id" if runs else ""
+        agent = agent_sql(alias, stored=self._recorded(source), runs=runs)
         if votes:
             columns, table = "{vote_columns}", "{votes}"
         else:
             # The record's columns as this table has them (an old table has no
             # metadata column).
             columns, table = "{columns}", "{table}"
-        # The page inside, its columns outside.
         cur.execute(
             self._sql(
-                f"SELECT {columns}, agent FROM (SELECT {alias}.*, {agent} AS agent"
-                f" FROM {table} {alias}{join} WHERE {' AND '.join(where) or 'true'}"
-                f" ORDER BY {alias}.{at} DESC, {alias}.id DESC LIMIT %(n)s) AS page"
-                f" ORDER BY {at} DESC, id DESC"
+                f"SELECT {columns}, {agent} AS agent"
+                f" FROM {table} {alias} WHERE {' AND '.join(where) or 'true'}"
+                f" ORDER BY {alias}.{at} DESC, {alias}.id DESC LIMIT %(n)s"
             ),
             params,
         )
@@ -659,6 +685,7 @@ class PostgresDecisionLog:
         reason: str,
         fields_json: str,
         needed: int,
+        agent: str | None = None,
     ) -> Ballot:
         from psycopg.rows import dict_row
 
@@ -681,10 +708,11 @@ class PostgresDecisionLog:
                 return Ballot(FULL, votes)
             cur.execute(
                 self._sql(
-                    "INSERT INTO {votes} (execution_id, checkpoint_id, actor, reason, fields)"
-                    " VALUES (%s, %s, %s, %s, %s)"
+                    "INSERT INTO {votes}"
+                    " (execution_id, checkpoint_id, actor, reason, fields, agent)"
+                    " VALUES (%s, %s, %s, %s, %s, %s)"
                 ),
-                (*key, actor, reason, fields_json),
+                (*key, actor, reason, fields_json, agent),
             )
             votes = tuple(vote_from_row(r, iso) for r in cur.execute(select, key).fetchall())
         return Ballot(COUNTED, votes)

@@ -14,6 +14,8 @@ from urllib.parse import quote
 from localui.backends.decisions import (
     ABANDONED_AFTER_SECONDS,
     ADDED_COLUMNS,
+    ADDED_VOTE_COLUMNS,
+    AGENT_COLUMN,
     COLUMNS,
     COMPLETED_BY_DECISION,
     DECISION_SOURCE,
@@ -24,6 +26,8 @@ from localui.backends.decisions import (
     VOTE_SOURCE,
     VOTES_TABLE,
     abandoned,
+    agent_lookup,
+    agent_sql,
     columns_of,
     cursor_position,
     decision_from_row,
@@ -72,6 +76,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     metadata      TEXT,
     heartbeat_at  TEXT,
     rearmed_checkpoint_id TEXT,
+    agent         TEXT,
     UNIQUE (kind, execution_id, checkpoint_id)
 )
 """
@@ -97,6 +102,7 @@ CREATE TABLE IF NOT EXISTS {VOTES_TABLE} (
     reason        TEXT NOT NULL DEFAULT '',
     fields        TEXT NOT NULL DEFAULT '{{}}',
     voted_at      TEXT NOT NULL,
+    agent         TEXT,
     UNIQUE (execution_id, checkpoint_id, actor)
 )
 """
@@ -193,6 +199,10 @@ class SQLiteDecisionLog:
         #: The select list the table can answer: an old table a read-only log may
         #: not migrate lacks the columns added since.
         self._columns = COLUMNS
+        #: Whether each table records its entries' agents (an old one a read-only log
+        #: may not migrate does not: the runs index names them all).
+        self._agents_recorded = writable
+        self._vote_agents_recorded = writable
         if writable:
             self._with_retry(self._create)
 
@@ -208,11 +218,15 @@ class SQLiteDecisionLog:
         for statement in LISTING_INDEXES:
             self._conn.execute(statement)
         self._conn.execute(VOTES_SCHEMA)
+        present = self._present_columns(VOTES_TABLE)
+        for column, (kind, _) in ADDED_VOTE_COLUMNS.items():
+            if column not in present:
+                self._conn.execute(f"ALTER TABLE {VOTES_TABLE} ADD COLUMN {column} {kind}")
         for statement in VOTE_LISTING_INDEXES:
             self._conn.execute(statement)
 
-    def _present_columns(self) -> set[str]:
-        return {str(r["name"]) for r in self._conn.execute(f"PRAGMA table_info({TABLE})")}
+    def _present_columns(self, table: str = TABLE) -> set[str]:
+        return {str(r["name"]) for r in self._conn.execute(f"PRAGMA table_info({table})")}
 
     def _with_retry(self, fn: Callable[[], T], *, budget: float = 10.0) -> T:
         """Run ``fn``, waiting out "database is locked" for a bounded time."""
@@ -262,6 +276,7 @@ class SQLiteDecisionLog:
         reason: str,
         still_pending: Callable[[], bool],
         metadata: Mapping[str, Any] | None = None,
+        agent: str | None = None,
     ) -> Claim:
         def attempt() -> Claim:
             with self._transaction() as conn:
@@ -273,7 +288,7 @@ class SQLiteDecisionLog:
                 cursor = conn.execute(
                     f"INSERT INTO {TABLE}"
                     " (kind, execution_id, checkpoint_id, approved, actor, reason, decided_at,"
-                    " metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    " metadata, agent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         kind,
                         execution_id,
@@ -283,6 +298,7 @@ class SQLiteDecisionLog:
                         reason,
                         now_iso(),
                         metadata_to_text(metadata),
+                        agent,
                     ),
                 )
                 row = conn.execute(
@@ -368,7 +384,9 @@ class SQLiteDecisionLog:
             ).fetchone()
             if exists is None:
                 return False  # read-only and never written: nothing decided here yet
-            self._columns = columns_of(self._present_columns())
+            present = self._present_columns()
+            self._columns = columns_of(present)
+            self._agents_recorded = AGENT_COLUMN in present
             self._has_table = True
         return True
 
@@ -469,23 +487,26 @@ class SQLiteDecisionLog:
         votes = source == VOTE_SOURCE
         alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
         where, params = self._agent_where(query, source)
-        agent = "COALESCE(r.agent, '')" if self._index_attached else "''"
+        agent = agent_sql(alias, stored=self._recorded(source), runs=self._runs())
         outcome = f"'{VOTE_OUTCOME}'" if votes else f"'{PENDING_OUTCOME}'"
         cursor = self._conn.cursor()
         # Tuples, not rows by name: the export's hot path.
         cursor.row_factory = None
         return cursor.execute(
             f"SELECT {export_select(source, alias, agent, outcome)}"
-            f" FROM {VOTES_TABLE if votes else TABLE} {alias}{self._agent_join(alias)}"
+            f" FROM {VOTES_TABLE if votes else TABLE} {alias}"
             f" WHERE {' AND '.join(where) or '1'}"
             f" ORDER BY {alias}.{at} DESC, {alias}.id DESC LIMIT ?",
             (*params, query.limit + 1),
         ).fetchall()
 
-    def _agent_join(self, alias: str) -> str:
-        if not self._index_attached:
-            return ""
-        return f" LEFT JOIN ix.runs r ON r.execution_id = {alias}.execution_id"
+    def _runs(self) -> str | None:
+        """The runs index's table, where entries that record no agent find theirs."""
+        return "ix.runs" if self._index_attached else None
+
+    def _recorded(self, source: int) -> bool:
+        """Whether the table of ``source`` records each entry's agent."""
+        return self._vote_agents_recorded if source == VOTE_SOURCE else self._agents_recorded
 
     def _agent_where(self, query: DecisionQuery, source: int) -> tuple[list[str], list[Any]]:
         """:func:`listing_where`, with the agent's filter and (for the votes) those
@@ -493,8 +514,10 @@ class SQLiteDecisionLog:
         alias = "v" if source == VOTE_SOURCE else "d"
         where, params = listing_where(query, source)
         if query.agent is not None:
+            # The caller has made sure the runs index is there: entries that record no
+            # agent are found by theirs.
             where.append(
-                f"{alias}.execution_id IN (SELECT execution_id FROM ix.runs WHERE agent = ?)"
+                f"{agent_lookup(alias, stored=self._recorded(source), runs='ix.runs')} = ?"
             )
             params.append(query.agent)
         if source == VOTE_SOURCE:
@@ -507,20 +530,17 @@ class SQLiteDecisionLog:
         votes = source == VOTE_SOURCE
         alias, at = ("v", "voted_at") if votes else ("d", "decided_at")
         where, params = self._agent_where(query, source)
-        agent = "COALESCE(r.agent, '')" if self._index_attached else "''"
-        join = self._agent_join(alias)
+        agent = agent_sql(alias, stored=self._recorded(source), runs=self._runs())
         if votes:
             columns, table = VOTE_COLUMNS, VOTES_TABLE
         else:
             # The record's columns as this table has them (an old table has no
             # metadata column).
             columns, table = self._columns, TABLE
-        # The page inside, its columns outside.
         return self._conn.execute(
-            f"SELECT {columns}, agent FROM (SELECT {alias}.*, {agent} AS agent"
-            f" FROM {table} {alias}{join} WHERE {' AND '.join(where) or '1'}"
-            f" ORDER BY {alias}.{at} DESC, {alias}.id DESC LIMIT ?)"
-            f" ORDER BY {at} DESC, id DESC",
+            f"SELECT {columns}, {agent} AS agent"
+            f" FROM {table} {alias} WHERE {' AND '.join(where) or '1'}"
+            f" ORDER BY {alias}.{at} DESC, {alias}.id DESC LIMIT ?",
             (*params, query.limit + 1),
         ).fetchall()
 
@@ -560,6 +580,7 @@ class SQLiteDecisionLog:
         reason: str,
         fields_json: str,
         needed: int,
+        agent: str | None = None,
     ) -> Ballot:
         def attempt() -> Ballot:
             # IMMEDIATE: one ballot at a time on the file, so the count read is the
@@ -572,9 +593,9 @@ class SQLiteDecisionLog:
                     return Ballot(FULL, votes)
                 conn.execute(
                     f"INSERT INTO {VOTES_TABLE}"
-                    " (execution_id, checkpoint_id, actor, reason, fields, voted_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (execution_id, checkpoint_id, actor, reason, fields_json, now_iso()),
+                    " (execution_id, checkpoint_id, actor, reason, fields, voted_at, agent)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (execution_id, checkpoint_id, actor, reason, fields_json, now_iso(), agent),
                 )
                 return Ballot(COUNTED, self._votes(execution_id, checkpoint_id))
 
@@ -594,6 +615,7 @@ class SQLiteDecisionLog:
             ).fetchone()
             if exists is None:
                 return False  # read-only and never voted on here
+            self._vote_agents_recorded = AGENT_COLUMN in self._present_columns(VOTES_TABLE)
             self._has_votes = True
         return True
 
