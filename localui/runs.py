@@ -694,20 +694,28 @@ def call_text(tool: str, arguments: Any) -> str:
 def skipped_siblings(snapshot: Any) -> tuple[str, ...]:
     """The tools of the other calls in the turn a pre-tool row re-enters that have no
     result yet. A resume re-invokes the row's own call only; the SDK answers these
-    "not run on resume" (``balance_tool_messages``) and never runs them."""
+    "not run on resume" (``balance_tool_messages``) and never runs them. A snapshot of
+    any other shape (rows are whatever the store holds) has none."""
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("messages"), list):
         return ()
     messages = [m for m in snapshot["messages"] if isinstance(m, dict)]
-    answered = {m.get("tool_call_id") for m in messages}
+    answered = {m.get("tool_call_id") for m in messages if isinstance(m.get("tool_call_id"), str)}
     turn = next(
-        (m for m in reversed(messages) if m.get("role") == "assistant" and m.get("tool_calls")),
+        (
+            m
+            for m in reversed(messages)
+            if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list)
+        ),
         None,
     )
     own = snapshot.get("tool_call_id")
     return tuple(
         str(call.get("name"))
         for call in (turn or {}).get("tool_calls") or []
-        if isinstance(call, dict) and call.get("id") != own and call.get("id") not in answered
+        if isinstance(call, dict)
+        and isinstance(call.get("id"), str)
+        and call.get("id") != own
+        and call.get("id") not in answered
     )
 
 
