@@ -50,6 +50,7 @@ from bench.notify import (
     WATCHER_BUDGETS,
     BenchTargets,
     run_notify_bench,
+    settle,
     watcher_idle_pct,
 )
 from bench.pg import copy_record, drop_schema
@@ -241,6 +242,10 @@ def measure_localui(
             if cursor is None:
                 result.errors.append("the runs list has one page only: no deep page to time")
             urls = localui_urls(store, cursor)
+            if options.notify:
+                # Timed as a server with targets runs: what waited when it started
+                # (every pause, its reminder) announced and delivered.
+                log(f"  announcements at start delivered {settle(server, log):.1f} s later")
             result.timings = _time_all(server, urls, options, log, result.load)
             if options.notify:
                 result.watcher_idle_pct = watcher_idle_pct(server, log, options.idle_seconds)

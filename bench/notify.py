@@ -363,11 +363,12 @@ def _pending(server: Server) -> int | None:
     return sum(int(t["pending"]) for t in body["targets"])
 
 
-def watcher_idle_pct(server: Server, log: Log, seconds: float = IDLE_SECONDS) -> float:
-    """The server's CPU, in per cent of one core, over ``seconds`` with no request
-    made: its watcher polling the change feed and sweeping. Read once what was
-    announced at start has been delivered (or after ``SETTLE_TIMEOUT_S``)."""
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+def settle(server: Server, log: Log) -> float:
+    """Wait until what the watcher announced at start is delivered (at most
+    ``SETTLE_TIMEOUT_S``): the steady state a server with targets runs in. Seconds
+    waited."""
+    started = time.monotonic()
+    deadline = started + SETTLE_TIMEOUT_S
     pending = _pending(server)
     while pending != 0 and time.monotonic() < deadline:
         time.sleep(1.0)
@@ -378,6 +379,14 @@ def watcher_idle_pct(server: Server, log: Log, seconds: float = IDLE_SECONDS) ->
         log(f"  {pending} announcements still pending after {SETTLE_TIMEOUT_S:.0f} s")
     # Let the last round's work end before reading.
     time.sleep(2.0)
+    return time.monotonic() - started
+
+
+def watcher_idle_pct(server: Server, log: Log, seconds: float = IDLE_SECONDS) -> float:
+    """The server's CPU, in per cent of one core, over ``seconds`` with no request
+    made: its watcher polling the change feed and sweeping. Read once what was
+    announced at start has been delivered (or after ``SETTLE_TIMEOUT_S``)."""
+    settle(server, log)
     cpu, started = server.cpu_seconds(), time.monotonic()
     time.sleep(seconds)
     used = server.cpu_seconds() - cpu

@@ -97,6 +97,9 @@ class Notifications:
     lease: float = 60.0
     #: How often the watcher looks for stalled runs and overdue pauses, in seconds.
     sweep_interval: float = 10.0
+    #: Seconds after start before the first of those looks (which announces the pauses
+    #: already waiting): the server answers its first pages before that work.
+    first_sweep_after: float = 2.0
     #: Each webhook POST or chat message gives up after this many seconds.
     timeout: float = 10.0
 

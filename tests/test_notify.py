@@ -407,6 +407,33 @@ async def test_a_receiver_down_for_a_while_gets_everything_once_it_is_back(where
         assert len(after) == SEEDED_PAUSES and max(after.values()) == 1
 
 
+@pytest.mark.anyio
+async def test_a_sweep_offers_only_what_it_has_not_offered_before(where: Where) -> None:
+    """Every 10 s the watcher sweeps the waiting pauses: once they are recorded, a sweep
+    builds no event for them (no paused call read, nothing written), until a reminder
+    comes due; then it offers that reminder alone."""
+    import dataclasses
+
+    with Receiver() as receiver:
+        # Only the first sweep runs by itself: the test makes the others.
+        notifications = webhook_settings(receiver, sweep_interval=10.0**6)
+        settings = where.settings(notifications, remind_after=10.0**9)
+        async with running(create_app(settings)) as state:
+            watcher = state.watcher
+            assert watcher is not None
+            await until(receiver, lambda r: len(r) >= SEEDED_PAUSES)
+            await anyio.to_thread.run_sync(watcher.sweep)
+            events, keys = await anyio.to_thread.run_sync(watcher.sweep_events)
+            assert events == [] and len(keys) == SEEDED_PAUSES
+            watcher.settings = dataclasses.replace(watcher.settings, remind_after=1.0)
+            events, keys = await anyio.to_thread.run_sync(watcher.sweep_events)
+            assert sorted(e.type for e in events) == [ev.OVERDUE] * SEEDED_PAUSES
+            assert len(keys) == 2 * SEEDED_PAUSES
+            assert await anyio.to_thread.run_sync(watcher.sweep) == SEEDED_PAUSES
+            events, _keys = await anyio.to_thread.run_sync(watcher.sweep_events)
+            assert events == []
+
+
 #: How long the receiver's process is away in the test below, as the issue asks.
 RECEIVER_AWAY = 30.0
 
@@ -428,7 +455,8 @@ async def test_a_receiver_away_for_30_s_on_the_default_backoff_gets_each_event_o
         assert state.watcher is not None
         outbox = state.watcher.outbox
         away_until = time.monotonic() + RECEIVER_AWAY
-        await anyio.sleep(2.0)
+        # The first sweep records the waiting pauses, and the first attempts fail.
+        await anyio.sleep(notifications.first_sweep_after + 2.0)
         statuses = await anyio.to_thread.run_sync(outbox.target_statuses)
         assert statuses[0].pending == SEEDED_PAUSES and statuses[0].sent == 0
         assert statuses[0].last_error is not None and "cannot be reached" in statuses[0].last_error

@@ -76,10 +76,7 @@ class Event:
     @property
     def key(self) -> str:
         """Unique per event kind, run and row (and reminder number)."""
-        parts = [self.type, self.execution_id, self.row]
-        if self.reminder:
-            parts.append(str(self.reminder))
-        return "\x1f".join(parts)
+        return event_key(self.type, self.execution_id, self.row, self.reminder)
 
 
 def paused_call(
@@ -127,6 +124,37 @@ def paused(
     )
 
 
+def event_key(event_type: str, execution_id: str, row: str, reminder: int = 0) -> str:
+    """:attr:`Event.key` from its parts, for an event not built yet."""
+    parts = [event_type, execution_id, row]
+    if reminder:
+        parts.append(str(reminder))
+    return "\x1f".join(parts)
+
+
+def pause_keys(
+    pending: Pending, now: datetime, remind_after: float, remind_times: int
+) -> tuple[str, ...]:
+    """The keys of the events a sweep offers for ``pending``: its ``run.paused``, and
+    its reminder when one is due (:func:`overdue`'s number), read from the pending
+    row alone."""
+    row = pending.checkpoint_id or pending.created_at
+    keys = [event_key(PAUSED, pending.execution_id, row)]
+    number = reminder_number(pending, now, remind_after, remind_times)
+    if number:
+        keys.append(event_key(OVERDUE, pending.execution_id, row, number))
+    return tuple(keys)
+
+
+def reminder_number(pending: Pending, now: datetime, remind_after: float, remind_times: int) -> int:
+    """Which reminder is due for ``pending`` at ``now`` (0: none yet)."""
+    then = runs.parse_time(pending.created_at)
+    if then is None or remind_after <= 0 or remind_times < 1:
+        return 0
+    waited = (now - then).total_seconds()
+    return max(0, min(math.floor(waited / remind_after), remind_times))
+
+
 def overdue(
     pending: Pending,
     call: PausedCall | None,
@@ -137,11 +165,7 @@ def overdue(
 ) -> Event | None:
     """A reminder for a pause waiting longer than ``remind_after`` seconds: the
     first after one interval, then one each interval, ``remind_times`` at most."""
-    then = runs.parse_time(pending.created_at)
-    if then is None or remind_after <= 0 or remind_times < 1:
-        return None
-    waited = (now - then).total_seconds()
-    number = min(math.floor(waited / remind_after), remind_times)
+    number = reminder_number(pending, now, remind_after, remind_times)
     if number < 1:
         return None
     return Event(

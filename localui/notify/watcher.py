@@ -7,7 +7,8 @@ a page is open. What it does:
   the app's :class:`~localui.live.ChangeFeed`, which so keeps polling): a new
   pause is ``run.paused``, a finished approval ``run.decided``, a run whose newest
   row is a failed end ``run.failed``.
-- **At start, after a missed change (a resync), and every ``sweep_interval``**:
+- **Shortly after start (``first_sweep_after``), after a missed change (a resync),
+  and every ``sweep_interval``**:
   every waiting pause is offered as ``run.paused`` (so pauses already waiting
   when notifications are first turned on are announced, once each), those waiting
   longer than ``remind_after`` as ``pause.overdue``, and the newest unfinished
@@ -83,6 +84,8 @@ class Watcher:
         self.problem: str | None = None
         #: Events newly recorded by this process, for the page and the tests.
         self.recorded = 0
+        #: Keys of the events the last sweep offered to the outbox (all recorded).
+        self._offered: set[str] = set()
 
     # --- what each poll does (blocking; run in a worker thread) ----------------
 
@@ -144,19 +147,37 @@ class Watcher:
                     found.append(reminder)
         return found
 
-    def sweep_events(self) -> list[Event]:
+    def sweep_events(self) -> tuple[list[Event], set[str]]:
         """Every waiting pause (and its reminder when overdue), and the newest stalled
-        runs."""
+        runs: the events not yet offered by an earlier sweep of this process, and the
+        keys of all of them. A pause already offered, whose reminder is not due, costs
+        only its pending row: its paused call is not read and nothing is written."""
         found: list[Event] = []
+        keys: set[str] = set()
+        now = self._now()
         after: tuple[str, str] | None = None
         while True:
             page = self.store.list_pending(after=after, limit=PENDING_PAGE)
-            found.extend(self._pause_events(page.items, overdue=True))
+            fresh = []
+            for pending in page.items:
+                wanted = [
+                    key
+                    for key in ev.pause_keys(
+                        pending,
+                        now,
+                        self.settings.remind_after,
+                        self.notifications.remind_times,
+                    )
+                    if key.partition("\x1f")[0] in self._wanted
+                ]
+                keys.update(wanted)
+                if any(key not in self._offered for key in wanted):
+                    fresh.append(pending)
+            found.extend(self._pause_events(fresh, overdue=True))
             if page.next_key is None:
                 break
             after = page.next_key
         if ev.STALLED in self._wanted:
-            now = self._now()
             cutoff = datetime.fromtimestamp(
                 now.timestamp() - self.settings.stale_after, UTC
             ).isoformat()
@@ -168,14 +189,20 @@ class Watcher:
             for facts in quiet.runs:
                 event = ev.stalled(facts, now, self.settings.stale_after)
                 if event is not None:
+                    keys.add(event.key)
                     found.append(event)
-        return found
+        return [e for e in found if e.key not in self._offered], keys
 
     def on_changes(self, changes: Changes) -> int:
         return self.record(self.events_of_changes(changes))
 
     def sweep(self) -> int:
-        return self.record(self.sweep_events())
+        found, keys = self.sweep_events()
+        added = self.record(found)
+        # Recorded (here, or before by any process: the outbox keeps each key once), so
+        # the next sweep need not offer them again; what no longer waits is forgotten.
+        self._offered = keys
+        return added
 
     # --- the loops ---------------------------------------------------------------
 
@@ -216,6 +243,9 @@ class Watcher:
 
     async def _watch(self, subscription: Subscription) -> None:
         async with subscription:
+            # The pages first: a server starting on a store with many pauses serves
+            # at once, and announces what waits a moment later.
+            await asyncio.sleep(self.notifications.first_sweep_after)
             await self._guarded(self.sweep)
             interval = self.notifications.sweep_interval
             next_sweep = time.monotonic() + interval
