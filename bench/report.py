@@ -190,7 +190,9 @@ def markdown(
             measured += f" (missing: {', '.join(v.missing)})"
         cpu = "–"
         store_label, _, metric = v.where.partition(" / ")
-        timing = by_label[store_label].localui.timings.get(metric) if v.where else None
+        # Figures of no store (the demo's starts, the bulk resume) have no page timing.
+        run = by_label.get(store_label)
+        timing = run.localui.timings.get(metric) if run is not None else None
         if timing is not None and timing.cpu_ms is not None:
             cpu = f"{timing.cpu_ms:,.1f} ms"
         result = "pass" if v.passed else "**MISSED**"

@@ -82,9 +82,11 @@ def list_runs(conn: sqlite3.Connection, query: RunQuery, *, has_text_index: bool
         # answers it exactly (the text has one field per line and a search for text
         # without a line break cannot match across two), for the runs it holds; the
         # few folded in since its last batch are scanned.
+        # One IN list of both (not an OR of the two, which SQLite answers by scanning
+        # every run): the matches, then the runs past ``upto`` by their rowid range.
         where.append(
-            "(rowid IN (SELECT rowid FROM run_text WHERE run_text MATCH ?)"
-            f" OR (rowid > ? AND {_SCANNED}))"
+            "rowid IN (SELECT rowid FROM run_text WHERE run_text MATCH ?"
+            f" UNION ALL SELECT rowid FROM runs WHERE rowid > ? AND {_SCANNED})"
         )
         params += [phrase(query.text), schema.text_upto(conn)]
         params += [shared.like(query.text)] * _SCANNED.count("?")
