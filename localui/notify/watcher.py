@@ -109,18 +109,19 @@ class Watcher:
 
     def events_of_changes(self, changes: Changes) -> list[Event]:
         """The events one published change gives."""
+        # Only what is announced is read: a change of many runs costs reads per run.
         found: list[Event] = []
-        added = sorted(changes.pauses_added)
+        added = sorted(changes.pauses_added) if ev.PAUSED in self._wanted else []
         pendings = [p for p in (self.store.get_pending(i) for i in added) if p is not None]
         found.extend(self._pause_events(pendings, overdue=False))
-        for execution_id in sorted(changes.decided):
+        for execution_id in sorted(changes.decided) if ev.DECIDED in self._wanted else []:
             facts = self.store.get_run(execution_id)
             agent = facts.agent if facts is not None else ""
             for decision in self.decisions.list_for_run(execution_id):
                 event = ev.decided(decision, agent)
                 if event is not None:
                     found.append(event)
-        for execution_id in sorted(changes.runs):
+        for execution_id in sorted(changes.runs) if ev.FAILED in self._wanted else []:
             facts = self.store.get_run(execution_id)
             event = ev.failed(facts) if facts is not None else None
             if event is not None:
