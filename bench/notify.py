@@ -354,8 +354,9 @@ class BenchTargets:
         self.receiver.__exit__(None, None, None)
 
 
-def _pending(server: Server) -> int | None:
-    """Announcements not yet delivered, over every target (None: not readable)."""
+def _progress(server: Server) -> tuple[bool, int, int] | None:
+    """Whether the watcher has swept since start, and the announcements pending and
+    sent over every target (None: not readable)."""
     try:
         answer = httpx.get(f"{server.base_url}/notifications.json", timeout=30.0)
     except httpx.HTTPError:
@@ -365,25 +366,32 @@ def _pending(server: Server) -> int | None:
     body = answer.json()
     if not body.get("configured"):
         return None
-    return sum(int(t["pending"]) for t in body["targets"])
+    pending = sum(int(t["pending"]) for t in body["targets"])
+    sent = sum(int(t["sent"]) + int(t["failed"]) for t in body["targets"])
+    return body.get("last_sweep_at") is not None, pending, sent
 
 
 def settle(server: Server, log: Log) -> float:
     """Wait until what the watcher announced at start is delivered (at most
-    ``SETTLE_TIMEOUT_S``): the steady state a server with targets runs in. Seconds
-    waited."""
+    ``SETTLE_TIMEOUT_S``): the steady state a server with targets runs in. That is
+    after its first sweep (``first_sweep_after`` past start), with nothing pending,
+    and nothing more sent over two readings a second apart (a round in flight has
+    claimed its rows, so they no longer count as pending). Seconds waited."""
     started = time.monotonic()
     deadline = started + SETTLE_TIMEOUT_S
-    pending = _pending(server)
-    while pending != 0 and time.monotonic() < deadline:
+    before: tuple[bool, int, int] | None = None
+    while True:
+        now = _progress(server)
+        if now is None:
+            raise RuntimeError("/notifications.json does not say the server's targets")
+        swept, pending, _ = now
+        if swept and pending == 0 and now == before:
+            break
+        if time.monotonic() >= deadline:
+            log(f"  {pending} announcements still pending after {SETTLE_TIMEOUT_S:.0f} s")
+            break
+        before = now
         time.sleep(1.0)
-        pending = _pending(server)
-    if pending is None:
-        raise RuntimeError("/notifications.json does not say the server's targets")
-    if pending:
-        log(f"  {pending} announcements still pending after {SETTLE_TIMEOUT_S:.0f} s")
-    # Let the last round's work end before reading.
-    time.sleep(2.0)
     return time.monotonic() - started
 
 

@@ -420,6 +420,7 @@ def serve(
     from localui.backends import open_backend, target_of
     from localui.limits import server_limits
     from localui.memory import ReleaseFreedMemory, keep_thresholds
+    from localui.notify.targets import TargetError, targets_of
 
     target = target_of(settings)
     if target.sqlite_path is not None:
@@ -435,14 +436,18 @@ def serve(
                 f"no store at {target.sqlite_path} (pass --store or set FASTAIAGENT_LOCAL_DB)"
             )
     if settings.notifications.configured:
-        from localui.notify.targets import TargetError, targets_of
-
         if settings.read_only:
             return fail("--read-only writes nothing, and notifications keep an outbox: pick one")
         try:
-            targets_of(settings.notifications)
+            # The webhooks here, and the chat URLs asked of the Apprise child: it
+            # checks them while this process goes on starting (see the check below).
+            targets_of(settings.notifications, chat=False)
         except TargetError as exc:
             return fail(str(exc))
+        if settings.notifications.chat:
+            from localui.notify.apprise_process import shared
+
+            shared().check_soon(list(settings.notifications.chat))
     # The agents are imported before the store opens: opening may start indexing it
     # in a thread, which would slow the imports down.
     loaded = list(agents)
@@ -462,7 +467,9 @@ def serve(
         # Made here once so a missing privilege is one line, not a failed lifespan.
         backend.decision_log(writable=not settings.read_only).close()
         registry = Registry.build(loaded, backend.target)
-    except (LocalUIError, RegistryError) as exc:
+        if settings.notifications.configured:
+            targets_of(settings.notifications)
+    except (LocalUIError, RegistryError, TargetError) as exc:
         backend.close()
         return fail(str(exc))
     app: ASGIApp = create_app(

@@ -701,3 +701,34 @@ def test_deep_links_point_where_the_session_cookie_lives(
         notifications=Notifications(public_url=public_url),
     )
     assert link_base(settings) == base
+
+
+def test_chat_urls_are_checked_and_sent_by_a_child_process_not_the_server() -> None:
+    # A fresh interpreter, so nothing else this test run imported is counted.
+    script = """
+import os, signal, sys
+from bench.receiver import Receiver
+from localui.notify.apprise_process import AppriseProcess
+child = AppriseProcess()
+with Receiver() as receiver:
+    url = f"json://127.0.0.1:{receiver.port}/chat"
+    child.check_soon([url])
+    print(child.label(url), child.label("nonsense://here"))
+    child.send(url, "first", "a run waits")
+    first = child.pid
+    os.kill(first, signal.SIGKILL)
+    os.waitpid(first, 0)
+    child.send(url, "second", "after the child died")
+    print(first != child.pid, [r.json()["title"] for r in receiver.requests("/chat")])
+    child.close()
+print("apprise" in sys.modules)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    checked, restarted, in_server = done.stdout.splitlines()
+    assert "('label', 'json://127.0.0.1:" in checked
+    assert "('error', 'not a notification URL Apprise knows')" in checked
+    assert restarted == "True ['first', 'second']"
+    assert in_server == "False"

@@ -74,7 +74,6 @@ class Deliverer:
         self.links = links
         self._now = now
         self._redact = frozenset(settings.redact)
-        self._chats: dict[str, Any] = {}
         self._signer: Any = None
         if settings.webhook_secret:
             from standardwebhooks.webhooks import Webhook
@@ -82,20 +81,18 @@ class Deliverer:
             self._signer = Webhook(settings.webhook_secret)
 
     def chat(self, target: Target, batch: Sequence[Notification]) -> None:
-        """One Apprise message about every event in ``batch``."""
-        import apprise
+        """One Apprise message about every event in ``batch``, sent by the Apprise
+        child process (``localui.notify.apprise_process``)."""
+        from localui.notify.apprise_process import shared
 
-        client = self._chats.get(target.id)
-        if client is None:
-            client = apprise.Apprise()
-            client.add(target.url)
-            self._chats[target.id] = client
         title, body = formats.message([event_of(n) for n in batch], self.links, self._now())
-        with apprise.LogCapture(level=logging.WARNING) as captured:  # type: ignore[no-untyped-call]
-            delivered = client.notify(body=body, title=title)
-        if not delivered:
-            said = [line for line in captured.getvalue().splitlines() if line.strip()]
-            raise DeliveryError(said[-1] if said else f"{target.label} did not take the message")
+        try:
+            shared().send(target.url, title, body)
+        except Exception as exc:
+            said = str(exc).strip().splitlines()
+            raise DeliveryError(
+                said[-1] if said else f"{target.label} did not take the message"
+            ) from exc
 
     def webhook(self, target: Target, notification: Notification) -> None:
         """One signed POST (Standard Webhooks) about one event."""

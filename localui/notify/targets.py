@@ -35,18 +35,21 @@ class Target:
 
 
 def chat_target(url: str) -> Target:
-    """An Apprise URL (``slack://…``, ``mailto://…``, ``json://…``) Apprise accepts."""
-    import apprise
+    """An Apprise URL (``slack://…``, ``mailto://…``, ``json://…``) Apprise accepts,
+    checked in the Apprise child process (``localui.notify.apprise_process``)."""
+    from localui.notify.apprise_process import AppriseGone, shared
 
-    plugin = apprise.Apprise.instantiate(url)
-    if plugin is None:
+    try:
+        kind, said = shared().label(url)
+    except AppriseGone as exc:
+        raise TargetError(f"--notify: the URL could not be checked: {exc}") from exc
+    if kind == "error":
         scheme = url.split("://", 1)[0] if "://" in url else url
         raise TargetError(
             f"--notify {scheme}://…: not a notification URL Apprise knows, or missing its"
             " parts (see the Apprise wiki for the form of each service's URL)"
         )
-    shown = str(plugin.url(privacy=True))  # type: ignore[no-untyped-call]
-    return Target(kind=CHAT, url=url, label=shown.split("?", 1)[0])
+    return Target(kind=CHAT, url=url, label=said)
 
 
 def webhook_target(url: str) -> Target:
@@ -62,8 +65,9 @@ def webhook_target(url: str) -> Target:
     return Target(kind=WEBHOOK, url=url, label=f"{parts.scheme}://{where}{parts.path}")
 
 
-def targets_of(settings: Notifications) -> tuple[Target, ...]:
-    """Every configured target; raises :class:`TargetError` for the first bad one."""
+def targets_of(settings: Notifications, *, chat: bool = True) -> tuple[Target, ...]:
+    """Every configured target (the chat ones only with ``chat``); raises
+    :class:`TargetError` for the first bad one."""
     if settings.webhooks and not settings.webhook_secret:
         raise TargetError("--webhook needs --webhook-secret-file: receivers check the signature")
     if settings.webhook_secret:
@@ -74,6 +78,6 @@ def targets_of(settings: Notifications) -> tuple[Target, ...]:
         except Exception as exc:
             raise TargetError(f"the webhook secret is not a whsec_… base64 secret: {exc}") from exc
     return (
-        *(chat_target(u) for u in settings.chat),
+        *(chat_target(u) for u in (settings.chat if chat else ())),
         *(webhook_target(u) for u in settings.webhooks),
     )

@@ -58,6 +58,8 @@ class NotificationsPage:
     #: Whether this server was started with any ``--notify`` or ``--webhook`` target.
     configured: bool
     events: tuple[str, ...]
+    #: When the watcher last looked at every waiting pause (None: not yet since start).
+    last_sweep_at: str | None
     targets: tuple[TargetRow, ...]
     recent: tuple[AnnouncementRow, ...]
 
@@ -79,7 +81,9 @@ def _row(n: Notification, urls: Urls) -> AnnouncementRow:
 
 def build_notifications_page(watcher: Watcher | None, urls: Urls) -> NotificationsPage:
     if watcher is None:
-        return NotificationsPage(configured=False, events=(), targets=(), recent=())
+        return NotificationsPage(
+            configured=False, events=(), last_sweep_at=None, targets=(), recent=()
+        )
     statuses: dict[str, TargetStatus] = {s.target: s for s in watcher.outbox.target_statuses()}
     targets = []
     for target in watcher.targets:
@@ -99,6 +103,7 @@ def build_notifications_page(watcher: Watcher | None, urls: Urls) -> Notificatio
     return NotificationsPage(
         configured=True,
         events=watcher.notifications.events,
+        last_sweep_at=_instant(watcher.swept_at),
         targets=tuple(targets),
         recent=tuple(_row(n, urls) for n in watcher.outbox.list_recent(RECENT)),
     )
