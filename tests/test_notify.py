@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -432,6 +433,37 @@ async def test_a_sweep_offers_only_what_it_has_not_offered_before(where: Where) 
             assert await anyio.to_thread.run_sync(watcher.sweep) == SEEDED_PAUSES
             events, _keys = await anyio.to_thread.run_sync(watcher.sweep_events)
             assert events == []
+
+
+@pytest.mark.anyio
+async def test_after_a_restart_a_sweep_builds_nothing_the_outbox_holds_for_every_target(
+    where: Where,
+) -> None:
+    """A new process has offered nothing yet, but what the outbox holds for every target
+    is not built again (no paused call read, nothing written: a thousand waiting pauses
+    cost a restart one query); a target added since gets each waiting pause, once."""
+    with Receiver() as first, Receiver() as added:
+        notifications = webhook_settings(first, sweep_interval=10.0**6)
+        settings = where.settings(notifications, remind_after=10.0**9)
+        async with running(create_app(settings)):
+            await until(first, lambda r: len(r) >= SEEDED_PAUSES)
+        # The sweeps below are the test's own: the watcher makes none by itself.
+        quiet = dataclasses.replace(notifications, first_sweep_after=10.0**6)
+        async with running(create_app(dataclasses.replace(settings, notifications=quiet))) as s:
+            assert s.watcher is not None
+            events, keys = await anyio.to_thread.run_sync(s.watcher.sweep_events)
+            assert events == [] and len(keys) == SEEDED_PAUSES
+        both = dataclasses.replace(quiet, webhooks=(first.url + "/hook", added.url + "/hook"))
+        async with running(create_app(dataclasses.replace(settings, notifications=both))) as s:
+            assert s.watcher is not None
+            events, keys = await anyio.to_thread.run_sync(s.watcher.sweep_events)
+            assert sorted(e.type for e in events) == [ev.PAUSED] * SEEDED_PAUSES
+            # Recorded for the new target alone: the first has each of them already.
+            assert await anyio.to_thread.run_sync(s.watcher.sweep) == SEEDED_PAUSES
+            await until(added, lambda r: len(r) >= SEEDED_PAUSES)
+            await anyio.sleep(1.0)
+        assert len(first.requests()) == SEEDED_PAUSES
+        assert len(added.requests()) == SEEDED_PAUSES
 
 
 #: How long the receiver's process is away in the test below, as the issue asks.

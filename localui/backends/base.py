@@ -13,7 +13,7 @@ call them off the event loop. Implementations never write the SDK's tables.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -336,6 +336,11 @@ class Outbox(Protocol):
         self, notices: Sequence[Notice], targets: Sequence[str], *, now: float, give_up_at: float
     ) -> int:
         """Each notice for each target, unless already recorded; how many rows are new."""
+        ...
+
+    def recorded(self, keys: Collection[str], targets: Sequence[str]) -> set[str]:
+        """Those of ``keys`` already recorded for every one of ``targets``: a read, so a
+        sweep offers again only what is new without writing (or reading its call)."""
         ...
 
     def claim_due(self, *, now: float, lease: float, limit: int) -> tuple[Notification, ...]:

@@ -161,7 +161,7 @@ class Watcher:
         after: tuple[str, str] | None = None
         while True:
             page = self.store.list_pending(after=after, limit=PENDING_PAGE)
-            fresh = []
+            unoffered: list[tuple[Pending, list[str]]] = []
             for pending in page.items:
                 wanted = [
                     key
@@ -174,9 +174,12 @@ class Watcher:
                     if key.partition("\x1f")[0] in self._wanted
                 ]
                 keys.update(wanted)
-                if any(key not in self._offered for key in wanted):
-                    fresh.append(pending)
-            found.extend(self._pause_events(fresh, overdue=True))
+                unoffered.append((pending, [key for key in wanted if key not in self._offered]))
+            # What an earlier process (or another one) recorded is not read again: after a
+            # restart, a thousand waiting pauses cost one query, not their paused calls.
+            known = self._recorded({key for _, ks in unoffered for key in ks})
+            fresh = [p for p, ks in unoffered if any(key not in known for key in ks)]
+            found.extend(e for e in self._pause_events(fresh, overdue=True) if e.key not in known)
             if page.next_key is None:
                 break
             after = page.next_key
@@ -189,12 +192,19 @@ class Watcher:
             quiet = self.store.list_runs(
                 RunQuery(state="unfinished", after=(cutoff, ""), limit=STALLED_PAGE)
             )
-            for facts in quiet.runs:
-                event = ev.stalled(facts, now, self.settings.stale_after)
-                if event is not None:
-                    keys.add(event.key)
-                    found.append(event)
+            stalled = [
+                e
+                for e in (ev.stalled(facts, now, self.settings.stale_after) for facts in quiet.runs)
+                if e is not None
+            ]
+            keys.update(e.key for e in stalled)
+            known = self._recorded({e.key for e in stalled if e.key not in self._offered})
+            found.extend(e for e in stalled if e.key not in known)
         return [e for e in found if e.key not in self._offered], keys
+
+    def _recorded(self, keys: set[str]) -> set[str]:
+        """Those of ``keys`` the outbox holds for every target already."""
+        return self.outbox.recorded(keys, [t.id for t in self.targets]) if keys else set()
 
     def on_changes(self, changes: Changes) -> int:
         return self.record(self.events_of_changes(changes))

@@ -9,7 +9,7 @@ is sent twice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from psycopg import sql
@@ -117,6 +117,21 @@ class PostgresOutbox:
                 )
                 added += cur.rowcount
         return added
+
+    def recorded(self, keys: Collection[str], targets: Sequence[str]) -> set[str]:
+        wanted, kinds = sorted(set(keys)), sorted(set(targets))
+        if not wanted or not kinds:
+            return set(wanted)  # with no target, every key is recorded for all of them
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            rows = cur.execute(
+                self._sql(
+                    "SELECT event_key FROM {table} WHERE event_key = ANY(%s)"
+                    " AND target = ANY(%s) GROUP BY event_key"
+                    " HAVING count(DISTINCT target) = %s"
+                ),
+                (wanted, kinds, len(kinds)),
+            ).fetchall()
+        return {str(r[0]) for r in rows}
 
     def claim_due(self, *, now: float, lease: float, limit: int) -> tuple[Notification, ...]:
         from psycopg.rows import dict_row

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -47,6 +47,9 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     UNIQUE (event_key, target)
 )
 """
+#: Event keys asked about in one statement by :meth:`SQLiteOutbox.recorded`.
+RECORDED_SLICE = 500
+
 INDEX = f"CREATE INDEX IF NOT EXISTS {TABLE}_due ON {TABLE} (state, next_at)"
 
 
@@ -124,6 +127,27 @@ class SQLiteOutbox:
                     rows,
                 )
                 return conn.total_changes - before
+
+        return self._with_retry(attempt)
+
+    def recorded(self, keys: Collection[str], targets: Sequence[str]) -> set[str]:
+        wanted, kinds = sorted(set(keys)), sorted(set(targets))
+        if not wanted or not kinds:
+            return set(wanted)  # with no target, every key is recorded for all of them
+
+        def attempt() -> set[str]:
+            found: set[str] = set()
+            # In slices: SQLite takes at most 32,766 parameters in one statement.
+            for start in range(0, len(wanted), RECORDED_SLICE):
+                part = wanted[start : start + RECORDED_SLICE]
+                rows = self._conn.execute(
+                    f"SELECT event_key FROM {TABLE} WHERE event_key IN"
+                    f" ({', '.join('?' * len(part))}) AND target IN ({', '.join('?' * len(kinds))})"
+                    " GROUP BY event_key HAVING count(DISTINCT target) = ?",
+                    [*part, *kinds, len(kinds)],
+                ).fetchall()
+                found.update(str(r[0]) for r in rows)
+            return found
 
         return self._with_retry(attempt)
 
