@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +102,13 @@ def sdk_urls(store: BuiltStore) -> dict[str, str]:
     }
 
 
+def median_start(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The median of timed starts, by wall time, with that start's CPU (the lower middle
+    one of an even count: a figure that was measured, not an average of two)."""
+    ordered = sorted(samples)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 @dataclass
 class ServerRun:
     """One server's figures on one store."""
@@ -121,8 +128,12 @@ class ServerRun:
     #: after the same warm-up.
     viewer_startup_s: float | None = None
     viewer_memory_kb: dict[str, int] = field(default_factory=dict)
-    #: CPU seconds each start had used at its first 200: ``cold``, ``warm``, ``viewer``.
+    #: CPU seconds each start had used at its first 200: ``cold``, ``warm``, ``viewer``
+    #: (of the median start, when several were timed).
     startup_cpu: dict[str, float] = field(default_factory=dict)
+    #: Every timed start of each kind, ``(seconds to the first 200, CPU seconds)``: the
+    #: ``startup_*`` figures are their medians (``--starts``).
+    start_samples: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     pages: dict[str, PageWeight] = field(default_factory=dict)
     #: The page number the deep-page timing opened (smaller when the list is short).
     deep_page: int = 0

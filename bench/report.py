@@ -435,7 +435,8 @@ def markdown(
         if r.localui.viewer_startup_s is not None:
             add(
                 f"| localui without agents | {r.store.label} | – | – |"
-                f" {_startup(r.localui.viewer_startup_s, r.localui.startup_cpu.get('viewer'))} |"
+                f" {_startup(r.localui.viewer_startup_s, r.localui.startup_cpu.get('viewer'))}"
+                f"{_samples(r.localui, 'viewer')} |"
                 f" {_num(r.localui.viewer_memory_kb.get('VmRSS'), 1024 / 1e6)} MB |"
                 f" {_num(r.localui.viewer_memory_kb.get('VmHWM'), 1024 / 1e6)} MB | – |"
             )
@@ -444,10 +445,12 @@ def markdown(
                 continue
             add(
                 f"| {name} | {r.store.label} |"
-                f" {_startup(server.startup_cold_s, server.startup_cpu.get('cold'))} |"
+                f" {_startup(server.startup_cold_s, server.startup_cpu.get('cold'))}"
+                f"{_samples(server, 'cold')} |"
                 f" {_num(server.indexed_s)}{' s' if server.indexed_s is not None else ''}"
                 f"{_search_indexed(server)} |"
-                f" {_startup(server.startup_warm_s, server.startup_cpu.get('warm'))} |"
+                f" {_startup(server.startup_warm_s, server.startup_cpu.get('warm'))}"
+                f"{_samples(server, 'warm')} |"
                 f" {_num(server.memory_kb.get('VmRSS'), 1024 / 1e6)} MB |"
                 f" {_num(server.memory_kb.get('VmHWM'), 1024 / 1e6)} MB |"
                 f" {' → '.join(f'{x:.1f}' for x in server.load) or '–'} |"
@@ -458,11 +461,13 @@ def markdown(
         " agent every copied run names, as a user registers theirs); without agents: the same"
         " without `--agents`. Cold: a fresh `XDG_CACHE_HOME` (localui keeps its runs index"
         " there), so the first start on the store; warm: served again with what the first"
-        " start left. On a first start localui answers `/` at once with the runs written to"
-        ' most recently and says it is indexing; "runs index complete" is when its runs'
-        " list, counts and filters answer from the whole index (the latency tables are"
-        " timed after that). The SDK UI keeps nothing between starts. SDK UI `/` is its static"
-        " single-page shell; localui `/` is the runs list. VmHWM: the peak resident size."
+        " start left. Each kind of localui start is timed `--starts` times (the medians"
+        " count, and every start is listed). On a first start localui answers `/` at once"
+        ' with the runs written to most recently and says it is indexing; "runs index'
+        ' complete" is when its runs list, counts and filters answer from the whole index'
+        " (the latency tables are timed after that). The SDK UI keeps nothing between"
+        " starts. SDK UI `/` is its static single-page shell; localui `/` is the runs list."
+        " VmHWM: the peak resident size."
     )
     add("")
     if errors:
@@ -472,6 +477,14 @@ def markdown(
             add(f"- {e}")
         add("")
     return "\n".join(lines)
+
+
+def _samples(server: ServerRun, kind: str) -> str:
+    """Every start of a kind, when several were timed (the figure before is their median)."""
+    samples = server.start_samples.get(kind, [])
+    if len(samples) < 2:
+        return ""
+    return f"; median of {', '.join(_num(wall) for wall, _cpu in samples)} s"
 
 
 def _startup(wall: float | None, cpu: float | None) -> str:
@@ -505,6 +518,7 @@ def _server_json(server: ServerRun | None) -> Mapping[str, Any] | None:
         "viewer_startup_s": server.viewer_startup_s,
         "viewer_memory_kb": server.viewer_memory_kb,
         "startup_cpu_s": server.startup_cpu,
+        "start_samples": server.start_samples,
         "load": server.load,
         "deep_page": server.deep_page,
         "pages": {k: w.as_json() for k, w in server.pages.items()},

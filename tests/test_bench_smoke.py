@@ -139,6 +139,21 @@ def test_every_measurement_has_its_row(bench_run: tuple[int, str, dict, str], ba
         assert _row(table, label) == ["not measured"]
 
 
+def test_each_kind_of_start_is_timed_three_times_and_the_median_counts(
+    bench_run: tuple[int, str, dict, str],
+) -> None:
+    _status, table, results, _stderr = bench_run
+    for store in results["stores"]:
+        localui = store["localui"]
+        samples = localui["start_samples"]
+        assert {kind: len(s) for kind, s in samples.items()} == {"cold": 3, "warm": 3, "viewer": 3}
+        for kind, figure in (("cold", "startup_cold_s"), ("warm", "startup_warm_s")):
+            assert localui[figure] == sorted(wall for wall, _cpu in samples[kind])[1]
+        assert localui["viewer_startup_s"] == sorted(w for w, _cpu in samples["viewer"])[1]
+        memory = [line for line in table.splitlines() if line.startswith("| localui | ")]
+        assert any("median of" in line for line in memory), memory
+
+
 def test_every_budget_is_judged_and_the_exit_status_agrees(
     bench_run: tuple[int, str, dict, str],
 ) -> None:
