@@ -466,6 +466,58 @@ async def test_after_a_restart_a_sweep_builds_nothing_the_outbox_holds_for_every
         assert len(added.requests()) == SEEDED_PAUSES
 
 
+@pytest.mark.anyio
+async def test_pauses_that_waited_before_are_announced_once_the_runs_index_is_built(
+    store_copy: Path, seeded: Seeded, tmp_path: Path
+) -> None:
+    """On a first start of a big store the runs index is built in the background; the
+    backlog of waiting pauses is announced once it is complete, not beside the build
+    (at a million runs that doubled its time). SQLite alone: the build is held here by
+    the index file's write lock, which PostgreSQL has no counterpart of."""
+    import sqlite3
+
+    from localui.backends.sqlite import SQLiteBackend
+    from localui.backends.sqlite.store import SQLiteStore
+    from localui.records import RunQuery
+
+    where = Where("sqlite", str(store_copy), seeded)
+    # An index built once for another file: the next open builds it anew.
+    built = SQLiteStore(store_copy, index_dir=tmp_path / "index")
+    built.list_runs(RunQuery())
+    index_file = built._index.path
+    built.close()
+    with sqlite3.connect(index_file) as conn:
+        conn.execute("UPDATE meta SET value = 'another file' WHERE key = 'identity'")
+    holder = sqlite3.connect(index_file, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    store = SQLiteStore(store_copy, index_dir=tmp_path / "index", background_index_from_rows=0)
+    with Receiver() as receiver:
+        settings = where.settings(webhook_settings(receiver, first_sweep_after=0.1))
+        app = create_app(settings, backend=SQLiteBackend(store_copy, store=store))
+        async with running(app) as state:
+            watcher = state.watcher
+            assert watcher is not None
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url=BASE_URL
+            ) as client:
+                try:
+                    assert "Indexing" in (await client.get("/")).text  # the build starts
+                    await anyio.sleep(1.5)  # the first sweep was due long ago
+                    assert receiver.requests() == []
+                    assert watcher.swept_at is None and watcher.index_building is not None
+                    page = (await client.get("/notifications.json")).json()
+                    assert page["last_sweep_at"] is None and page["index_percent"] is not None
+                    html = (await client.get("/notifications")).text
+                    assert "the runs index is being built" in html
+                finally:
+                    holder.execute("ROLLBACK")
+                    holder.close()
+                got = await until(receiver, lambda r: len(r) >= SEEDED_PAUSES)
+                page = (await client.get("/notifications.json")).json()
+        assert {b["data"]["execution_id"] for b in of_type(got, ev.PAUSED)} == seeded.ids("paused")
+        assert page["last_sweep_at"] is not None and page["index_percent"] is None
+
+
 #: How long the receiver's process is away in the test below, as the issue asks.
 RECEIVER_AWAY = 30.0
 

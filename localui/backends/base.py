@@ -34,6 +34,7 @@ from localui.records import (
     ExportPage,
     FleetCounts,
     ForkLink,
+    IndexProgress,
     PausedCall,
     Pending,
     PendingPage,
@@ -78,6 +79,12 @@ class Store(Protocol):
         """Runs per state, how many need a person for each reason, the outbox totals and
         the pending pauses, from the runs index after one catch-up, in one snapshot (what
         a metrics scrape reads); None while the index is first built."""
+        ...
+
+    def indexing(self) -> IndexProgress | None:
+        """How far the first build of the runs index has got while one runs in the
+        background (after bringing it up to date), or None when it is complete or the
+        store keeps none: what waits for it (the watcher's sweeps) asks this first."""
         ...
 
     def list_rows(self, execution_id: str) -> tuple[RowHeader, ...]:

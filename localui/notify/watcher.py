@@ -40,13 +40,15 @@ from localui.notify.formats import Links
 from localui.notify.outbox import notices_of
 from localui.notify.sender import ROUND_SIZE, Deliverer, Sender
 from localui.notify.targets import Target, targets_of
-from localui.records import Pending, RunQuery
+from localui.records import IndexProgress, Pending, RunQuery
 from localui.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 #: Pending rows read per query while sweeping.
 PENDING_PAGE = 500
+#: How often a sweep postponed by a first build of the runs index asks again (s).
+INDEX_RECHECK_S = 1.0
 #: Stalled runs looked at per sweep: the newest ones (a store with thousands of
 #: long-dead runs announces the most recent, not all of them at once).
 STALLED_PAGE = 100
@@ -88,6 +90,8 @@ class Watcher:
         self._offered: set[str] = set()
         #: When a sweep last looked at every waiting pause (None: not yet).
         self.swept_at: float | None = None
+        #: How far the runs index's first build has got, while it postpones the sweeps.
+        self.index_building: IndexProgress | None = None
 
     # --- what each poll does (blocking; run in a worker thread) ----------------
 
@@ -254,6 +258,22 @@ class Watcher:
             if added:
                 self._wake.set()
 
+    async def _sweep_once_indexed(self) -> float:
+        """A sweep, unless the runs index is first being built; how long until the
+        next one. A first start on a big store builds the index for half a minute or
+        more, and announcing the pauses that waited before (a thousand of them, with
+        their reminders, to each target) beside it takes as long again; they are
+        announced as soon as it is complete. Changes the feed publishes meanwhile are
+        announced as they come."""
+        try:
+            self.index_building = await to_the_end(self.store.indexing)
+        except Exception:
+            self.index_building = None  # the sweep says what is wrong
+        if self.index_building is not None:
+            return INDEX_RECHECK_S
+        await self._guarded(self.sweep)
+        return self.notifications.sweep_interval
+
     async def _watch(self) -> None:
         # The pages first: a server starting on a big store serves at once, and
         # watches a moment later. Subscribing starts the feed, whose first read counts
@@ -261,9 +281,7 @@ class Watcher:
         # then announces what waits.
         await asyncio.sleep(self.notifications.first_sweep_after)
         async with await self.feed.subscribe() as subscription:
-            await self._guarded(self.sweep)
-            interval = self.notifications.sweep_interval
-            next_sweep = time.monotonic() + interval
+            next_sweep = time.monotonic() + await self._sweep_once_indexed()
             while True:
                 wait = max(0.0, next_sweep - time.monotonic())
                 try:
@@ -273,8 +291,7 @@ class Watcher:
                 if item is None:
                     return  # the feed has stopped
                 if isinstance(item, Resync) or item.everything:
-                    await self._guarded(self.sweep)
-                    next_sweep = time.monotonic() + interval
+                    next_sweep = time.monotonic() + await self._sweep_once_indexed()
                 else:
                     await self._guarded(functools.partial(self.on_changes, item))
 

@@ -62,6 +62,8 @@ class NotificationsPage:
     last_sweep_at: str | None
     targets: tuple[TargetRow, ...]
     recent: tuple[AnnouncementRow, ...]
+    #: How far the runs index's first build has got (%), while it postpones the sweeps.
+    index_percent: int | None = None
 
 
 def _row(n: Notification, urls: Urls) -> AnnouncementRow:
@@ -106,6 +108,7 @@ def build_notifications_page(watcher: Watcher | None, urls: Urls) -> Notificatio
         last_sweep_at=_instant(watcher.swept_at),
         targets=tuple(targets),
         recent=tuple(_row(n, urls) for n in watcher.outbox.list_recent(RECENT)),
+        index_percent=building.percent if (building := watcher.index_building) else None,
     )
 
 

@@ -53,6 +53,7 @@ from localui.records import (
     CachePage,
     FleetCounts,
     ForkLink,
+    IndexProgress,
     PausedCall,
     Pending,
     PendingPage,
@@ -414,6 +415,15 @@ class PostgresStore:
                 "(or give this role CREATE on the app schema) so it is built"
             )
         return index
+
+    def indexing(self) -> IndexProgress | None:
+        index = self._index
+        if index is None:
+            return None
+        # While a first build runs, refresh may answer True (the partial index can be
+        # read): the build's progress is what tells.
+        index.refresh()
+        return index.progress()
 
     def list_attention(self, query: AttentionQuery) -> AttentionPage:
         return self._complete_index().list_attention(query)

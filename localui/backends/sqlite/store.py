@@ -40,6 +40,7 @@ from localui.records import (
     CachePage,
     FleetCounts,
     ForkLink,
+    IndexProgress,
     PausedCall,
     Pending,
     PendingPage,
@@ -318,6 +319,10 @@ class SQLiteStore:
             pending = self._schema_for(conn).has_pending
         with self._index_errors():
             return self._index.fleet_counts(stale_before, overdue_before, pending=pending)
+
+    def indexing(self) -> IndexProgress | None:
+        with self._index_errors():
+            return None if self._index.refresh() else self._index.progress()
 
     @property
     def index_path(self) -> Path:
