@@ -18,7 +18,7 @@ from types import MappingProxyType
 from localui.backends.base import Changes
 from localui.backends.changes import pause_changes
 from localui.backends.decisions import TABLE, VOTES_TABLE
-from localui.backends.sqlite.files import decode_text, read_uri
+from localui.backends.sqlite.files import SMALL_CACHE_KIB, decode_text, read_uri
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +98,9 @@ class SQLiteChangeSource:
             )
             conn.text_factory = decode_text
             conn.execute("PRAGMA query_only = 1")
+            # Cheap cursors on the SDK's indexes: SQLite's default 2 MB page cache was
+            # memory the server kept for a few pages read each poll.
+            conn.execute(f"PRAGMA cache_size = {SMALL_CACHE_KIB}")
             conn.set_trace_callback(self._trace)
             self._conn = conn
         return self._conn

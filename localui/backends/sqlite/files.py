@@ -44,6 +44,11 @@ def read_uri(path: Path) -> str:
     return base + "&immutable=1"
 
 
+#: ``PRAGMA cache_size`` (negative: KiB) for a connection that reads a few pages at a
+#: time and lives as long as the server (the change feed's, the outbox's, the runs
+#: index's view of the store).
+SMALL_CACHE_KIB = -256
+
 #: What a text value that is not UTF-8 starts with.
 UNREADABLE_TEXT = "(unreadable: not UTF-8)"
 

@@ -24,6 +24,7 @@ from localui.backends.notifications import (
     status_from_row,
 )
 from localui.backends.sqlite.errors import is_busy
+from localui.backends.sqlite.files import SMALL_CACHE_KIB
 from localui.errors import Unavailable
 
 T = TypeVar("T")
@@ -74,6 +75,9 @@ class SQLiteOutbox:
                 f"the notifications outbox in {path} cannot be opened: {exc}"
             ) from exc
         self._conn.row_factory = sqlite3.Row
+        # Its reads are lookups in its own small table: a page cache of SQLite's
+        # default 2 MB, filled by the sender's rounds, was memory the server kept.
+        self._conn.execute(f"PRAGMA cache_size = {SMALL_CACHE_KIB}")
         self._with_retry(self._create)
 
     def _create(self) -> None:

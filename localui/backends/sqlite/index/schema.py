@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
-from localui.backends.sqlite.files import read_uri
+from localui.backends.sqlite.files import SMALL_CACHE_KIB, read_uri
 from localui.errors import Unavailable
 
 #: Bump when the index's tables change, or what a row holds: an index of another version
@@ -209,6 +209,9 @@ def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
 def attach_store(conn: sqlite3.Connection, store_path: Path) -> None:
     """The store, read-only, as schema ``s``."""
     conn.execute("ATTACH DATABASE ? AS s", (read_uri(store_path),))
+    # Each attached file has a page cache of its own (2 MB by default); the index's
+    # reads of the store are a few pages each catch-up, and a build reads it once.
+    conn.execute(f"PRAGMA s.cache_size = {SMALL_CACHE_KIB}")
 
 
 def store_identity(store_path: Path) -> str:
