@@ -685,3 +685,29 @@ def test_text_search_looks_matches_up_and_never_scans_every_run(
         for statement in searched:
             plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {statement}")]
             assert not any(step.startswith("SCAN runs") for step in plan), plan
+
+
+def _bytes_read() -> int:
+    """What this process has read through read(2) and its kin, as Linux counts it."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+def test_a_build_reads_the_store_file_in_order_first_and_stops_when_told(
+    store_copy: Path, tmp_path: Path
+) -> None:
+    """Before a background build, the store's file is read once in file order, so the
+    build's reads all over it come from the kernel's cache; a shutdown stops it."""
+    from localui.backends.sqlite.index.sync import READ_AHEAD_CHUNK, read_ahead
+
+    before = _bytes_read()
+    read_ahead(store_copy, lambda: False)
+    assert _bytes_read() - before >= store_copy.stat().st_size
+    large = tmp_path / "large.db"
+    large.write_bytes(os.urandom(3 * READ_AHEAD_CHUNK))
+    before = _bytes_read()
+    read_ahead(large, lambda: True)
+    assert _bytes_read() - before < 2 * READ_AHEAD_CHUNK
+    read_ahead(tmp_path / "gone.db", lambda: False)  # nothing there: nothing to warm

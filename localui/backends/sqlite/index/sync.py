@@ -22,6 +22,7 @@ comes from ``localui.runs.run_state``, the one place the rules live.
 from __future__ import annotations
 
 import itertools
+import os
 import sqlite3
 import threading
 import time
@@ -258,6 +259,37 @@ def _newest_marked(conn: sqlite3.Connection, columns: StoreColumns) -> str | Non
     return None if row is None or row[0] is None else str(row[0])
 
 
+#: How much of the store ``read_ahead`` reads at a time.
+READ_AHEAD_CHUNK = 4 << 20
+
+
+def read_ahead(path: Path, stop: Callable[[], bool]) -> None:
+    """Read the store's file once, in file order, so the kernel holds it in its cache
+    for a build that reads every page of it anyway.
+
+    The fold's columns (``created_at``, ``checkpoint_id`` …) come after the SDK's
+    snapshots in each row, so the build walks every overflow page, in row order: from a
+    cold cache that is 4 KB reads all over the file (124-163 s at a million runs, a
+    5.2 GB file, where reading it in order takes a few seconds). ``posix_fadvise``'s
+    WILLNEED would read without copying, but Linux reads only its readahead window
+    (128 KB) per call. Skipped when the file would not fit in half the memory free now
+    (the kernel would drop what it read first); stops when ``stop()`` says so."""
+    try:
+        size = path.stat().st_size
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return
+    if size > free // 2:
+        return
+    chunk = bytearray(READ_AHEAD_CHUNK)
+    try:
+        with path.open("rb", buffering=0) as f:
+            while f.readinto(chunk) and not stop():
+                pass
+    except OSError:
+        pass  # only a warm-up: the build reads the file either way
+
+
 def has_pending_table(conn: sqlite3.Connection) -> bool:
     """Whether the store has the SDK's ``pending_interrupts`` (older stores may not)."""
     return (
@@ -467,6 +499,7 @@ class IndexSync:
                     self._build_conn = conn
                 schema.attach_store(conn, self.store_path)
                 identity = self._identity()
+                read_ahead(self.store_path, lambda: self._closing)
                 try:
                     self._build_on(conn, columns, identity)
                 except sqlite3.OperationalError as exc:
