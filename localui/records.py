@@ -301,12 +301,16 @@ class Pending:
 class PausedCall:
     """What a paused row holds about the call it paused in: the snapshot (the turn's
     messages, the tool's name and call id) and the call's input, parsed; and how many
-    ``@idempotent`` results the run has stored (a resume reuses them)."""
+    ``@idempotent`` results the run has stored (a resume reuses them); and how many rows
+    and paused rows the run has, which say whether the SDK's read of the run (its first
+    500 rows, in its own order) could find another row than this one."""
 
     checkpoint_id: str
     state_snapshot: Any
     node_input: Any
     cached_results: int
+    run_rows: int
+    run_pauses: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -624,6 +624,12 @@ def test_paused_calls_of_a_page_in_one_read(backend: Backend) -> None:
     assert names == ["refund", "notify_customer"]
     # The charge the run made before it paused is the one cached result a resume reuses.
     assert paused.cached_results == 1
+    # And the run's rows and paused rows, which say whether a card needs the exact check.
+    for pending in page.items:
+        rows = backend.store.list_rows(pending.execution_id)
+        call = calls[pending.checkpoint_id or ""]
+        assert call.run_rows == len(rows) > 0
+        assert call.run_pauses == sum(r.status == "interrupted" for r in rows) >= 1
     assert backend.store.paused_calls(()) == {}
     # The cards say it as a call, by the same read on either store.
     effects = {

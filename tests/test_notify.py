@@ -227,6 +227,8 @@ def test_a_pause_event_names_the_call_and_leaves_redacted_values_out() -> None:
         state_snapshot={"tool_name": "refund"},
         node_input={"order": "1042", "card": "4111"},
         cached_results=0,
+        run_rows=3,
+        run_pauses=1,
     )
     event = ev.paused(_pending(NOW), call, frozenset({"card"}))
     assert event.call == 'refund(order="1042", card="[redacted]")'

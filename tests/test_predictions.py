@@ -267,6 +267,16 @@ def test_a_pause_the_sdk_would_lose_is_refused_before_anything_is_claimed(copy: 
 
     assert "lose this pause" in (card["pending"]["problem"] or "")
     assert response.status_code in (403, 409, 422), response.text
+    # The queue's card says it too, before anyone clicks: it reads the whole run only
+    # for such a run, one past the SDK's 500 rows.
+    app = create_app(copy.settings, agents=agents)
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        queue = client.get("/approvals.json").json()["approvals"]
+        html = client.get("/approvals").text
+    problems = {a["execution_id"]: a["problem"] for a in queue}
+    assert "lose this pause" in (problems[execution_id] or "")
+    assert [i for i, p in problems.items() if p and "lose this pause" in p] == [execution_id]
+    assert "Cannot be decided here: Approving here would lose this pause" in html
     assert copy.store.get_pending(execution_id) is not None, "the pause was claimed"
     assert state_of(copy.store, execution_id) == runs.PAUSED
 

@@ -414,6 +414,15 @@ class ApprovalItem:
     rule: RuleView | None = None
 
 
+def needs_exact_check(paused: PausedCall | None) -> bool:
+    """Whether a queue card must read its whole run to say if it can be approved: the
+    SDK finds the row it resumes among the first 500 rows it reads of the run, in its
+    own order, so past 500 rows, or with an earlier pause in the run, it may find
+    another row than this pause's (the approval is then refused, and the card says so
+    before anyone clicks)."""
+    return paused is not None and (paused.run_rows > runs.SDK_LIST_LIMIT or paused.run_pauses > 1)
+
+
 def approval_item(
     actions: ActionService,
     pending: Pending,
@@ -459,7 +468,7 @@ def approval_item(
         created_at=pending.created_at,
         run_url=urls.run(pending.execution_id),
         url=urls.approval(pending.execution_id),
-        problem=actions.approval_problem(pending, exact=exact),
+        problem=actions.approval_problem(pending, exact=exact or needs_exact_check(paused)),
         age=runs.age_words(pending.created_at, now),
         entries=entries,
         context_keys=len(context_value) if isinstance(context_value, dict | list) else 1,

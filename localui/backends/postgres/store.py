@@ -728,10 +728,18 @@ class PostgresStore:
                 if s.has_cache
                 else "0"
             )
+            # And its run's rows and paused rows: a run past the SDK's 500-row read, or
+            # with an earlier pause, is one whose approval needs the exact check.
+            shape = (
+                "(SELECT COUNT(*) AS n, COUNT(*) FILTER (WHERE r.status = 'interrupted') AS p"
+                f" FROM {self._t['checkpoints']} r WHERE r.execution_id = cp.execution_id)"
+            )
             cur.execute(
                 "SELECT checkpoint_id, execution_id, state_snapshot::text AS state_snapshot,"
-                f" node_input::text AS node_input, {cached} AS cached"
-                f" FROM {self._t['checkpoints']} cp WHERE checkpoint_id = ANY(%s)",
+                f" node_input::text AS node_input, {cached} AS cached,"
+                " shape.n AS run_rows, shape.p AS run_pauses"
+                f" FROM {self._t['checkpoints']} cp, LATERAL {shape} shape"
+                " WHERE checkpoint_id = ANY(%s)",
                 (checkpoint_ids,),
             )
             rows: list[dict[str, Any]] = cur.fetchall()
@@ -744,6 +752,8 @@ class PostgresStore:
                 state_snapshot=parse_json(r["state_snapshot"], {}),
                 node_input=parse_json(r["node_input"], {}),
                 cached_results=int(r["cached"]),
+                run_rows=int(r["run_rows"]),
+                run_pauses=int(r["run_pauses"]),
             )
             for r in rows
         }

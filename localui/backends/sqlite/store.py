@@ -507,6 +507,17 @@ class SQLiteStore:
                 f" FROM checkpoints WHERE {key} IN ({marks})",
                 checkpoint_ids,
             ).fetchall()
+            # Each run's rows and paused rows: a run past the SDK's 500-row read, or
+            # with an earlier pause, is one whose approval needs the exact check.
+            marks = ",".join("?" * len(execution_ids))
+            shape = {
+                r[0]: (int(r[1]), int(r[2] or 0))
+                for r in conn.execute(
+                    "SELECT execution_id, COUNT(*), SUM(status = 'interrupted')"
+                    f" FROM checkpoints WHERE execution_id IN ({marks}) GROUP BY execution_id",
+                    execution_ids,
+                ).fetchall()
+            }
             cached: dict[str, int] = {}
             if s.has_cache:
                 marks = ",".join("?" * len(execution_ids))
@@ -523,6 +534,8 @@ class SQLiteStore:
                 state_snapshot=parse_json(r["state_snapshot"], {}),
                 node_input=parse_json(r["node_input"], {}),
                 cached_results=int(cached.get(r["execution_id"], 0)),
+                run_rows=shape.get(r["execution_id"], (0, 0))[0],
+                run_pauses=shape.get(r["execution_id"], (0, 0))[1],
             )
             for r in rows
         }
