@@ -29,7 +29,7 @@ from helpers import LOOPBACK_CLIENT, card, decide
 from localui import runs
 from localui.backends import open_backend
 from localui.backends.base import StoreTarget
-from localui.backends.decisions import ABANDONED_AFTER_SECONDS
+from localui.backends.decisions import ABANDONED_AFTER_SECONDS, VOTES_TABLE
 from localui.backends.postgres.decisions import PostgresDecisionLog
 from localui.backends.postgres.store import PostgresStore
 from localui.backends.urls import redact
@@ -823,3 +823,33 @@ def test_a_member_of_the_fleets_role_acts_through_the_sdk(
         assert done.json()["deleted"] == preview["would_delete"]
     finally:
         sdk.close()
+
+
+def test_a_read_only_record_sees_votes_once_their_table_is_made(pg_store: PgStore) -> None:
+    """A read-only process asks whether the votes table exists until it does, then
+    reads a run's votes in one statement; a table dropped since is asked about again."""
+    import psycopg
+
+    reader = PostgresDecisionLog(pg_store.dsn, schema=pg_store.app_schema, writable=False)
+    try:
+        assert reader.votes_for_run("run-1") == ()
+        writer = PostgresDecisionLog(pg_store.dsn, schema=pg_store.app_schema)
+        try:
+            writer.cast_vote(
+                execution_id="run-1",
+                checkpoint_id="cp-1",
+                actor="Ada",
+                reason="fine",
+                fields_json="{}",
+                needed=2,
+            )
+        finally:
+            writer.close()
+        assert [v.actor for v in reader.votes_for_run("run-1")] == ["Ada"]
+        assert [v.actor for v in reader.votes_for_run("run-1")] == ["Ada"]
+        with psycopg.connect(pg_store.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP TABLE "{pg_store.app_schema}".{VOTES_TABLE}')
+        assert reader.votes_for_run("run-1") == ()
+        assert reader.votes_for_run("run-1") == ()
+    finally:
+        reader.close()

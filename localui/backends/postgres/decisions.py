@@ -727,13 +727,14 @@ class PostgresDecisionLog:
 
         try:
             with self._reads.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                found = cur.execute(
-                    "SELECT to_regclass(%s) AS t", (self._votes.as_string(),)
-                ).fetchone()
-                if found["t"] is None:
+                # Asked until the table is there (a read-only process never makes it);
+                # then a run page or a queue page reads its votes in one statement.
+                if not self._votes_exist(cur):
                     return []  # read-only and never voted on here
                 rows = cur.execute(self._sql(text), params).fetchall()
         except psycopg.errors.UndefinedTable:
+            # Dropped since it was seen: a read-only log asks again next time.
+            self._has_votes = self.writable
             return []
         return [vote_from_row(r, iso) for r in rows]
 
