@@ -487,3 +487,44 @@ def test_request_durations_are_a_cumulative_histogram_by_route() -> None:
     assert samples[("localui_request_duration_seconds_sum", "runs", None)] == pytest.approx(9.025)
     assert samples[("localui_request_duration_seconds_count", "run", None)] == 1
     assert "_created" not in text
+
+
+def test_a_first_scrape_of_a_long_record_counts_each_entry_once_and_keeps_only_the_newest(
+    store_copy: Path, raw: Callable[[Path], Raw], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server started on a record of a hundred thousand decisions folds them all at its
+    first scrape: each is counted once, and what it keeps to skip those it may read
+    again is only the entries near the newest (not every one it read, which held 5 MB
+    at 100,000). The chunk is made small so a few dozen entries span several chunks."""
+    from datetime import timedelta
+
+    from localui.backends.decisions import TABLE
+    from localui.backends.sqlite.decisions import SQLiteDecisionLog
+    from localui.backends.sqlite.store import SQLiteStore
+    from localui.views import metrics
+
+    monkeypatch.setattr(metrics, "FOLD_CHUNK", 10)
+    log = SQLiteDecisionLog(store_copy)
+    store = SQLiteStore(store_copy, index_dir=store_copy.parent / "index")
+    try:
+        base = datetime.now(UTC) - timedelta(days=2)
+        for i in range(35):
+            at = (base + timedelta(minutes=i)).isoformat()
+            raw(store_copy).execute(
+                f"INSERT INTO {TABLE} (kind, execution_id, checkpoint_id, approved, actor,"
+                " reason, decided_at, outcome, detail, finished_at)"
+                " VALUES ('resume', ?, ?, NULL, 'ops', '', ?, ?, NULL, ?)",
+                (f"run-{i}", f"row-{i}", at, ("completed", "failed")[i % 2], at),
+            )
+        tally = metrics.DecisionTally()
+        tally.fold(log, store)
+        assert tally.counts == {("resume", "completed"): 18, ("resume", "failed"): 17}
+        # A minute apart, so only the newest is within the overlap read again; and the
+        # table behind it never grew past a chunk's entries (a dict keeps its size).
+        assert len(tally.recent) == 1
+        assert sys.getsizeof(tally.recent) < sys.getsizeof({i: "" for i in range(11)})
+        tally.fold(log, store)
+        assert sum(tally.counts.values()) == 35
+    finally:
+        store.close()
+        log.close()

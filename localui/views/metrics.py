@@ -98,9 +98,10 @@ class DecisionTally:
                     after = (last.finished_at or "", last.id)
                     if self.water is None or after > self.water:
                         self.water = after
+                # Forgotten a chunk at a time: a first fold reads the whole record.
+                self._forget_old()
                 if len(found) < FOLD_CHUNK:
                     break
-            self._forget_old()
 
     def _reread_from(self) -> tuple[str, int] | None:
         if self.water is None:
@@ -117,10 +118,12 @@ class DecisionTally:
         if newest is None:
             return
         keep_from = newest - FOLD_OVERLAP
-        for decision_id, finished in list(self.recent.items()):
-            at = runs.parse_time(finished)
-            if at is not None and at < keep_from:
-                del self.recent[decision_id]
+        # Made anew rather than deleted from: a dict keeps the size it once grew to.
+        self.recent = {
+            decision_id: finished
+            for decision_id, finished in self.recent.items()
+            if (at := runs.parse_time(finished)) is None or at >= keep_from
+        }
 
     def _observe(self, paused_at: str, decided_at: str) -> None:
         start, end = runs.parse_time(paused_at), runs.parse_time(decided_at)
