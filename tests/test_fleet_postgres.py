@@ -484,3 +484,30 @@ def test_serve_says_in_one_line_that_a_stopped_server_is_not_answering(
         f'connection to server at "127.0.0.1", port {cluster.port} failed: Connection refused '
         "Is the server running on that host and accepting TCP/IP connections?"
     ]
+
+
+def test_the_first_pages_after_a_server_restart_answer_on_fresh_connections(
+    cluster: Cluster, pg_seeded: PgSeeded, ledger: Ledger, tmp_path: Path
+) -> None:
+    """Pooled connections are not checked each time they are lent (a round trip each):
+    one that outlived a restart fails its first statement, and the read is done again
+    on a fresh connection, so no one sees the restart they did not wait through."""
+    from conftest import copy_pg_store
+
+    copy_pg_store(pg_seeded.dsn, pg_seeded.schema, cluster.dsn, "fastaiagent")
+    workdir = tmp_path / "restart"
+    workdir.mkdir()
+    fleet = make_fleet(cluster.dsn, "fastaiagent", "localui", workdir, ledger)
+    server = fleet.serve("server")
+    paused = pg_seeded.id("paused-1")
+    pages = ("/runs.json", "/", f"/runs/{paused}", "/attention.json", "/metrics")
+    try:
+        for url in pages:
+            assert httpx.get(f"{server.url}{url}", timeout=10).status_code == 200, url
+        cluster.stop()
+        cluster.start()
+        for url in pages:
+            response = httpx.get(f"{server.url}{url}", timeout=30)
+            assert response.status_code == 200, (url, response.text[:300])
+    finally:
+        server.stop()

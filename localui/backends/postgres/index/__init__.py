@@ -81,10 +81,7 @@ class PgRunIndex:
 
     def list_runs(self, runs_query: RunQuery) -> RunFactsPage:
         """A page from the index, which must be complete (see :meth:`refresh`)."""
-        from psycopg.rows import dict_row
-
-        with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            return query.list_runs(cur, self.tables, runs_query)
+        return self._sync.read(lambda cur: query.list_runs(cur, self.tables, runs_query))
 
     def _ready(self) -> None:
         """Up to date, or :class:`Unavailable` at once while a first build runs: what
@@ -97,41 +94,33 @@ class PgRunIndex:
 
     def list_attention(self, attention: AttentionQuery) -> AttentionPage:
         """The runs that need a person, from the whole index."""
-        from psycopg.rows import dict_row
-
         self._ready()
-        with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            return query.list_attention(cur, self.tables, attention)
+        return self._sync.read(lambda cur: query.list_attention(cur, self.tables, attention))
 
     def attention_counts(self, stale_before: str, overdue_before: str) -> AttentionCounts:
-        from psycopg.rows import dict_row
-
         self._ready()
-        with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            return query.attention_counts(cur, self.tables, stale_before, overdue_before)
+        return self._sync.read(
+            lambda cur: query.attention_counts(cur, self.tables, stale_before, overdue_before)
+        )
 
     def fleet_counts(self, stale_before: str, overdue_before: str) -> FleetCounts | None:
         """Runs per state, what needs attention and the outbox totals after one catch-up,
         in one statement; None while a first build runs (those wait for it)."""
-        from psycopg.rows import dict_row
-
         if not self._sync.refresh():
             if self._sync.progress() is not None:
                 return None
             self._sync.complete()
         store = self._sync.store_sql()
         pending = store.pending if store is not None else None
-        with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            return query.fleet_counts(
+        return self._sync.read(
+            lambda cur: query.fleet_counts(
                 cur, self.tables, stale_before, overdue_before, pending=pending
             )
+        )
 
     def totals(self) -> tuple[int, int, int]:
-        from psycopg.rows import dict_row
-
         self._sync.complete()
-        with self._sync.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            return query.totals(cur, self.tables)
+        return self._sync.read(lambda cur: query.totals(cur, self.tables))
 
     def close(self) -> None:
         self._sync.close()

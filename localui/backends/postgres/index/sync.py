@@ -57,13 +57,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from localui.backends.postgres.index import schema
 from localui.backends.postgres.index.schema import Tables
-from localui.backends.postgres.pool import Pool, one_line
+from localui.backends.postgres.pool import Pool, StaleConnection, one_line
 from localui.errors import Unavailable
 from localui.records import IndexProgress
+
+T = TypeVar("T")
 
 #: Earlier than any row's ``created_at``: where a catch-up of an empty index starts.
 _BEFORE_ANY_ROW = datetime(1, 1, 2, tzinfo=UTC)
@@ -153,6 +155,10 @@ class IndexSync:
             f" CREATE on the database or on schema {tables.app_schema}",
             # The store that opens the index has just read from the server.
             probe=False,
+            # Not a round trip per borrow (three on a run page): a connection that
+            # outlived a server restart is found by its first statement instead, and
+            # the work is done again on a fresh one (see :meth:`read`).
+            check_on_borrow=False,
         )
         self.lock = threading.Lock()
         self._gate: tuple[Any, ...] | None = None
@@ -224,6 +230,22 @@ class IndexSync:
         with self.lock:
             return self._progress if self._builder is not None else None
 
+    def read(self, work: Callable[[Any], T], *, by_name: bool = True) -> T:
+        """``work(cursor)`` on a pooled connection (rows by name unless ``by_name`` is
+        False); once more on a fresh connection when the one lent had outlived a server
+        restart. Only work that can be done again goes here: reads, and a refresh
+        (its transaction died with the connection)."""
+        from psycopg.rows import dict_row, tuple_row
+
+        factory = dict_row if by_name else tuple_row
+        try:
+            with self.pool.connection() as conn, conn.cursor(row_factory=factory) as cur:
+                return work(cur)
+        except StaleConnection:
+            # The pool has dropped its dead connections: once more on a fresh one.
+            with self.pool.connection() as conn, conn.cursor(row_factory=factory) as cur:
+                return work(cur)
+
     def refresh(self) -> bool:
         """Bring the index up to date; False while it is first built in the background."""
         with self.lock:
@@ -235,42 +257,50 @@ class IndexSync:
                     f"the runs index in schema {self.t.app_schema} could not be built:"
                     f" {one_line(str(failure))}"
                 ) from failure
-            store = self.store_sql()
-            with self.pool.connection() as conn, conn.cursor() as cur:
-                gate = self._read_gate(cur, store)
-                if gate == self._gate:
-                    return True
-                locked = cur.execute(
-                    "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (self.t.lock_key,)
-                ).fetchone()[0]
-                meta = self._meta(cur)
-                if not locked:
-                    # Another process is bringing the index up to date: read it as it is
-                    # when built, and look again next time.
-                    if meta.get("built") == "1":
-                        return True
-                    # A build under way elsewhere: take chunks in turns with it.
-                    self._start_builder(rows=self._store_rows(cur, store), readable=False)
-                    return False
-                if store is None:
-                    self._clear(cur, gate)
-                elif self._needs_build(meta, gate):
-                    rows = self._store_rows(cur, store)
-                    if rows >= self._background_from_rows:
-                        conn.rollback()
-                        readable = meta.get("built") == "1"
-                        self._start_builder(rows=rows, readable=readable)
-                        return readable
-                    self._build(cur, store, gate, first=meta.get("built") != "1")
-                elif _SEARCH_PENDING in meta:
-                    # Left by a build in chunks (here or in a process since gone).
-                    conn.rollback()
-                    self._start_builder(rows=0, readable=True)
-                    return True
-                else:
-                    self._catch_up(cur, store, meta)
-            self._gate = gate
-            return True
+            answer, gate = self.read(self._bring_up_to_date, by_name=False)
+            if gate is not None:
+                # Only once its transaction committed (on giving the connection back).
+                self._gate = gate
+            return answer
+
+    def _bring_up_to_date(self, cur: Any) -> tuple[bool, tuple[Any, ...] | None]:
+        """:meth:`refresh`'s work, under its lock, in the cursor's transaction: its
+        answer, and the gate the index is now up to date with (None: unchanged)."""
+        conn = cur.connection
+        store = self.store_sql()
+        gate = self._read_gate(cur, store)
+        if gate == self._gate:
+            return True, None
+        locked = cur.execute(
+            "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (self.t.lock_key,)
+        ).fetchone()[0]
+        meta = self._meta(cur)
+        if not locked:
+            # Another process is bringing the index up to date: read it as it is
+            # when built, and look again next time.
+            if meta.get("built") == "1":
+                return True, None
+            # A build under way elsewhere: take chunks in turns with it.
+            self._start_builder(rows=self._store_rows(cur, store), readable=False)
+            return False, None
+        if store is None:
+            self._clear(cur, gate)
+        elif self._needs_build(meta, gate):
+            rows = self._store_rows(cur, store)
+            if rows >= self._background_from_rows:
+                conn.rollback()
+                readable = meta.get("built") == "1"
+                self._start_builder(rows=rows, readable=readable)
+                return readable, None
+            self._build(cur, store, gate, first=meta.get("built") != "1")
+        elif _SEARCH_PENDING in meta:
+            # Left by a build in chunks (here or in a process since gone).
+            conn.rollback()
+            self._start_builder(rows=0, readable=True)
+            return True, None
+        else:
+            self._catch_up(cur, store, meta)
+        return True, gate
 
     def complete(self) -> None:
         """Return once the index is complete, waiting for a background build."""
