@@ -47,7 +47,7 @@ from localui.views import row as row_views
 from localui.views import run as run_views
 from localui.views import runs as runs_views
 from localui.views import signin as signin_views
-from localui.views.common import AppState, Seeding, error_response
+from localui.views.common import AppState, OneLookPerRead, Seeding, error_response
 from localui.views.markup import code_spans
 from localui.views.statics import PageCompression, PrecompressedStatics
 from localui.views.urls import deep_links, dom_id, link_base
@@ -345,6 +345,7 @@ def create_app(
                 public=("/static/",),
             ),
             Middleware(PageCompression),
+            Middleware(OneLookPerRead),
         ],
         exception_handlers={LocalUIError: _typed_error, HTTPException: _http_error},
         lifespan=lifespan,

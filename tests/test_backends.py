@@ -499,6 +499,10 @@ def test_fork_links_both_ways(backend: Backend) -> None:
     assert store.get_fork_origin(source) is None
     assert store.list_forks(fork) == ()
     assert store.list_forks(seeded.id("failed")) == ()
+    # What a run page reads, at once.
+    assert store.fork_family(source) == (None, (link,))
+    assert store.fork_family(fork) == (link, ())
+    assert store.fork_family(seeded.id("failed")) == (None, ())
     facts = store.get_run(fork)
     assert facts is not None and facts.fork_parent_checkpoint_id == turn1.checkpoint_id
 

@@ -23,10 +23,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localui import runs
 from localui.actions import ActionService
 from localui.auth import Authenticator
+from localui.backends import looks
 from localui.backends.base import Backend, Store
 from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, LifespanNotRun, LocalUIError
@@ -113,6 +115,29 @@ def context(request: Request) -> AppState:
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
     """Run blocking store work in the thread pool, never on the event loop."""
     return await run_in_threadpool(fn, *args)
+
+
+class OneLookPerRead:
+    """Each read request (GET or HEAD) is one look at the runs index until its answer
+    starts (:mod:`localui.backends.looks`): its questions bring the index up to date
+    once between them."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        with looks.one_look() as look:
+
+            async def answering(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    # A stream goes on after this: each of its reads looks afresh.
+                    look.open = False
+                await send(message)
+
+            await self.app(scope, receive, answering)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -202,7 +227,17 @@ def attention_total(store: Store, settings: Settings) -> int | None:
 
 
 def nav_counts(store: Store, settings: Settings | None = None) -> Nav:
-    """The nav's badges; the attention badge only when ``settings`` says its cutoffs."""
+    """The nav's badges; the attention badge only when ``settings`` says its cutoffs.
+    Both from the fleet's counts when the runs index has them (one statement on
+    PostgreSQL, where the nav is a round trip of every page)."""
+    if settings is not None:
+        stale_before, overdue_before = attention_cutoffs(settings, datetime.now(UTC))
+        try:
+            fleet = store.fleet_counts(stale_before, overdue_before)
+        except LocalUIError:
+            fleet = None
+        if fleet is not None:
+            return Nav(pending=fleet.pending, attention=fleet.attention.total)
     attention = attention_total(store, settings) if settings is not None else None
     try:
         return Nav(pending=store.count_pending(), attention=attention)

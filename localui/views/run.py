@@ -330,14 +330,16 @@ def fork_view(link: ForkLink, urls: Urls, children: tuple[ForkView, ...] = ()) -
     )
 
 
-def lineage(store: Store, execution_id: str, urls: Urls) -> tuple[ForkView, ...]:
-    """This run's forks, and theirs, depth first, at most ``MAX_LINEAGE`` in all; their
-    ids shortened so that each reads apart from every other run of the lineage."""
+def lineage(
+    store: Store, execution_id: str, urls: Urls, forks: tuple[ForkLink, ...]
+) -> tuple[ForkView, ...]:
+    """This run's ``forks``, and theirs, depth first, at most ``MAX_LINEAGE`` in all;
+    their ids shortened so that each reads apart from every other run of the lineage."""
     seen = {execution_id}
 
     def walk(run_id: str) -> tuple[ForkView, ...]:
         views = []
-        for link in store.list_forks(run_id):
+        for link in forks if run_id == execution_id else store.list_forks(run_id):
             if link.execution_id in seen or len(seen) > MAX_LINEAGE:
                 continue
             seen.add(link.execution_id)
@@ -580,7 +582,7 @@ def build_run_page(
         steps_by_row(trace),
         reentries(trace, headers),
     )
-    origin = store.get_fork_origin(execution_id)
+    origin, forks = store.fork_family(execution_id)
     acting = actions_section(actions, execution_id, owner, plan, pending, now, urls, person)
     orphan = None
     if state == runs.ORPHANED and last.status == "interrupted":
@@ -600,7 +602,7 @@ def build_run_page(
         pending=pending_view(pending),
         idempotency=tuple(cache_view(e, headers) for e in cache),
         fork_of=fork_view(origin, urls) if origin is not None else None,
-        forks=lineage(store, execution_id, urls),
+        forks=lineage(store, execution_id, urls, forks),
         window=timeline.window,
         decisions=acting.decisions,
         outbox=outbox_summary(headers),

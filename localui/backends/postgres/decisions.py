@@ -480,12 +480,20 @@ class PostgresDecisionLog:
         return tuple(_decision(r) for r in rows)
 
     def latest_for_runs(self, kind: str, execution_ids: Sequence[str]) -> Mapping[str, Decision]:
-        from psycopg.rows import dict_row
-
         wanted = list(dict.fromkeys(execution_ids))
         if not wanted:
             return {}
-        with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        try:
+            return self._latest_for_runs(kind, wanted)
+        except StaleConnection:
+            # The pool has dropped its dead connections: once more on a fresh one.
+            return self._latest_for_runs(kind, wanted)
+
+    def _latest_for_runs(self, kind: str, wanted: list[str]) -> Mapping[str, Decision]:
+        from psycopg.rows import dict_row
+
+        # On the connections not checked when lent: a runs list asks on every page.
+        with self._reads.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             if not self._table_exists(cur):
                 return {}  # read-only and never written: nothing decided here yet
             rows = cur.execute(

@@ -855,17 +855,37 @@ class PostgresStore:
         return links[0] if links else None
 
     def list_forks(self, execution_id: str) -> tuple[ForkLink, ...]:
-        index = self._index
-        if index is None or not index.refresh():
+        forks = self._forks_of(execution_id)
+        if forks is None:
             # A scan of every fork origin row: no index of the SDK's finds them by parent.
             return self._fork_links("src.execution_id = %s", (execution_id,))
+        return self._fork_links(f"f.execution_id IN ({forks})", (execution_id,))
+
+    def _forks_of(self, execution_id: str) -> str | None:
+        """A query of the ids of the runs forked from run ``%s``, from the runs index;
+        None while there is none to ask."""
+        index = self._index
+        if index is None or not index.refresh():
+            return None
         # The runs index knows each fork's parent row: this run's rows, then their forks.
-        return self._fork_links(
-            f"f.execution_id IN (SELECT r.execution_id FROM {index.tables.runs} r"
+        return (
+            f"SELECT r.execution_id FROM {index.tables.runs} r"
             f" JOIN {self._t['checkpoints']} p ON p.checkpoint_id = r.fork_parent"
-            " WHERE p.execution_id = %s)",
-            (execution_id,),
+            " WHERE p.execution_id = %s"
         )
+
+    def fork_family(self, execution_id: str) -> tuple[ForkLink | None, tuple[ForkLink, ...]]:
+        forks = self._forks_of(execution_id)
+        if forks is None:
+            return self.get_fork_origin(execution_id), self.list_forks(execution_id)
+        # One statement for both, each id looked up in the SDK's index (an OR of the two
+        # conditions would read every row). A run is never its own fork: a fork is new.
+        links = self._fork_links(
+            f"f.execution_id = ANY(ARRAY[%s::text] || ARRAY({forks}))",
+            (execution_id, execution_id),
+        )
+        origin = next((link for link in links if link.execution_id == execution_id), None)
+        return origin, tuple(link for link in links if link.execution_id != execution_id)
 
     # --- actions' helpers ---------------------------------------------
 

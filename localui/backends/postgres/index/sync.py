@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+from localui.backends import looks
 from localui.backends.postgres.index import schema
 from localui.backends.postgres.index.schema import Tables
 from localui.backends.postgres.pool import Pool, StaleConnection, one_line
@@ -247,7 +248,10 @@ class IndexSync:
                 return work(cur)
 
     def refresh(self) -> bool:
-        """Bring the index up to date; False while it is first built in the background."""
+        """Bring the index up to date; False while it is first built in the background.
+        Once per page (:mod:`localui.backends.looks`)."""
+        if looks.up_to_date(self):
+            return True
         with self.lock:
             if self._builder is not None:
                 return self._readable_while_building
@@ -261,6 +265,8 @@ class IndexSync:
             if gate is not None:
                 # Only once its transaction committed (on giving the connection back).
                 self._gate = gate
+            if answer:
+                looks.brought_up_to_date(self)
             return answer
 
     def _bring_up_to_date(self, cur: Any) -> tuple[bool, tuple[Any, ...] | None]:
