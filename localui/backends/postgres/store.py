@@ -281,8 +281,11 @@ class PostgresStore:
         ``runs_where`` limits the runs otherwise (the runs index refolds a few), and
         ``tool_args`` adds each run's distinct tool arguments, for text search."""
         cp = self._t["checkpoints"]
+        # One run's pause is looked up by its key (joined on the run's rows' key alone,
+        # the planner hashes the whole pending table: 1,000 rows for one).
+        one_pause = " AND p.execution_id = %(run)s" if one_run else ""
         pending_join = (
-            f"LEFT JOIN {self._t['pending']} p ON p.execution_id = a.execution_id"
+            f"LEFT JOIN {self._t['pending']} p ON p.execution_id = a.execution_id{one_pause}"
             if s.has_pending
             else "LEFT JOIN (SELECT NULL::text AS execution_id, NULL::text AS reason) p ON false"
         )
