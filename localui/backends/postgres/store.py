@@ -307,9 +307,16 @@ class PostgresStore:
         # newest row; an agent-as-tool, not the agents above it that wrote no row
         # here: ``runs.execution_owner`` strips them), else the first row's agent.
         owner = "NULL"
+        # Each row's path without the agents above an agent-as-tool, made once per row
+        # (``OFFSET 0`` keeps the planner from copying the expression into each of the
+        # six places that read it: a regular expression each, over every row of a build).
+        top_of_path = ""
         if "agent_path" in s.checkpoint_columns:
-            own = f"regexp_replace(agent_path, '{runs.ENCLOSING_AGENTS}', '')"
-            top = f"split_part({own}, '/', 1)"
+            top_of_path = (
+                " CROSS JOIN LATERAL (SELECT split_part(regexp_replace(agent_path,"
+                f" '{runs.ENCLOSING_AGENTS}', ''), '/', 1) AS top OFFSET 0) o"
+            )
+            top = "o.top"
             name = f"substr({top}, strpos({top}, ':') + 1)"
             depth = "length(agent_path) - length(replace(agent_path, '/', ''))"
             owner = (
@@ -339,7 +346,7 @@ class PostgresStore:
                        {waiting} AS rows_waiting,
                        {args}
                        {quarantined} AS rows_quarantined
-                FROM {cp} {where}
+                FROM {cp}{top_of_path} {where}
                 GROUP BY execution_id
             ),
             l AS (
