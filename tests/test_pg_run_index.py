@@ -428,6 +428,36 @@ def test_a_build_leaves_the_planner_its_statistics(pg_store: Any, in_chunks: boo
             (pg_store.app_schema,),
         )
         assert stats["n"] == 1
+        # Autovacuum, kept off the runs table while a first build in chunks inserts,
+        # looks after it again once the build is done.
+        [table] = pg_store.raw.query(
+            "SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)",
+            (store.runs_index.tables.runs,),
+        )
+        assert table["reloptions"] is None
+    finally:
+        store.close()
+
+
+def test_a_first_build_in_chunks_keeps_autovacuum_away_until_it_is_done(pg_store: Any) -> None:
+    store = open_store(pg_store, index_background_from_rows=0, index_chunk_rows=1)
+    try:
+        assert store.runs_index is not None
+        assert not store.runs_index.refresh()  # the build has begun, in the background
+        options = []
+        while store.runs_index.progress() is not None:
+            [table] = pg_store.raw.query(
+                "SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)",
+                (store.runs_index.tables.runs,),
+            )
+            options.append(table["reloptions"])
+        store.runs_index.complete()
+        assert ["autovacuum_enabled=false"] in options
+        [table] = pg_store.raw.query(
+            "SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)",
+            (store.runs_index.tables.runs,),
+        )
+        assert table["reloptions"] is None
     finally:
         store.close()
 

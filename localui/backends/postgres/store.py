@@ -285,7 +285,7 @@ class PostgresStore:
         # the planner hashes the whole pending table: 1,000 rows for one).
         one_pause = " AND p.execution_id = %(run)s" if one_run else ""
         pending_join = (
-            f"LEFT JOIN {self._t['pending']} p ON p.execution_id = a.execution_id{one_pause}"
+            f"LEFT JOIN {self._t['pending']} p ON p.execution_id = l.execution_id{one_pause}"
             if s.has_pending
             else "LEFT JOIN (SELECT NULL::text AS execution_id, NULL::text AS reason) p ON false"
         )
@@ -334,6 +334,12 @@ class PostgresStore:
             if tool_args
             else ""
         )
+
+        # The newest row's fields in the same pass as the counts: a second pass over
+        # the same rows (``DISTINCT ON``) cost a third of a build's facts.
+        def newest(column: str) -> str:
+            return f"(array_agg({column} ORDER BY {NEWEST_FIRST}))[1]"
+
         return f"""
             WITH a AS (
                 SELECT execution_id,
@@ -345,24 +351,25 @@ class PostgresStore:
                                 (array_agg(chain_name ORDER BY {OLDEST_FIRST}))[1]) AS agent,
                        {waiting} AS rows_waiting,
                        {args}
-                       {quarantined} AS rows_quarantined
+                       {quarantined} AS rows_quarantined,
+                       {newest("checkpoint_id")} AS last_cid,
+                       {newest("node_id")} AS last_node_id,
+                       {
+            newest(s.col("step_type")) if "step_type" in s.checkpoint_columns else "NULL::text"
+        } AS step_type,
+                       {newest("status")} AS status
                 FROM {cp}{top_of_path} {where}
                 GROUP BY execution_id
             ),
-            l AS (
-                SELECT DISTINCT ON (execution_id)
-                       execution_id, checkpoint_id AS last_cid,
-                       node_id AS last_node_id, {s.col("step_type")} AS step_type, status
-                FROM {cp} {where}
-                ORDER BY execution_id, {NEWEST_FIRST}
-            ),
             r AS (
-                SELECT a.*, l.last_cid, l.last_node_id, l.step_type AS last_step_type,
+                SELECT l.execution_id, l.row_count, l.first_at, l.last_at, l.fork_parent,
+                       l.agent, l.rows_waiting, {"l.tool_args," if tool_args else ""}
+                       l.rows_quarantined, l.last_cid, l.last_node_id,
+                       l.step_type AS last_step_type,
                        COALESCE(l.status, 'completed') AS last_status,
                        p.execution_id IS NOT NULL AS has_pending, p.reason AS pending_reason,
                        {STATE_SQL} AS state
-                FROM a
-                JOIN l ON l.execution_id = a.execution_id
+                FROM a l
                 {pending_join}
             )
         """

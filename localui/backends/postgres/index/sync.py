@@ -390,6 +390,10 @@ class IndexSync:
                 # Compiling a chunk's plan took longer than the time it saved (17 ms
                 # of the 150 a chunk takes).
                 cur.execute("SET jit = off")
+                # A chunk's commit does not wait for its WAL to reach the disk: a server
+                # that crashes may lose the last chunks, each whole with its cursor, and
+                # the build goes on from the cursor it kept.
+                cur.execute("SET synchronous_commit = off")
                 while not self._closing and not self._build_step(conn, cur):
                     pass
                 if not self._closing:
@@ -473,6 +477,9 @@ class IndexSync:
             # Nothing reads a first build before it is done: its indexes are made then.
             for statement in schema.drop_secondary_indexes(t):
                 cur.execute(statement)
+            # Nor is it vacuumed meanwhile: autovacuum, woken by the inserts, took a core
+            # from the build for seconds at a time; the build vacuums once at its end.
+            cur.execute(f"ALTER TABLE {t.runs} SET (autovacuum_enabled = false)")
         else:
             # A rebuild: the runs stay readable, each replaced as its blocks are walked.
             cur.execute(f"DELETE FROM {t.seen}")
@@ -544,6 +551,7 @@ class IndexSync:
         if first:
             for statement in schema.secondary_indexes(t):
                 cur.execute(statement)
+            cur.execute(f"ALTER TABLE {t.runs} RESET (autovacuum_enabled)")
         self._analyze(cur)
         # Complete: the runs list, its filters and counts read the index from now on.
         # On a first build the trigram index comes next, in a transaction of its own
