@@ -486,6 +486,21 @@ def test_cache_unwraps_the_envelope(backend: Backend) -> None:
     assert store.list_cache(seeded.id("failed")) == ()
 
 
+def test_a_run_page_s_first_reads_at_once_are_the_three_reads(backend: Backend) -> None:
+    store, seeded = backend.store, backend.seeded
+    for name in ("completed", "paused-1", "crashed-in-tool", "fork-of-completed", "failed"):
+        execution_id = seeded.id(name)
+        reads = store.run_reads(execution_id)
+        assert reads == (
+            store.get_run(execution_id),
+            store.list_rows(execution_id),
+            store.list_cache(execution_id),
+        ), name
+        assert reads[0] is not None and reads[1], name
+    assert any(store.run_reads(seeded.id(n))[2] for n in ("completed", "crashed-in-tool"))
+    assert store.run_reads("no-such-run") == (None, (), ())
+
+
 def test_fork_links_both_ways(backend: Backend) -> None:
     store, seeded = backend.store, backend.seeded
     source, fork = seeded.id("completed"), seeded.id("fork-of-completed")

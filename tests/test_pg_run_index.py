@@ -412,6 +412,17 @@ def analyzed_by_localui(pg_store: Any, store: PostgresStore) -> bool:
     return bool(row["analyzed"])
 
 
+def runs_table_options(pg_store: Any, store: PostgresStore) -> list[str] | None:
+    """The storage options set on the runs index's table (None: the server's own)."""
+    assert store.runs_index is not None
+    [table] = pg_store.raw.query(
+        "SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)",
+        (store.runs_index.tables.runs,),
+    )
+    options: list[str] | None = table["reloptions"]
+    return options
+
+
 @pytest.mark.parametrize("in_chunks", [False, True], ids=["at-once", "in-chunks"])
 def test_a_build_leaves_the_planner_its_statistics(pg_store: Any, in_chunks: bool) -> None:
     """A fresh index has statistics as soon as it is built, at once or in chunks: without
@@ -430,11 +441,7 @@ def test_a_build_leaves_the_planner_its_statistics(pg_store: Any, in_chunks: boo
         assert stats["n"] == 1
         # Autovacuum, kept off the runs table while a first build in chunks inserts,
         # looks after it again once the build is done.
-        [table] = pg_store.raw.query(
-            "SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)",
-            (store.runs_index.tables.runs,),
-        )
-        assert table["reloptions"] is None
+        assert runs_table_options(pg_store, store) is None
     finally:
         store.close()
 
@@ -446,18 +453,10 @@ def test_a_first_build_in_chunks_keeps_autovacuum_away_until_it_is_done(pg_store
         assert not store.runs_index.refresh()  # the build has begun, in the background
         options = []
         while store.runs_index.progress() is not None:
-            [table] = pg_store.raw.query(
-                "SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)",
-                (store.runs_index.tables.runs,),
-            )
-            options.append(table["reloptions"])
+            options.append(runs_table_options(pg_store, store))
         store.runs_index.complete()
         assert ["autovacuum_enabled=false"] in options
-        [table] = pg_store.raw.query(
-            "SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)",
-            (store.runs_index.tables.runs,),
-        )
-        assert table["reloptions"] is None
+        assert runs_table_options(pg_store, store) is None
     finally:
         store.close()
 

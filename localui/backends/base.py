@@ -66,6 +66,13 @@ class Store(Protocol):
 
     def get_run(self, execution_id: str) -> RunFacts | None: ...
 
+    def run_reads(
+        self, execution_id: str
+    ) -> tuple[RunFacts | None, tuple[RowHeader, ...], tuple[CacheEntry, ...]]:
+        """:meth:`get_run`, :meth:`list_rows` and :meth:`list_cache` at once: what a run
+        page reads first."""
+        ...
+
     def list_attention(self, query: AttentionQuery) -> AttentionPage:
         """One page of the runs that need a person, from the runs index, newest first,
         with how many there are for each reason."""

@@ -541,17 +541,15 @@ def build_run_page(
     person: Person = OPEN,
 ) -> RunPage:
     """The run page; ``person`` is who looks (a pause's rule may leave its card read-only)."""
-    facts = store.get_run(execution_id)
-    if facts is None:
+    facts, headers, cache = store.run_reads(execution_id)
+    if facts is None or not headers:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
-    headers = store.list_rows(execution_id)
     now = datetime.now(UTC)
     state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
     # The owner's plan on this backend, with the registered Chain's node order.
     plan = actions.plan(state, headers)
     last = headers[-1]
     owner = runs.run_owner(headers)
-    cache = store.list_cache(execution_id)
     pending = store.get_pending(execution_id) if facts.has_pending else None
     saved_args: Any = None
     skipped: tuple[str, ...] = ()

@@ -556,6 +556,36 @@ class PostgresStore:
         row = self._run(work)
         return self._facts(row) if row is not None else None
 
+    def run_reads(
+        self, execution_id: str
+    ) -> tuple[RunFacts | None, tuple[RowHeader, ...], tuple[CacheEntry, ...]]:
+        from psycopg.rows import dict_row
+
+        def work(cur: Any, s: _Schema) -> tuple[Any, list[Any], list[Any]]:
+            if not s.has_checkpoints:
+                return None, [], []
+            conn = cur.connection
+            # Sent together and answered together: one round trip for the three.
+            with conn.pipeline():
+                facts = conn.cursor(row_factory=dict_row)
+                facts.execute(
+                    f"{self._runs_sql(s, one_run=True)} SELECT * FROM r", {"run": execution_id}
+                )
+                rows = conn.cursor(row_factory=dict_row)
+                rows.execute(self._rows_sql(s), (execution_id,))
+                cache = None
+                if s.has_cache:
+                    cache = conn.cursor(row_factory=dict_row)
+                    cache.execute(self._cache_sql(), (execution_id,))
+            return facts.fetchone(), rows.fetchall(), cache.fetchall() if cache else []
+
+        facts, rows, cache = self._run(work)
+        return (
+            self._facts(facts) if facts is not None else None,
+            tuple(self._header(r) for r in rows),
+            tuple(_cache_entry(r) for r in cache),
+        )
+
     # --- rows ---------------------------------------------------------
 
     @staticmethod
@@ -566,15 +596,18 @@ class PostgresStore:
     def _header(row: dict[str, Any]) -> RowHeader:
         return shared.row_header(row, iso)
 
+    def _rows_sql(self, s: _Schema) -> str:
+        """A run's rows (``%s``) in the order written, without payloads."""
+        return (
+            f"SELECT {self._header_columns(s)} FROM {self._t['checkpoints']}"
+            f" WHERE execution_id = %s ORDER BY {OLDEST_FIRST}"
+        )
+
     def list_rows(self, execution_id: str) -> tuple[RowHeader, ...]:
         def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:
             if not s.has_checkpoints:
                 return []
-            cur.execute(
-                f"SELECT {self._header_columns(s)} FROM {self._t['checkpoints']}"
-                f" WHERE execution_id = %s ORDER BY {OLDEST_FIRST}",
-                (execution_id,),
-            )
+            cur.execute(self._rows_sql(s), (execution_id,))
             rows: list[dict[str, Any]] = cur.fetchall()
             return rows
 
@@ -775,16 +808,19 @@ class PostgresStore:
             for r in rows
         }
 
+    def _cache_sql(self) -> str:
+        """A run's (``%s``) cached results, oldest first."""
+        return (
+            "SELECT execution_id, function_key, result::text AS result, created_at"
+            f" FROM {self._t['cache']} WHERE execution_id = %s"
+            ' ORDER BY created_at ASC, function_key COLLATE "C" ASC'
+        )
+
     def list_cache(self, execution_id: str) -> tuple[CacheEntry, ...]:
         def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:
             if not s.has_cache:
                 return []
-            cur.execute(
-                "SELECT execution_id, function_key, result::text AS result, created_at"
-                f" FROM {self._t['cache']} WHERE execution_id = %s"
-                ' ORDER BY created_at ASC, function_key COLLATE "C" ASC',
-                (execution_id,),
-            )
+            cur.execute(self._cache_sql(), (execution_id,))
             rows: list[dict[str, Any]] = cur.fetchall()
             return rows
 

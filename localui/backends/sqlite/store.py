@@ -649,6 +649,16 @@ class SQLiteStore:
         # Two reads in process: each costs microseconds here, unlike a round trip.
         return self.get_fork_origin(execution_id), self.list_forks(execution_id)
 
+    def run_reads(
+        self, execution_id: str
+    ) -> tuple[RunFacts | None, tuple[RowHeader, ...], tuple[CacheEntry, ...]]:
+        # Three reads in process, as for fork_family.
+        return (
+            self.get_run(execution_id),
+            self.list_rows(execution_id),
+            self.list_cache(execution_id),
+        )
+
     # --- actions' helpers ---------------------------------------------
 
     def get_project_id(self, execution_id: str) -> str | None:
