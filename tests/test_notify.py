@@ -437,6 +437,65 @@ async def test_a_sweep_offers_only_what_it_has_not_offered_before(where: Where) 
             assert events == []
 
 
+class PendingReads:
+    """The served store, counting the watcher's reads of every waiting pause (the one
+    read a sweep can make of them); everything else goes to the store as it is."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.reads = 0
+
+    def list_pending(self, **kwargs: Any) -> Any:
+        self.reads += 1
+        return self.store.list_pending(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+@pytest.mark.anyio
+async def test_an_idle_sweep_reads_no_pending_row_until_the_pauses_change(
+    where: Where, tmp_path: Path
+) -> None:
+    """With a thousand pauses waiting, reading them all every 10 s was most of an idle
+    server's work: a sweep reads them again only once the feed has said a pause came
+    or went, or when a reminder comes due."""
+    with Receiver() as receiver:
+        notifications = webhook_settings(receiver, sweep_interval=10.0**6)
+        settings = where.settings(notifications, remind_after=10.0**9)
+        async with running(create_app(settings)) as state:
+            watcher = state.watcher
+            assert watcher is not None
+            await until(receiver, lambda r: len(r) >= SEEDED_PAUSES)
+            counted = PendingReads(watcher.store)
+            watcher.store = counted
+            assert await anyio.to_thread.run_sync(watcher.sweep) == 0
+            assert await anyio.to_thread.run_sync(watcher.sweep) == 0
+            assert counted.reads == 0
+
+            paused = await anyio.to_thread.run_sync(run_worker, where, "paused-1", tmp_path)
+            await until(
+                receiver,
+                lambda r: any(b["data"]["execution_id"] == paused for b in of_type(r, ev.PAUSED)),
+            )
+            assert await anyio.to_thread.run_sync(watcher.sweep) == 0
+            assert counted.reads == 1
+            assert await anyio.to_thread.run_sync(watcher.sweep) == 0
+            assert counted.reads == 1
+
+            await anyio.sleep(1.0)  # the new pause waits a reminder interval too
+            watcher.settings = dataclasses.replace(watcher.settings, remind_after=1.0)
+            assert await anyio.to_thread.run_sync(watcher.sweep) == SEEDED_PAUSES + 1
+            assert counted.reads == 2
+            assert await anyio.to_thread.run_sync(watcher.sweep) == 0
+            assert counted.reads == 2
+            got = await until(receiver, lambda r: len(of_type(r, ev.OVERDUE)) >= SEEDED_PAUSES + 1)
+        assert {b["data"]["execution_id"] for b in of_type(got, ev.OVERDUE)} == {
+            *where.seed.ids("paused"),
+            paused,
+        }
+
+
 @pytest.mark.anyio
 async def test_after_a_restart_a_sweep_builds_nothing_the_outbox_holds_for_every_target(
     where: Where,

@@ -13,7 +13,9 @@ a page is open. What it does:
   when notifications are first turned on are announced, once each), those waiting
   longer than ``remind_after`` as ``pause.overdue``, and the newest unfinished
   runs silent for longer than ``stale_after`` as ``run.stalled`` — read from the
-  pending rows and the runs index, never from a scan of ``checkpoints``.
+  pending rows and the runs index, never from a scan of ``checkpoints``. The
+  pending rows are read again only when the feed has said they changed, or when a
+  reminder comes due: an idle sweep of a thousand waiting pauses reads none of them.
 - **Every poll interval, and at once after recording**: a round of the
   :class:`~localui.notify.sender.Sender`.
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -88,6 +91,13 @@ class Watcher:
         self.recorded = 0
         #: Keys of the events the last sweep offered to the outbox (all recorded).
         self._offered: set[str] = set()
+        #: The waiting pauses as a sweep last read them (without their context: the
+        #: keys need only their run, row and time), and how many changes to the pauses
+        #: the feed had published when that read began.
+        self._waiting: tuple[Pending, ...] | None = None
+        self._waiting_as_of = -1
+        #: Changes to the pauses the feed has published (and resyncs), counted.
+        self._pause_changes = 0
         #: When a sweep last looked at every waiting pause (None: not yet).
         self.swept_at: float | None = None
         #: How far the runs index's first build has got, while it postpones the sweeps.
@@ -154,30 +164,44 @@ class Watcher:
                     found.append(reminder)
         return found
 
-    def sweep_events(self) -> tuple[list[Event], set[str]]:
-        """Every waiting pause (and its reminder when overdue), and the newest stalled
-        runs: the events not yet offered by an earlier sweep of this process, and the
-        keys of all of them. A pause already offered, whose reminder is not due, costs
-        only its pending row: its paused call is not read and nothing is written."""
+    def _wanted_keys(self, pending: Pending, now: datetime) -> list[str]:
+        return [
+            key
+            for key in ev.pause_keys(
+                pending, now, self.settings.remind_after, self.notifications.remind_times
+            )
+            if key.partition("\x1f")[0] in self._wanted
+        ]
+
+    def saw(self, item: Changes | Resync) -> None:
+        """Note what the feed published: waiting pauses it says came or went, or a
+        change it cannot pin down, are read again by the next sweep."""
+        if isinstance(item, Resync) or item.pauses_changed:
+            self._pause_changes += 1
+
+    def _waiting_keys(self, now: datetime) -> set[str] | None:
+        """The keys of the waiting pauses from the last read, when that read is still
+        what the store holds (the feed has published no change to the pauses since it
+        began) and every key is offered already; else None: read them again."""
+        if self._waiting is None or self._waiting_as_of != self._pause_changes:
+            return None
+        keys = {key for pending in self._waiting for key in self._wanted_keys(pending, now)}
+        return keys if keys <= self._offered else None
+
+    def _read_waiting(self, now: datetime, keys: set[str]) -> list[Event]:
+        """Every waiting pause, read page by page: the keys of each into ``keys``, and
+        the events of those not offered before and not in the outbox already."""
+        as_of = self._pause_changes
         found: list[Event] = []
-        keys: set[str] = set()
-        now = self._now()
+        waiting: list[Pending] = []
         after: tuple[str, str] | None = None
         while True:
             page = self.store.list_pending(after=after, limit=PENDING_PAGE)
             unoffered: list[tuple[Pending, list[str]]] = []
             for pending in page.items:
-                wanted = [
-                    key
-                    for key in ev.pause_keys(
-                        pending,
-                        now,
-                        self.settings.remind_after,
-                        self.notifications.remind_times,
-                    )
-                    if key.partition("\x1f")[0] in self._wanted
-                ]
+                wanted = self._wanted_keys(pending, now)
                 keys.update(wanted)
+                waiting.append(dataclasses.replace(pending, context=None))
                 unoffered.append((pending, [key for key in wanted if key not in self._offered]))
             # What an earlier process (or another one) recorded is not read again: after a
             # restart, a thousand waiting pauses cost one query, not their paused calls.
@@ -187,6 +211,22 @@ class Watcher:
             if page.next_key is None:
                 break
             after = page.next_key
+        self._waiting, self._waiting_as_of = tuple(waiting), as_of
+        return found
+
+    def sweep_events(self) -> tuple[list[Event], set[str]]:
+        """Every waiting pause (and its reminder when overdue), and the newest stalled
+        runs: the events not yet offered by an earlier sweep of this process, and the
+        keys of all of them. A pause already offered, whose reminder is not due, costs
+        nothing while the feed says the pauses are as the last sweep read them, and
+        only its pending row otherwise: its paused call is not read and nothing is
+        written."""
+        found: list[Event] = []
+        now = self._now()
+        keys = self._waiting_keys(now)
+        if keys is None:
+            keys = set()
+            found.extend(self._read_waiting(now, keys))
         if ev.STALLED in self._wanted:
             cutoff = datetime.fromtimestamp(
                 now.timestamp() - self.settings.stale_after, UTC
@@ -290,6 +330,7 @@ class Watcher:
                     item = Resync(seq=self.feed.seq)
                 if item is None:
                     return  # the feed has stopped
+                self.saw(item)
                 if isinstance(item, Resync) or item.everything:
                     next_sweep = time.monotonic() + await self._sweep_once_indexed()
                 else:
