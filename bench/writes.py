@@ -180,7 +180,10 @@ def _queued(client: httpx.Client) -> set[str]:
     found: set[str] = set()
     url: str | None = "/approvals.json"
     while url:
-        page = client.get(url).json()
+        answer = client.get(url)
+        if answer.status_code != 200:
+            raise RuntimeError(f"GET {url} answered {answer.status_code}: {answer.text[:300]}")
+        page = answer.json()
         found.update(item["execution_id"] for item in page["approvals"])
         following = page.get("next")
         url = f"/approvals.json?after={following}" if following else None

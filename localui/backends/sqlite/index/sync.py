@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
+import signal
 import sqlite3
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -261,11 +264,13 @@ def _newest_marked(conn: sqlite3.Connection, columns: StoreColumns) -> str | Non
 
 #: How much of the store ``read_ahead`` reads at a time.
 READ_AHEAD_CHUNK = 4 << 20
+#: How often ``read_ahead`` asks whether to stop.
+READ_AHEAD_POLL_S = 0.1
 
 
-def read_ahead(path: Path, stop: Callable[[], bool]) -> None:
+def read_ahead(path: Path, stop: Callable[[], bool]) -> int:
     """Read the store's file once, in file order, so the kernel holds it in its cache
-    for a build that reads every page of it anyway.
+    for a build that reads every page of it anyway; how many bytes were read.
 
     The fold's columns (``created_at``, ``checkpoint_id`` …) come after the SDK's
     snapshots in each row, so the build walks every overflow page, in row order: from a
@@ -273,21 +278,43 @@ def read_ahead(path: Path, stop: Callable[[], bool]) -> None:
     5.2 GB file, where reading it in order takes a few seconds). ``posix_fadvise``'s
     WILLNEED would read without copying, but Linux reads only its readahead window
     (128 KB) per call. Skipped when the file would not fit in half the memory free now
-    (the kernel would drop what it read first); stops when ``stop()`` says so."""
+    (the kernel would drop what it read first); stops when ``stop()`` says so.
+
+    A child process (``dd``) reads it, never this one: closing a file descriptor of the
+    store in this process drops every POSIX lock the process holds on it, SQLite's
+    too. An agent's connection closing after that takes itself for the last one,
+    deletes the write-ahead log and its ``-shm`` under this process's open
+    connections, and their reads then find the store "malformed" (or a write of the
+    decision record lands in a file SQLite thinks nobody else has open)."""
     try:
         size = path.stat().st_size
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):
-        return
-    if size > free // 2:
-        return
-    chunk = bytearray(READ_AHEAD_CHUNK)
+        return 0
+    if size > free // 2 or stop():
+        return 0
     try:
-        with path.open("rb", buffering=0) as f:
-            while f.readinto(chunk) and not stop():
-                pass
+        reader = subprocess.Popen(
+            ["dd", f"if={path}", "of=/dev/null", f"bs={READ_AHEAD_CHUNK}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
     except OSError:
-        pass  # only a warm-up: the build reads the file either way
+        return 0  # only a warm-up: the build reads the file either way
+    with reader:
+        while reader.poll() is None:
+            if stop():
+                # SIGINT: dd says how far it got, then exits.
+                reader.send_signal(signal.SIGINT)
+            time.sleep(READ_AHEAD_POLL_S)
+        said = reader.stderr.read().decode(errors="replace") if reader.stderr else ""
+    copied = _DD_BYTES.search(said)
+    return int(copied.group(1)) if copied else 0
+
+
+#: How ``dd`` reports what it copied: ``5236457472 bytes (5.2 GB, 4.9 GiB) copied``.
+_DD_BYTES = re.compile(r"^(\d+) bytes", re.MULTILINE)
 
 
 def has_pending_table(conn: sqlite3.Connection) -> bool:
