@@ -308,13 +308,7 @@ class ActionService:
         """The policy's rule for this pause: the first that matches its owner or agent,
         reason and tool; None without a policy or a match (any approver, alone)."""
         policy = self.settings.policy
-        if policy is None:
-            return None
-        owner = runs.pause_owner(pending.agent_path, pending.agent, pending.node_id)
-        tool = runs.parse_node(pending.node_id).tool if owner.kind != runs.CHAIN else None
-        return policy.match(
-            owner=owner.name, agent=pending.agent, reason=pending.reason, tool=tool or ""
-        )
+        return policy.rule_for(pending) if policy is not None else None
 
     @staticmethod
     def may_decide(rule: Rule | None, person: Person | None) -> bool:

@@ -265,7 +265,7 @@ def create_app(
         feed = ChangeFeed(opened.change_source(), interval=settings.poll_interval)
         watcher: Watcher | None = None
         # Read-only writes nothing, and the outbox is a table (the CLI refuses the pair).
-        if settings.notifications.configured and not settings.read_only:
+        if settings.notifies:
             watcher = make_watcher(
                 settings,
                 feed=feed,

@@ -420,7 +420,7 @@ def serve(
     from localui.backends import open_backend, target_of
     from localui.limits import server_limits
     from localui.memory import ReleaseFreedMemory, keep_thresholds
-    from localui.notify.targets import TargetError, targets_of
+    from localui.notify.targets import TargetError, routes_of, targets_of
 
     target = target_of(settings)
     if target.sqlite_path is not None:
@@ -435,19 +435,23 @@ def serve(
             return fail(
                 f"no store at {target.sqlite_path} (pass --store or set FASTAIAGENT_LOCAL_DB)"
             )
-    if settings.notifications.configured:
-        if settings.read_only:
-            return fail("--read-only writes nothing, and notifications keep an outbox: pick one")
+    if settings.read_only and settings.notifications.configured:
+        return fail("--read-only writes nothing, and notifications keep an outbox: pick one")
+    if settings.notifies:
         try:
             # The webhooks here, and the chat URLs asked of the Apprise child: it
             # checks them while this process goes on starting (see the check below).
             targets_of(settings.notifications, chat=False)
         except TargetError as exc:
             return fail(str(exc))
-        if settings.notifications.chat:
+        chat = [
+            *settings.notifications.chat,
+            *(settings.policy.notify_urls if settings.policy else ()),
+        ]
+        if chat:
             from localui.notify.apprise_process import shared
 
-            shared().check_soon(list(settings.notifications.chat))
+            shared().check_soon(chat)
     # The agents are imported before the store opens: opening may start indexing it
     # in a thread, which would slow the imports down.
     loaded = list(agents)
@@ -467,8 +471,9 @@ def serve(
         # Made here once so a missing privilege is one line, not a failed lifespan.
         backend.decision_log(writable=not settings.read_only).close()
         registry = Registry.build(loaded, backend.target)
-        if settings.notifications.configured:
+        if settings.notifies:
             targets_of(settings.notifications)
+            routes_of(settings.policy)
     except (LocalUIError, RegistryError, TargetError) as exc:
         backend.close()
         return fail(str(exc))
@@ -489,8 +494,14 @@ def serve(
     if settings.policy is not None:
         names = ", ".join(repr(r.name) for r in settings.policy.rules) or "none"
         print(f"localui: approval policy {settings.policy.source}: rules {names}", flush=True)
-        for note in settings.policy.unused_notes():
-            print(f"localui: {note}", flush=True)
+        for rule in settings.policy.rules:
+            if rule.notify and settings.notifies:
+                told = len(rule.notify)
+                print(
+                    f"localui: rule {rule.name!r}: its pauses are also announced to"
+                    f" {told} target{'s' if told > 1 else ''} of its own",
+                    flush=True,
+                )
     show_server_log()
     config = uvicorn.Config(
         app,

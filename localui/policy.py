@@ -11,7 +11,8 @@ A rule says who may decide (``approvers``: ``group:NAME``, ``user:NAME``,
 ``role:ROLE``), how many different people must approve (``approvals``), whether a
 reason is needed to approve too (``reason_required``), and the typed fields an
 approver fills in (``[[rule.field]]``), which reach the tool in ``Resume.metadata``
-(the SDK drops anything passed any other way).
+(the SDK drops anything passed any other way), and where its pauses are announced
+besides the server's own targets (``notify``: Apprise URLs).
 
 Everything here is pure: parsing, matching, who may decide and checking the fields.
 The votes themselves live in each backend's decision log.
@@ -28,7 +29,9 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from localui import runs
 from localui.errors import BadRequest
+from localui.records import Pending
 from localui.settings import ROLES
 
 FIELD_TYPES = ("text", "number", "integer", "choice", "boolean")
@@ -206,7 +209,8 @@ class Rule:
     #: ``reject`` (a reason only to reject) or ``always`` (to approve too).
     reason_required: str = "reject"
     fields: tuple[Field, ...] = ()
-    #: Where the rule's events go, once notifications exist (accepted, unused).
+    #: Apprise URLs the rule's pauses (and their reminders) are announced to, besides
+    #: the targets every event goes to.
     notify: tuple[str, ...] = ()
 
     def matches(self, *, owner: str, agent: str, reason: str, tool: str) -> bool:
@@ -273,14 +277,19 @@ class Policy:
                 return rule
         return None
 
-    def unused_notes(self) -> tuple[str, ...]:
-        """What the policy asks for that this localui does not do yet, said at start."""
-        return tuple(
-            f"rule {r.name!r}: notify = {list(r.notify)} is accepted but not used yet:"
-            " this localui sends no notifications"
-            for r in self.rules
-            if r.notify
+    def rule_for(self, pending: Pending) -> Rule | None:
+        """The rule for this pause: the first that matches its owner or agent, reason
+        and tool (a chain's node is no tool); None when none does."""
+        owner = runs.pause_owner(pending.agent_path, pending.agent, pending.node_id)
+        tool = runs.parse_node(pending.node_id).tool if owner.kind != runs.CHAIN else None
+        return self.match(
+            owner=owner.name, agent=pending.agent, reason=pending.reason, tool=tool or ""
         )
+
+    @property
+    def notify_urls(self) -> tuple[str, ...]:
+        """Every rule's ``notify`` URLs, each once, in the order the rules give them."""
+        return tuple(dict.fromkeys(url for r in self.rules for url in r.notify))
 
 
 # --- reading a policy file ------------------------------------------------------------

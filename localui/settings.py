@@ -151,6 +151,14 @@ class Settings:
     notifications: Notifications = Notifications()
 
     @property
+    def notifies(self) -> bool:
+        """Whether this server announces anything: it has a target of its own, or a
+        policy rule has ``notify`` URLs, and it may write (the outbox is a table; a
+        read-only server sharing a policy file announces nothing)."""
+        targets = self.notifications.configured or bool(self.policy and self.policy.notify_urls)
+        return targets and not self.read_only
+
+    @property
     def host_names(self) -> frozenset[str]:
         """``Host`` header names this server answers to."""
         names = set(LOOPBACK_NAMES) | set(self.allowed_hosts)

@@ -37,6 +37,7 @@ from localui.app import create_app
 from localui.cli import main
 from localui.notify import events as ev
 from localui.notify import formats
+from localui.policy import parse_policy
 from localui.records import APPROVAL, Decision, Pending, RunFacts
 from localui.settings import Notifications, Settings
 from localui.views.common import AppState
@@ -145,6 +146,10 @@ def verified(request: Received) -> dict[str, Any]:
     """The body of a webhook POST, once its Standard Webhooks signature checks out."""
     body: dict[str, Any] = Webhook(SECRET).verify(request.body, request.headers)
     return body
+
+
+def on(requests: list[Received], path: str) -> list[Received]:
+    return [r for r in requests if r.path.startswith(path)]
 
 
 def bodies(requests: list[Received]) -> list[dict[str, Any]]:
@@ -677,11 +682,69 @@ async def test_apprise_chat_targets_get_one_digest_per_poll(where: Where) -> Non
         assert any(f"{call} waits for a person" in message["message"] for call in CALLS)
 
 
+@pytest.mark.anyio
+async def test_a_policy_rule_s_notify_urls_are_told_of_the_pauses_it_governs(where: Where) -> None:
+    """A rule's ``notify`` URLs get its pauses and their reminders, in one digest each
+    poll; a rule that governs no waiting pause tells its URLs nothing; the server's own
+    webhook gets every event, each naming the rule that governs it."""
+    with Receiver() as receiver:
+        port = receiver.port
+        policy = parse_policy(
+            f"""
+            [[rule]]
+            name = "nobody-s"
+            agent = "no-such-agent"
+            notify = ["json://127.0.0.1:{port}/nobody"]
+
+            [[rule]]
+            name = "refunds"
+            agent = "refund-bot"
+            tool = "refund"
+            approvals = 2
+            notify = ["json://127.0.0.1:{port}/refunds"]
+            """
+        )
+        settings = where.settings(
+            webhook_settings(receiver, remind_times=1), policy=policy, remind_after=1.0
+        )
+        app = create_app(settings)
+        async with running(app):
+            await until(receiver, lambda r: len(on(r, "/hook")) >= 2 * SEEDED_PAUSES)
+            await until(receiver, lambda r: len(on(r, "/refunds")) >= 1)
+            await anyio.sleep(1.0)  # a few polls and a sweep more: nothing else comes
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url=BASE_URL
+            ) as client:
+                page = (await client.get("/notifications.json")).json()
+        hooks = bodies(receiver.requests("/hook"))
+        assert (
+            sorted(b["type"] for b in hooks)
+            == [ev.OVERDUE] * SEEDED_PAUSES + [ev.PAUSED] * SEEDED_PAUSES
+        )
+        assert {b["data"]["rule"] for b in hooks} == {"refunds"}
+        assert receiver.requests("/nobody") == []
+        told = " ".join(m.json()["message"] for m in receiver.requests("/refunds"))
+        assert all(execution_id in told for execution_id in where.seed.ids("paused"))
+        targets = {t["label"].rsplit("/", 1)[-1]: t for t in page["targets"]}
+        refunds = [a for a in page["recent"] if a["target"] == targets["refunds"]["id"]]
+        assert sorted(a["event_type"] for a in refunds) == sorted(
+            a["event_type"] for a in page["recent"] if a["target"] == targets["hook"]["id"]
+        )
+        assert len(refunds) == 2 * SEEDED_PAUSES and targets["refunds"]["sent"] == len(refunds)
+        assert not [a for a in page["recent"] if a["target"] == targets["nobody"]["id"]]
+        gets = {name: t["gets"] for name, t in targets.items()}
+        assert gets["hook"] == "every event"
+        assert gets["refunds"] == "the pauses (and reminders) of rule 'refunds'"
+        assert gets["nobody"] == "the pauses (and reminders) of rule 'nobody-s'"
+
+
 def test_a_malformed_target_is_a_one_line_error_at_start(
     store_copy: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     secret = tmp_path / "secret"
     secret.write_text(SECRET)
+    bad_policy = tmp_path / "policy.toml"
+    bad_policy.write_text('[[rule]]\nname = "refunds"\nnotify = ["nonsense://here"]\n')
     base = ["serve", "--store", str(store_copy), "--no-auth", "--port", str(free_port())]
     cases = [
         (["--notify", "nonsense://here"], "not a notification URL Apprise knows"),
@@ -689,6 +752,7 @@ def test_a_malformed_target_is_a_one_line_error_at_start(
         (["--webhook", "http://127.0.0.1:9/x"], "needs --webhook-secret-file"),
         (["--notify-on", "paused,sometimes", "--notify", "json://127.0.0.1:9/"], "not an event"),
         (["--webhook-secret-file", str(tmp_path / "missing")], "--webhook-secret-file"),
+        (["--policy", str(bad_policy)], "policy rule 'refunds': notify nonsense://"),
     ]
     for extra, said in cases:
         assert main([*base, *extra]) == 2

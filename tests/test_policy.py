@@ -80,10 +80,8 @@ def test_a_policy_file_is_read_with_its_rules_fields_and_bounds(tmp_path: Path) 
     assert amount.default == ContextPath("context.amount", ("amount",))
     assert amount.min == 1.0 and amount.max == ContextPath("context.amount", ("amount",))
     assert rule.fields[1].label == "ticket"  # the label defaults to the name
-    assert policy.unused_notes() == (
-        "rule 'large refunds': notify = ['mailto://finance@example.com'] is accepted but not"
-        " used yet: this localui sends no notifications",
-    )
+    assert rule.notify == ("mailto://finance@example.com",)
+    assert policy.notify_urls == ("mailto://finance@example.com",)
 
 
 def test_rules_match_in_order_by_agent_reason_and_tool_globs() -> None:

@@ -72,6 +72,9 @@ class Event:
     outcome: str = ""
     #: Overdue: which reminder this is (1, 2, ...).
     reminder: int = 0
+    #: A pause's: the approval policy's rule that governs it ("" without one); its
+    #: ``notify`` URLs are told too.
+    rule: str = ""
 
     @property
     def key(self) -> str:
@@ -113,13 +116,17 @@ def _pause_fields(
 
 
 def paused(
-    pending: Pending, call: PausedCall | None, redact_keys: frozenset[str] = frozenset()
+    pending: Pending,
+    call: PausedCall | None,
+    redact_keys: frozenset[str] = frozenset(),
+    rule: str = "",
 ) -> Event:
     """A run that waits for a person; the values of ``redact_keys`` never leave."""
     return Event(
         type=PAUSED,
         row=pending.checkpoint_id or pending.created_at,
         at=pending.created_at,
+        rule=rule,
         **_pause_fields(pending, call, redact_keys),
     )
 
@@ -162,6 +169,7 @@ def overdue(
     remind_after: float,
     remind_times: int,
     redact_keys: frozenset[str] = frozenset(),
+    rule: str = "",
 ) -> Event | None:
     """A reminder for a pause waiting longer than ``remind_after`` seconds: the
     first after one interval, then one each interval, ``remind_times`` at most."""
@@ -173,6 +181,7 @@ def overdue(
         row=pending.checkpoint_id or pending.created_at,
         at=pending.created_at,
         reminder=number,
+        rule=rule,
         **_pause_fields(pending, call, redact_keys),
     )
 

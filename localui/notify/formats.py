@@ -107,4 +107,6 @@ def webhook_body(event: Event, links: Links, redact_keys: frozenset[str]) -> dic
         data.update(actor=event.actor, approved=event.approved, outcome=event.outcome)
     if event.type == ev.OVERDUE:
         data["reminder"] = event.reminder
+    if event.rule:
+        data["rule"] = event.rule
     return {"type": event.type, "timestamp": event.at, "data": data}

@@ -7,6 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from localui.policy import Policy
 from localui.settings import Notifications
 
 CHAT = "chat"
@@ -34,19 +35,20 @@ class Target:
         return f"{self.label}#{digest}"
 
 
-def chat_target(url: str) -> Target:
+def chat_target(url: str, given_as: str = "--notify") -> Target:
     """An Apprise URL (``slack://…``, ``mailto://…``, ``json://…``) Apprise accepts,
-    checked in the Apprise child process (``localui.notify.apprise_process``)."""
+    checked in the Apprise child process (``localui.notify.apprise_process``);
+    ``given_as`` names where it was given, for the error."""
     from localui.notify.apprise_process import AppriseGone, shared
 
     try:
         kind, said = shared().label(url)
     except AppriseGone as exc:
-        raise TargetError(f"--notify: the URL could not be checked: {exc}") from exc
+        raise TargetError(f"{given_as}: the URL could not be checked: {exc}") from exc
     if kind == "error":
         scheme = url.split("://", 1)[0] if "://" in url else url
         raise TargetError(
-            f"--notify {scheme}://…: not a notification URL Apprise knows, or missing its"
+            f"{given_as} {scheme}://…: not a notification URL Apprise knows, or missing its"
             " parts (see the Apprise wiki for the form of each service's URL)"
         )
     return Target(kind=CHAT, url=url, label=said)
@@ -81,3 +83,19 @@ def targets_of(settings: Notifications, *, chat: bool = True) -> tuple[Target, .
         *(chat_target(u) for u in (settings.chat if chat else ())),
         *(webhook_target(u) for u in settings.webhooks),
     )
+
+
+def routes_of(policy: Policy | None) -> dict[str, tuple[Target, ...]]:
+    """Each policy rule's own targets (its ``notify`` URLs), by rule name; raises
+    :class:`TargetError` for the first bad one."""
+    if policy is None:
+        return {}
+    checked: dict[str, Target] = {}
+    routes: dict[str, tuple[Target, ...]] = {}
+    for rule in policy.rules:
+        for url in rule.notify:
+            if url not in checked:
+                checked[url] = chat_target(url, f"policy rule {rule.name!r}: notify")
+        if rule.notify:
+            routes[rule.name] = tuple(checked[url] for url in rule.notify)
+    return routes

@@ -19,9 +19,13 @@ a page is open. What it does:
 - **Every poll interval, and at once after recording**: a round of the
   :class:`~localui.notify.sender.Sender`.
 
-The outbox records each event's key once, so offering the same event again, from
-this process or another, announces nothing twice; a restart announces nothing
-again.
+Every event goes to the server's own targets (``--notify``, ``--webhook``); a pause
+an approval policy's rule governs, and its reminders, go to that rule's ``notify``
+URLs too.
+
+The outbox records each event's key once per target, so offering the same event
+again, from this process or another, announces nothing twice; a restart announces
+nothing again.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from localui.backends.base import Backend, Changes, DecisionLog, Outbox, Store
@@ -42,7 +46,7 @@ from localui.notify.events import Event
 from localui.notify.formats import Links
 from localui.notify.outbox import notices_of
 from localui.notify.sender import ROUND_SIZE, Deliverer, Sender
-from localui.notify.targets import Target, targets_of
+from localui.notify.targets import Target, routes_of, targets_of
 from localui.records import IndexProgress, Pending, RunQuery
 from localui.settings import Settings
 
@@ -70,6 +74,7 @@ class Watcher:
         outbox: Outbox,
         targets: Sequence[Target],
         sender: Sender,
+        routes: Mapping[str, Sequence[Target]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -78,7 +83,14 @@ class Watcher:
         self.store = store
         self.decisions = decisions
         self.outbox = outbox
-        self.targets = tuple(targets)
+        routes = routes or {}
+        #: Every target this process delivers to: its own, then the policy rules'.
+        self.targets = tuple(
+            {t.id: t for t in [*targets, *(t for ts in routes.values() for t in ts)]}.values()
+        )
+        #: The targets that get every event, and those a policy rule adds for its pauses.
+        self._everyone = tuple(t.id for t in targets)
+        self._routes = {rule: tuple(t.id for t in ts) for rule, ts in routes.items()}
         self.sender = sender
         self._clock = clock
         self._wanted = frozenset(self.notifications.events)
@@ -108,18 +120,40 @@ class Watcher:
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self._clock(), UTC)
 
+    def _target_ids(self, rule: str) -> tuple[str, ...]:
+        """Where an event goes: every event to the server's own targets, and a pause
+        under a policy rule to that rule's too."""
+        return tuple(dict.fromkeys([*self._everyone, *self._routes.get(rule, ())]))
+
+    def gets(self, target_id: str) -> str:
+        """What a target is told, as the notifications page says it."""
+        if target_id in self._everyone:
+            return "every event"
+        rules = [rule for rule, ids in self._routes.items() if target_id in ids]
+        names = ", ".join(repr(rule) for rule in rules)
+        return f"the pauses (and reminders) of rule{'s' if len(rules) > 1 else ''} {names}"
+
+    def _rule_of(self, pending: Pending) -> str:
+        policy = self.settings.policy
+        rule = policy.rule_for(pending) if policy is not None else None
+        return rule.name if rule is not None else ""
+
     def record(self, found: Sequence[Event]) -> int:
-        """Record the wanted events for every target; how many rows are new."""
-        wanted = [e for e in found if e.type in self._wanted]
-        if not wanted:
-            return 0
+        """Record the wanted events for each of their targets; how many rows are new."""
+        by_targets: dict[tuple[str, ...], list[Event]] = {}
+        for event in found:
+            if event.type in self._wanted:
+                by_targets.setdefault(self._target_ids(event.rule), []).append(event)
         now = self._clock()
-        added = self.outbox.record(
-            notices_of(wanted),
-            [t.id for t in self.targets],
-            now=now,
-            give_up_at=now + self.notifications.retry_for,
-        )
+        added = 0
+        for target_ids, events in by_targets.items():
+            if target_ids:
+                added += self.outbox.record(
+                    notices_of(events),
+                    target_ids,
+                    now=now,
+                    give_up_at=now + self.notifications.retry_for,
+                )
         self.recorded += added
         return added
 
@@ -150,7 +184,8 @@ class Watcher:
         found: list[Event] = []
         for pending in pendings:
             call = calls.get(pending.checkpoint_id or "")
-            found.append(ev.paused(pending, call, self._redact))
+            rule = self._rule_of(pending)
+            found.append(ev.paused(pending, call, self._redact, rule))
             if overdue:
                 reminder = ev.overdue(
                     pending,
@@ -159,6 +194,7 @@ class Watcher:
                     self.settings.remind_after,
                     self.notifications.remind_times,
                     self._redact,
+                    rule,
                 )
                 if reminder is not None:
                     found.append(reminder)
@@ -198,14 +234,17 @@ class Watcher:
         while True:
             page = self.store.list_pending(after=after, limit=PENDING_PAGE)
             unoffered: list[tuple[Pending, list[str]]] = []
+            by_rule: dict[str, set[str]] = {}
             for pending in page.items:
                 wanted = self._wanted_keys(pending, now)
                 keys.update(wanted)
                 waiting.append(dataclasses.replace(pending, context=None))
-                unoffered.append((pending, [key for key in wanted if key not in self._offered]))
+                new = [key for key in wanted if key not in self._offered]
+                unoffered.append((pending, new))
+                by_rule.setdefault(self._rule_of(pending), set()).update(new)
             # What an earlier process (or another one) recorded is not read again: after a
             # restart, a thousand waiting pauses cost one query, not their paused calls.
-            known = self._recorded({key for _, ks in unoffered for key in ks})
+            known = {key for rule, ks in by_rule.items() for key in self._recorded(ks, rule)}
             fresh = [p for p, ks in unoffered if any(key not in known for key in ks)]
             found.extend(e for e in self._pause_events(fresh, overdue=True) if e.key not in known)
             if page.next_key is None:
@@ -246,9 +285,9 @@ class Watcher:
             found.extend(e for e in stalled if e.key not in known)
         return [e for e in found if e.key not in self._offered], keys
 
-    def _recorded(self, keys: set[str]) -> set[str]:
-        """Those of ``keys`` the outbox holds for every target already."""
-        return self.outbox.recorded(keys, [t.id for t in self.targets]) if keys else set()
+    def _recorded(self, keys: set[str], rule: str = "") -> set[str]:
+        """Those of ``keys`` the outbox holds already for every target they go to."""
+        return self.outbox.recorded(keys, self._target_ids(rule)) if keys else set()
 
     def on_changes(self, changes: Changes) -> int:
         return self.record(self.events_of_changes(changes))
@@ -362,6 +401,7 @@ def make_watcher(
     """The watcher for ``settings``' targets, with its own outbox on ``backend`` (the
     caller closes it: ``watcher.outbox``). Raises ``TargetError`` for a bad target."""
     targets = targets_of(settings.notifications)
+    routes = routes_of(settings.policy)
     outbox = backend.outbox()
     deliverer = Deliverer(settings.notifications, links, now=lambda: datetime.now(UTC))
     return Watcher(
@@ -371,5 +411,11 @@ def make_watcher(
         decisions=decisions,
         outbox=outbox,
         targets=targets,
-        sender=Sender(outbox, targets, deliverer, settings.notifications),
+        routes=routes,
+        sender=Sender(
+            outbox,
+            [*targets, *(t for ts in routes.values() for t in ts)],
+            deliverer,
+            settings.notifications,
+        ),
     )

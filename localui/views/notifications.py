@@ -37,6 +37,8 @@ class TargetRow:
     failed: int
     last_sent_at: str | None
     last_error: str | None
+    #: What it is told: ``every event``, or the pauses under an approval policy's rules.
+    gets: str = "every event"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,7 @@ def build_notifications_page(watcher: Watcher | None, urls: Urls) -> Notificatio
                 failed=status.failed if status else 0,
                 last_sent_at=_instant(status.last_sent_at) if status else None,
                 last_error=status.last_error if status else None,
+                gets=watcher.gets(target.id),
             )
         )
     return NotificationsPage(
