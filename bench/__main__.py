@@ -228,6 +228,7 @@ def measure_localui(
             pg=options.pg,
             policy=options.policy,
             notify=options.notify,
+            quiet=True,
         )
         result.start_samples["cold"] = [(server.startup_s, server.startup_cpu_s)]
         log(f"  localui started (cold) in {server.startup_s:.2f} s")
@@ -285,6 +286,7 @@ def measure_localui(
                 pg=options.pg,
                 policy=options.policy,
                 notify=options.notify,
+                quiet=True,
             )
             warm.append((server.startup_s, server.startup_cpu_s))
             server.stop()
@@ -300,6 +302,7 @@ def measure_localui(
             pg=options.pg,
             policy=options.policy,
             notify=options.notify,
+            quiet=True,
         )
         viewer = result.start_samples["viewer"] = [(server.startup_s, server.startup_cpu_s)]
         try:
@@ -318,6 +321,7 @@ def measure_localui(
                 pg=options.pg,
                 policy=options.policy,
                 notify=options.notify,
+                quiet=True,
             )
             viewer.append((server.startup_s, server.startup_cpu_s))
             server.stop()
@@ -368,6 +372,7 @@ def _cold_start(store: BuiltStore, options: Options) -> tuple[float, float]:
             pg=pg,
             policy=options.policy,
             notify=options.notify,
+            quiet=True,
         )
         server.stop()
         return server.startup_s, server.startup_cpu_s

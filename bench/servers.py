@@ -97,9 +97,45 @@ class Server:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+#: A start is timed once the machine's other work is below this share of its CPUs
+#: (what a person starting the server meets), or after ``QUIET_WAIT_S`` regardless.
+QUIET_BELOW = 0.15
+QUIET_WAIT_S = 15.0
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs so far, from ``/proc/stat``."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def wait_until_quiet(window: float = 0.5) -> float:
+    """Wait until the machine's CPUs are mostly idle over ``window`` seconds (what a
+    process stopped just before, a browser closing or a cache being written leave
+    behind); how long it waited. A start timed beside that measures the neighbour."""
+    began = time.perf_counter()
+    while time.perf_counter() - began < QUIET_WAIT_S:
+        busy, total = _cpu_times()
+        time.sleep(window)
+        busy_after, total_after = _cpu_times()
+        if (busy_after - busy) < QUIET_BELOW * max(1, total_after - total):
+            break
+    return time.perf_counter() - began
+
+
 def _start(
-    name: str, command: list[str], *, port: int, env: dict[str, str], workdir: Path
+    name: str,
+    command: list[str],
+    *,
+    port: int,
+    env: dict[str, str],
+    workdir: Path,
+    quiet: bool = False,
 ) -> Server:
+    if quiet:
+        wait_until_quiet()
     log_path = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
     log = open(log_path, "wb")  # noqa: SIM115  (the child holds it for its life)
     base_url = f"http://127.0.0.1:{port}"
@@ -248,12 +284,14 @@ def start_localui(
     pg: PgTarget | None = None,
     policy: Path | None = None,
     notify: Sequence[str] = (),
+    quiet: bool = False,
 ) -> Server:
     """``python -m localui serve`` on ``store`` (or on ``pg``'s schema); its own files
     (the SQLite runs index) go to ``cache_dir`` through ``XDG_CACHE_HOME``, so a fresh
     dir means a cold start (on PostgreSQL, a fresh app schema does). ``policy``: served
     under that approval policy (``--policy``); ``notify``: the notification options it
-    is given (``--webhook``, ``--notify`` …), so its watcher runs."""
+    is given (``--webhook``, ``--notify`` …), so its watcher runs; ``quiet``: started
+    once the machine is quiet (:func:`wait_until_quiet`), for a start that is timed."""
     port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix="localui-bench-serve-"))
     where = [str(store)]
@@ -271,7 +309,7 @@ def start_localui(
         command += ["--policy", str(policy)]
     command += list(notify)
     env = clean_env(XDG_CACHE_HOME=str(cache_dir), PYTHONPATH=pythonpath(app_path), **extra)
-    return _start("localui", command, port=port, env=env, workdir=workdir)
+    return _start("localui", command, port=port, env=env, workdir=workdir, quiet=quiet)
 
 
 def start_sdk_ui(store: Path, *, venv: Path) -> Server:
