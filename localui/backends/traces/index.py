@@ -19,6 +19,7 @@ from localui.backends.traces.spans import (
     decode_attributes,
     first_exception,
 )
+from localui.paths import cache_dir
 
 #: Bump when the index's tables change: an index of another version is rebuilt.
 VERSION = "4"
@@ -69,8 +70,7 @@ _BATCH = 10_000
 
 
 def _index_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    for candidate in (Path(base) / "localui", Path(tempfile.gettempdir()) / "localui"):
+    for candidate in (cache_dir(), Path(tempfile.gettempdir()) / "localui"):
         try:
             candidate.mkdir(parents=True, exist_ok=True)
         except OSError:

@@ -32,6 +32,7 @@ from urllib.parse import quote
 
 from localui.backends.sqlite.files import SMALL_CACHE_KIB, read_uri
 from localui.errors import Unavailable
+from localui.paths import cache_dir
 
 #: Bump when the index's tables change, or what a row holds: an index of another version
 #: is rebuilt. 7: the owner of an agent-as-tool's own execution is that agent, not the
@@ -169,8 +170,7 @@ COLUMNS = ", ".join(RUN_COLUMNS)
 
 def default_index_dir() -> Path:
     """Where index files live: ``$XDG_CACHE_HOME/localui``, else ``~/.cache/localui``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "localui"
+    return cache_dir()
 
 
 def _writable_dir(preferred: Path | None) -> Path:
