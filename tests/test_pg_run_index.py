@@ -112,6 +112,28 @@ def test_text_search_finds_exactly_the_runs_holding_the_text(
         assert sum(page.counts.values()) == len(expected), text
 
 
+def test_a_search_asked_again_and_again_is_never_held_prepared(indexed: PostgresStore) -> None:
+    """psycopg prepares a statement run five times on a connection, and PostgreSQL's
+    generic plan for ``search ILIKE $1`` cannot know the text: at a million runs it
+    walked every run in time order (0.8 s) instead of asking the trigram index (7 ms).
+    A search is planned for its text each time, so no connection holds it prepared."""
+    index = indexed.runs_index
+    assert index is not None
+    for _ in range(12):
+        page = indexed.list_runs(RunQuery(text="refund", limit=3))
+        assert page.runs
+    held: list[str] = []
+    for _ in range(8):  # every connection of the pool in turn
+        held += index._sync.read(
+            lambda cur: [
+                r["statement"]
+                for r in cur.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+            ]
+        )
+    assert held, "the index's other statements are prepared as usual"
+    assert not [s for s in held if "ILIKE" in s], held
+
+
 def index_rows(pg_store: Any, store: PostgresStore) -> list[list[dict[str, Any]]]:
     """Every table of the index but the window of seen rows, in a stable order."""
     index = store.runs_index

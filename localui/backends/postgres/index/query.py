@@ -63,32 +63,69 @@ def list_runs(cur: Any, t: Tables, query: RunQuery) -> RunFactsPage:
         where.append("rows_waiting > 0")
     elif query.outbox == "quarantined":
         where.append("rows_quarantined > 0")
-    if where:
-        cur.execute(
-            f"SELECT state, COUNT(*) AS n FROM {t.runs} WHERE {' AND '.join(where)} GROUP BY state",
-            params,
-        )
-    else:
-        cur.execute(f"SELECT state, n FROM {t.counts} WHERE n > 0")
-    counts = {str(r["state"]): int(r["n"]) for r in cur.fetchall()}
+    matching = " AND ".join(where) or "true"
+    page_where: list[str] = []
     if query.state:
-        where.append("state = %(state)s")
+        page_where.append("state = %(state)s")
         params["state"] = query.state
     if query.after is not None:
         after_at = parse_instant(query.after[0])
         if after_at is None:
             raise BadRequest(f"after: {query.after[0]!r} is not a cursor this server gave out")
-        where.append(
+        page_where.append(
             '(last_at, execution_id COLLATE "C") < (%(after_at)s, %(after_id)s COLLATE "C")'
         )
         params.update(after_at=after_at, after_id=query.after[1])
     params["limit"] = query.limit + 1
+    if query.text:
+        return _searched(cur, t, matching, page_where, params)
+    if where:
+        cur.execute(
+            f"SELECT state, COUNT(*) AS n FROM {t.runs} WHERE {matching} GROUP BY state", params
+        )
+    else:
+        cur.execute(f"SELECT state, n FROM {t.counts} WHERE n > 0")
+    counts = {str(r["state"]): int(r["n"]) for r in cur.fetchall()}
+    conditions = " AND ".join([*where, *page_where]) or "true"
     cur.execute(
-        f"SELECT {schema.COLUMNS} FROM {t.runs} WHERE {' AND '.join(where) or 'true'}"
-        ' ORDER BY last_at DESC, execution_id COLLATE "C" DESC LIMIT %(limit)s',
+        f"SELECT {schema.COLUMNS} FROM {t.runs} WHERE {conditions} {_NEWEST_FIRST} LIMIT %(limit)s",
         params,
     )
     page = Page.of(cur.fetchall(), query.limit, run_facts, shared.run_key)
+    return RunFactsPage(runs=page.items, next_key=page.next_key, counts=counts)
+
+
+_NEWEST_FIRST = 'ORDER BY last_at DESC, execution_id COLLATE "C" DESC'
+
+
+def _searched(
+    cur: Any, t: Tables, matching: str, page_where: list[str], params: dict[str, Any]
+) -> RunFactsPage:
+    """A text search's page and counts in one statement: the trigram index is asked once
+    (about 5 ms at a million runs, and as much again to plan) for the runs that match,
+    kept by their key, state and time, which both the counts and the page are read from.
+
+    Planned for its text each time, never prepared: psycopg prepares a statement run
+    five times, and PostgreSQL's generic plan for ``ILIKE $1`` cannot know the pattern,
+    so it walks the whole table in ``last_at`` order instead of asking the index (0.8 s,
+    not 7 ms, at a million runs)."""
+    page_cond = " AND ".join(page_where) or "true"
+    cur.execute(
+        f"WITH m AS MATERIALIZED (SELECT execution_id, state, last_at FROM {t.runs}"
+        f" WHERE {matching}),"
+        " c AS (SELECT COALESCE(jsonb_object_agg(state, n), '{}') AS state_counts"
+        " FROM (SELECT state, COUNT(*) AS n FROM m GROUP BY state) AS s),"
+        f" p AS (SELECT execution_id FROM m WHERE {page_cond} {_NEWEST_FIRST} LIMIT %(limit)s)"
+        f" SELECT c.state_counts, r.* FROM c LEFT JOIN (SELECT {schema.COLUMNS} FROM {t.runs}"
+        " WHERE execution_id IN (SELECT execution_id FROM p)) AS r ON true"
+        f" {_NEWEST_FIRST}",
+        params,
+        prepare=False,
+    )
+    rows = cur.fetchall()
+    counts = {str(k): int(v) for k, v in rows[0]["state_counts"].items()}
+    found = [r for r in rows if r["execution_id"] is not None]
+    page = Page.of(found, params["limit"] - 1, run_facts, shared.run_key)
     return RunFactsPage(runs=page.items, next_key=page.next_key, counts=counts)
 
 
@@ -130,7 +167,7 @@ def list_attention(cur: Any, t: Tables, query: AttentionQuery) -> AttentionPage:
             ' AND (last_at, execution_id COLLATE "C") < (%(after_at)s, %(after_id)s COLLATE "C")'
         )
         params.update(after_at=_instant("after", query.after[0]), after_id=query.after[1])
-    order = 'ORDER BY last_at DESC, execution_id COLLATE "C" DESC'
+    order = _NEWEST_FIRST
     parts = " UNION ".join(
         f"(SELECT {schema.COLUMNS} FROM {t.runs} WHERE {where}{after} {order} LIMIT %(n)s)"
         for where in _ATTENTION
