@@ -648,7 +648,7 @@ def test_an_idle_poll_is_one_statement_reading_no_table(source: tuple[Any, list[
     assert feed_source.poll() is None
     assert len(statements) == 2
     assert all(
-        sql.startswith("SELECT pg_current_snapshot()::text, (SELECT n_tup_del")
+        sql.startswith("SELECT pg_current_snapshot()::text, pg_stat_get_tuples_deleted(")
         for sql in statements
     )
 

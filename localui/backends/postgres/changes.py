@@ -167,9 +167,10 @@ class PostgresChangeSource:
         # The deletes counter is in the gate too: the server publishes it when the
         # deleting session goes idle or ends, which may be after its commit moved
         # the snapshot (and after the poll that saw that).
+        # pg_stat_get_tuples_deleted is the view pg_stat_user_tables's n_tup_del, without
+        # the view's joins over the catalogs (0.2 ms, not 1 ms).
         row = self._execute(
-            "SELECT pg_current_snapshot()::text, (SELECT n_tup_del FROM pg_stat_user_tables"
-            " WHERE relid = to_regclass(%s))",
+            "SELECT pg_current_snapshot()::text, pg_stat_get_tuples_deleted(to_regclass(%s))",
             (self._checkpoints,),
         ).fetchone()
         return f"{row[0]} {row[1]}"

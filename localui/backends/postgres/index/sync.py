@@ -331,11 +331,13 @@ class IndexSync:
         if store is None:
             return (cur.execute("SELECT pg_current_snapshot()::text").fetchone()[0], None, None)
         # The table's identity is its oid and its file: a rewrite renumbers its blocks.
+        # Its deletes are pg_stat_user_tables's n_tup_del, read without the view's joins
+        # over the catalogs: this is a round trip of every page.
         row = cur.execute(
-            "SELECT pg_current_snapshot()::text, (SELECT n_tup_del FROM pg_stat_user_tables"
-            " WHERE relid = to_regclass(%(t)s)), to_regclass(%(t)s)::oid::bigint || '/'"
-            " || pg_relation_filenode(to_regclass(%(t)s))",
-            {"t": store.checkpoints},
+            "SELECT pg_current_snapshot()::text, pg_stat_get_tuples_deleted(c.oid),"
+            " c.oid::bigint || '/' || pg_relation_filenode(c.oid)"
+            " FROM (SELECT to_regclass(%s) AS oid) AS c",
+            (store.checkpoints,),
         ).fetchone()
         return (row[0], int(row[1] or 0), str(row[2] or ""))
 
