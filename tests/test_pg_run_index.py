@@ -3,9 +3,11 @@ text, two processes catching up at once, a prune."""
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -14,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from localui.backends import looks
 from localui.backends.postgres.prune import PostgresPrune
 from localui.backends.postgres.store import PostgresStore
 from localui.records import RunFacts, RunQuery
@@ -132,6 +135,37 @@ def test_a_search_asked_again_and_again_is_never_held_prepared(indexed: Postgres
         )
     assert held, "the index's other statements are prepared as usual"
     assert not [s for s in held if "ILIKE" in s], held
+
+
+def test_two_reads_of_one_page_at_once_bring_the_index_up_to_date_once(
+    indexed: PostgresStore,
+) -> None:
+    """A page reads its nav's counts beside its own reads, in another worker thread of
+    the same look: whichever comes second waits for the first one's catch-up and reads
+    the index as of it, without a round trip of its own."""
+    index = indexed.runs_index
+    assert index is not None
+    sync = index._sync
+    original = sync._read_gate
+    gates: list[object] = []
+
+    def read_gate(cur: Any, store: Any) -> Any:
+        gates.append(store)
+        time.sleep(0.2)  # long enough for the other read to arrive meanwhile
+        return original(cur, store)
+
+    sync._read_gate = read_gate  # type: ignore[method-assign]
+    with looks.one_look():
+        reads = [threading.Thread(target=contextvars.copy_context().run, args=(sync.refresh,))]
+        reads.append(threading.Thread(target=contextvars.copy_context().run, args=(sync.refresh,)))
+        for read in reads:
+            read.start()
+        for read in reads:
+            read.join()
+    assert len(gates) == 1
+    with looks.one_look():
+        sync.refresh()
+    assert len(gates) == 2, "the next page looks again"
 
 
 def index_rows(pg_store: Any, store: PostgresStore) -> list[list[dict[str, Any]]]:

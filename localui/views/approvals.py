@@ -43,11 +43,13 @@ from localui.shortids import shortest_unique
 from localui.views.common import (
     Nav,
     attention_total,
+    beside,
     context,
     decode_cursor,
     encode_cursor,
     html_only,
     is_htmx,
+    nav_ahead,
     off_loop,
     respond,
     to_jsonable,
@@ -690,6 +692,11 @@ async def approvals_list(request: Request) -> Response:
         raise BadRequest(f"order={order!r} is not oldest or newest")
     after_text = request.query_params.get("after")
     after = decode_cursor(after_text) if after_text else None
+    attention = (
+        None
+        if wants_json(request) or is_htmx(request)
+        else beside(attention_total, ctx.store, ctx.settings)
+    )
     page = await off_loop(
         build_approvals_page,
         actions_of(request),
@@ -707,9 +714,7 @@ async def approvals_list(request: Request) -> Response:
         "pages/approvals.html",
         page,
         partial="partials/_queue.html",
-        nav=Nav(
-            pending=page.total, attention=await off_loop(attention_total, ctx.store, ctx.settings)
-        ),
+        nav=Nav(pending=page.total, attention=await attention) if attention else None,
     )
 
 
@@ -755,6 +760,7 @@ def build_approval_page(
 
 async def approval_detail(request: Request) -> Response:
     execution_id = request.path_params["execution_id"]
+    nav_ahead(request)
     page = await off_loop(
         build_approval_page, actions_of(request), execution_id, urls_of(request), person_of(request)
     )

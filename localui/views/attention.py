@@ -37,12 +37,14 @@ from localui.shortids import shortest_unique
 from localui.views.common import (
     Nav,
     attention_cutoffs,
+    beside,
     context,
     decode_cursor,
     encode_cursor,
     html_only,
     off_loop,
     respond,
+    wants_json,
 )
 from localui.views.run import writer_row
 from localui.views.urls import Urls, urls_of
@@ -353,10 +355,12 @@ async def attention_list(request: Request) -> Response:
     after_text = request.query_params.get("after")
     after = decode_cursor(after_text) if after_text else None
     person = person_of(request)
+    # The nav's other badge, counted while the page is read (a full page only).
+    pending = None if wants_json(request) else beside(ctx.store.count_pending)
     page = await off_loop(
         lambda: build_attention_page(
             ctx.actions, after, urls_of(request), can_resume=person.may(OPERATOR)
         )
     )
-    nav = Nav(pending=await off_loop(ctx.store.count_pending), attention=page.counts["total"])
+    nav = Nav(pending=await pending, attention=page.counts["total"]) if pending else None
     return await respond(request, "pages/attention.html", page, nav=nav)

@@ -19,6 +19,7 @@ from localui.views.common import (
     decode_cursor,
     encode_cursor,
     html_only,
+    nav_ahead,
     off_loop,
     pretty_json,
     respond,
@@ -83,6 +84,7 @@ async def store_cache(request: Request) -> Response:
     older_than = (request.query_params.get("older_than") or "7d").strip()
     after_text = request.query_params.get("after")
     after = decode_cursor(after_text) if after_text else None
+    nav_ahead(request)
     page = await off_loop(
         build_cache_page, ctx.store, older_than, after, ctx.settings.page_size, urls_of(request)
     )

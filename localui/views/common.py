@@ -193,13 +193,47 @@ async def respond(
     name = partial if fragment and partial is not None else template
     values: dict[str, Any] = {"page": page, "settings": ctx.settings, "urls": urls_of(request)}
     if not fragment:
-        values["nav"] = (
-            nav if nav is not None else await off_loop(nav_counts, ctx.store, ctx.settings)
-        )
+        values["nav"] = nav if nav is not None else await _nav(request, ctx)
     response = ctx.templates.TemplateResponse(request, name, values, status_code=status_code)
     # One URL answers a full page or a fragment, so caches must key on the header.
     response.headers["Vary"] = "HX-Request, Accept"
     return response
+
+
+def nav_ahead(request: Request, *, partial: bool = False) -> None:
+    """Start counting the nav's badges beside the page's own reads, when the answer will
+    be a full page: not JSON, nor the htmx fragment of a page that has one (``partial``).
+
+    On PostgreSQL the nav is a statement of every page; read on a pooled connection of
+    its own, it is answered while the page's reads are, not after them. :func:`respond`
+    (or the error page) takes it; a page that fails otherwise leaves it to finish."""
+    if wants_json(request) or (partial and is_htmx(request)):
+        return
+    ctx = context(request)
+    request.state.nav_ahead = beside(nav_counts, ctx.store, ctx.settings)
+
+
+def beside(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """``fn(*args)`` started in the thread pool now, to be awaited later: a read that
+    goes on while the caller makes its own. One nobody awaits (the page failed first)
+    finishes on its own, its error no error of the page's."""
+    future = asyncio.ensure_future(off_loop(fn, *args))
+    future.add_done_callback(_leave_unawaited)
+    return future
+
+
+def _leave_unawaited(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def _nav(request: Request, ctx: AppState) -> Nav:
+    """The nav's counts: those :func:`nav_ahead` started for this request, else read now."""
+    ahead: asyncio.Future[Nav] | None = getattr(request.state, "nav_ahead", None)
+    if ahead is not None:
+        request.state.nav_ahead = None
+        return await ahead
+    return await off_loop(nav_counts, ctx.store, ctx.settings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +293,7 @@ async def error_response(request: Request, exc: LocalUIError) -> Response:
     fragment = is_htmx(request)
     name = "partials/_error.html" if fragment else "pages/error.html"
     # A refused action is no reason to lose the badge; a store that is down is.
-    nav = None if fragment else await off_loop(nav_counts, ctx.store, ctx.settings)
+    nav = None if fragment else await _nav(request, ctx)
     return ctx.templates.TemplateResponse(
         request,
         name,

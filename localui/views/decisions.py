@@ -27,7 +27,15 @@ from localui.backends.decisions import EXPORT_FIELDS
 from localui.errors import BadRequest
 from localui.records import DecisionEntry, DecisionQuery
 from localui.shortids import shortest_unique
-from localui.views.common import context, decode_cursor, encode_cursor, html_only, off_loop, respond
+from localui.views.common import (
+    context,
+    decode_cursor,
+    encode_cursor,
+    html_only,
+    nav_ahead,
+    off_loop,
+    respond,
+)
 from localui.views.params import parse_age, parse_instant
 from localui.views.urls import Urls, tilde_encode, urls_of
 
@@ -254,6 +262,7 @@ async def decisions_list(request: Request) -> Response:
     filters, query = parse_filters(request)
     after_text = request.query_params.get("after")
     after = decode_cursor(after_text) if after_text else None
+    nav_ahead(request)
     page = await off_loop(
         build_decisions_page,
         ctx.actions.decisions,

@@ -17,7 +17,7 @@ from localui.backends.base import Store
 from localui.diff import SectionDiff, diff_rows
 from localui.errors import BadRequest, NotFound
 from localui.records import RowDetail, RowHeader
-from localui.views.common import context, html_only, off_loop, respond
+from localui.views.common import context, html_only, nav_ahead, off_loop, respond
 from localui.views.transcript import transcript
 from localui.views.urls import Urls, dom_id, urls_of
 
@@ -168,6 +168,7 @@ async def run_diff(request: Request) -> Response:
     ctx = context(request)
     a, b = _pair(request)
     execution_id = request.path_params["execution_id"]
+    nav_ahead(request, partial=True)
     page = await off_loop(build_diff_page, ctx.store, urls_of(request), a, b, execution_id)
     return await respond(request, "pages/diff.html", page, partial="partials/_diff.html")
 
@@ -176,5 +177,6 @@ async def rows_diff(request: Request) -> Response:
     """Two rows of any runs."""
     ctx = context(request)
     a, b = _pair(request)
+    nav_ahead(request, partial=True)
     page = await off_loop(build_diff_page, ctx.store, urls_of(request), a, b)
     return await respond(request, "pages/diff.html", page, partial="partials/_diff.html")

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from localui.auth import OPERATOR, require
 from localui.backends.notifications import Notification, TargetStatus
 from localui.notify.watcher import Watcher
-from localui.views.common import context, html_only, off_loop, respond
+from localui.views.common import context, html_only, nav_ahead, off_loop, respond
 from localui.views.urls import Urls, urls_of
 
 #: Announcements the page lists, newest first.
@@ -118,5 +118,6 @@ def build_notifications_page(watcher: Watcher | None, urls: Urls) -> Notificatio
 async def notifications_page(request: Request) -> Response:
     require(request, OPERATOR)
     ctx = context(request)
+    nav_ahead(request)
     page = await off_loop(build_notifications_page, ctx.watcher, urls_of(request))
     return await respond(request, "pages/notifications.html", page)

@@ -12,7 +12,7 @@ from starlette.responses import Response
 from localui.backends.base import Store
 from localui.errors import NotFound
 from localui.records import Unreadable
-from localui.views.common import context, html_only, off_loop, pretty_json, respond
+from localui.views.common import context, html_only, nav_ahead, off_loop, pretty_json, respond
 from localui.views.transcript import MessageView, transcript
 from localui.views.urls import Urls, dom_id, urls_of
 
@@ -85,6 +85,7 @@ def build_row_page(store: Store, execution_id: str, checkpoint_id: str, urls: Ur
 
 async def row_detail(request: Request) -> Response:
     ctx = context(request)
+    nav_ahead(request, partial=True)
     page = await off_loop(
         build_row_page,
         ctx.store,

@@ -38,7 +38,14 @@ from localui.views.approvals import (
     approver_of,
     decision_views,
 )
-from localui.views.common import context, html_only, off_loop, pretty_json, respond
+from localui.views.common import (
+    context,
+    html_only,
+    nav_ahead,
+    off_loop,
+    pretty_json,
+    respond,
+)
 from localui.views.params import parse_count
 from localui.views.row import jsonable
 from localui.views.trace import (
@@ -632,6 +639,7 @@ async def run_page(request: Request) -> Response:
     execution_id = request.path_params["execution_id"]
     start, window = _window_params(request)
     urls = urls_of(request)
+    nav_ahead(request)
     page = await off_loop(
         lambda: build_run_page(
             ctx.store,

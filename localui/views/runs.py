@@ -29,6 +29,7 @@ from localui.views.common import (
     decode_cursor,
     encode_cursor,
     html_only,
+    nav_ahead,
     off_loop,
     respond,
 )
@@ -347,6 +348,7 @@ def build_runs_page(
 async def runs_list(request: Request) -> Response:
     ctx = context(request)
     filters, after = parse_filters(request)
+    nav_ahead(request, partial=True)
     page = await off_loop(
         build_runs_page,
         ctx.store,

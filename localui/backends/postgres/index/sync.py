@@ -253,6 +253,9 @@ class IndexSync:
         if looks.up_to_date(self):
             return True
         with self.lock:
+            if looks.up_to_date(self):
+                # Another read of this page (the nav's, beside its own) looked meanwhile.
+                return True
             if self._builder is not None:
                 return self._readable_while_building
             failure, self._failure = self._failure, None
