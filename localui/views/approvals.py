@@ -695,7 +695,7 @@ async def approvals_list(request: Request) -> Response:
     attention = (
         None
         if wants_json(request) or is_htmx(request)
-        else beside(attention_total, ctx.store, ctx.settings)
+        else beside(ctx, attention_total, ctx.store, ctx.settings)
     )
     page = await off_loop(
         build_approvals_page,
@@ -714,7 +714,7 @@ async def approvals_list(request: Request) -> Response:
         "pages/approvals.html",
         page,
         partial="partials/_queue.html",
-        nav=Nav(pending=page.total, attention=await attention) if attention else None,
+        nav=Nav(pending=page.total, attention=await attention) if attention is not None else None,
     )
 
 

@@ -356,11 +356,13 @@ async def attention_list(request: Request) -> Response:
     after = decode_cursor(after_text) if after_text else None
     person = person_of(request)
     # The nav's other badge, counted while the page is read (a full page only).
-    pending = None if wants_json(request) else beside(ctx.store.count_pending)
+    pending = None if wants_json(request) else beside(ctx, ctx.store.count_pending)
     page = await off_loop(
         lambda: build_attention_page(
             ctx.actions, after, urls_of(request), can_resume=person.may(OPERATOR)
         )
     )
-    nav = Nav(pending=await pending, attention=page.counts["total"]) if pending else None
+    nav = (
+        Nav(pending=await pending, attention=page.counts["total"]) if pending is not None else None
+    )
     return await respond(request, "pages/attention.html", page, nav=nav)
