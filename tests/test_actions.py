@@ -12,8 +12,11 @@ app's own decision record.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 from helpers import all_at_once, card, decide
+
+from localui.demo.agent import EXIT_DIED_IN_TOOL
 
 if TYPE_CHECKING:
     from conftest import ActingClientFactory, ClientFactory, Ledger, Raw, Seeded
@@ -583,14 +588,33 @@ def resume_point(client: TestClient, run: str) -> dict[str, Any]:
 
 
 @pytest.mark.floor
+def died_in_its_tool_just_now(store: Path) -> str:
+    """A run of the demo agent whose process died in its refund tool seconds ago, in
+    ``store``: a child process of its own writes it, and dies as the scenario says."""
+    env = {**os.environ, "FASTAIAGENT_TRACE_ENABLED": "false", "FASTAIAGENT_LOCAL_DB": str(store)}
+    done = subprocess.run(
+        [sys.executable, "-m", "localui.demo.worker", "--store", str(store)]
+        + ["--scenario", "crashed-in-tool"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=store.parent,
+    )
+    assert done.returncode == EXIT_DIED_IN_TOOL, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
 def test_resume_of_a_run_that_died_in_its_tool_charges_once(
-    desk: Desk, seeded: Seeded, page_text: Callable[..., str]
+    desk: Desk, page_text: Callable[..., str]
 ) -> None:
-    run = seeded.id("crashed-in-tool")
+    # Written now, not with the session's seed: however late this test runs, the
+    # run's newest row is seconds old.
+    run = died_in_its_tool_just_now(desk.store)
     plan = resume_point(desk.client, run)
     assert (plan["shape"], plan["tool"]) == ("tool", "refund")
     html = desk.client.get(f"/runs/{run}").text
-    # The seeded rows are seconds old: the page asks whether the run's process is gone.
+    # Its rows are seconds old: the page asks whether the run's process is gone.
     assert "I know the run's process is gone" in page_text(html, "actions")
     before = snapshot(desk.db)
 
