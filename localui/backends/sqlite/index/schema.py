@@ -38,7 +38,9 @@ from localui.paths import cache_dir
 #: is rebuilt. 7: the owner of an agent-as-tool's own execution is that agent, not the
 #: one above it; the trigram index is filled in batches.
 #: 8: an index of the runs with quarantined rows (the attention page).
-VERSION = "8"
+#: 9: a run folded again with its searched text unchanged is updated in place (the
+#: counts kept by an update trigger).
+VERSION = "9"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -91,8 +93,9 @@ _TEXT_TABLE = (
     "CREATE VIRTUAL TABLE IF NOT EXISTS run_text USING fts5(body, content='', tokenize='trigram')"
 )
 
-#: Keeps ``run_text`` in step with ``runs`` (rows of ``runs`` are only ever
-#: inserted and deleted, never updated), for the runs a fill has reached: a run above
+#: Keeps ``run_text`` in step with ``runs`` (a row of ``runs`` is updated only where
+#: its searched text stays as it is, else deleted and inserted again: see
+#: :data:`SEARCHED_COLUMNS`), for the runs a fill has reached: a run above
 #: ``upto`` (a run folded in again gets a new rowid) is put in by the fill, or by the
 #: next batch, when it gets there.
 _TEXT_UPKEEP = (
@@ -130,6 +133,14 @@ _UPKEEP = (
         UPDATE totals SET rows = rows - old.row_count, waiting = waiting - old.rows_waiting,
             quarantined = quarantined - old.rows_quarantined;
     END""",
+    """CREATE TRIGGER IF NOT EXISTS runs_upd AFTER UPDATE ON runs BEGIN
+        UPDATE state_counts SET n = n - 1 WHERE state = old.state;
+        INSERT INTO state_counts VALUES (new.state, 1)
+            ON CONFLICT (state) DO UPDATE SET n = n + 1;
+        UPDATE totals SET rows = rows - old.row_count + new.row_count,
+            waiting = waiting - old.rows_waiting + new.rows_waiting,
+            quarantined = quarantined - old.rows_quarantined + new.rows_quarantined;
+    END""",
 )
 
 _DROP_UPKEEP = (
@@ -141,6 +152,7 @@ _DROP_UPKEEP = (
     "DROP INDEX IF EXISTS runs_quarantined",
     "DROP TRIGGER IF EXISTS runs_ins",
     "DROP TRIGGER IF EXISTS runs_del",
+    "DROP TRIGGER IF EXISTS runs_upd",
     "DROP TRIGGER IF EXISTS runs_text_ins",
     "DROP TRIGGER IF EXISTS runs_text_del",
 )
@@ -166,6 +178,11 @@ RUN_COLUMNS = (
     "tool_args",
 )
 COLUMNS = ", ".join(RUN_COLUMNS)
+#: What text search reads of a run (with its id): a run whose new fold leaves these as
+#: they are is updated in place, and its trigrams stay as they are.
+SEARCHED_COLUMNS = ("agent", "pending_reason", "tool_args")
+#: The rest, set by such an update.
+UPDATED_COLUMNS = tuple(c for c in RUN_COLUMNS if c != "execution_id" and c not in SEARCHED_COLUMNS)
 
 
 def default_index_dir() -> Path:
