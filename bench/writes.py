@@ -43,7 +43,15 @@ import httpx
 
 from bench.budgets import Budget, Verdict
 from bench.latency import Timing, failed, time_get, warm_up
-from bench.servers import REPO, Server, clean_env, pythonpath, start_localui, wait_until_indexed
+from bench.servers import (
+    REPO,
+    Server,
+    clean_env,
+    pythonpath,
+    start_localui,
+    wait_until_indexed,
+    wait_until_sqlite_search_indexed,
+)
 
 Log = Callable[[str], None]
 
@@ -358,6 +366,9 @@ def measure_outbox(
         copy = _copy(store, workdir)
         server = start_localui(copy, cache_dir=workdir / "cache", app_path=app_path)
         wait_until_indexed(server)
+        # A store the plane drains day after day, as a later start has it: its trigram
+        # index filled (a first build fills it after the runs list is complete).
+        wait_until_sqlite_search_indexed(server, copy, workdir / "cache")
         with httpx.Client(base_url=server.base_url, timeout=120.0) as client:
             error = warm_up(client, URL, times=10)
             result.alone = failed(error) if error else time_get(client, URL, requests=requests)
