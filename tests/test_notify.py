@@ -34,9 +34,11 @@ from starlette.applications import Starlette
 from bench.receiver import Received, Receiver
 from localui import runs
 from localui.app import create_app
+from localui.backends.notifications import Notice
 from localui.cli import main
 from localui.notify import events as ev
 from localui.notify import formats
+from localui.notify.sender import ROUND_SIZE
 from localui.policy import parse_policy
 from localui.records import APPROVAL, Decision, Pending, RunFacts
 from localui.settings import Notifications, Settings
@@ -530,6 +532,46 @@ async def test_after_a_restart_a_sweep_builds_nothing_the_outbox_holds_for_every
             await anyio.sleep(1.0)
         assert len(first.requests()) == SEEDED_PAUSES
         assert len(added.requests()) == SEEDED_PAUSES
+
+
+@pytest.mark.anyio
+async def test_rows_left_for_a_target_no_longer_configured_hold_back_none_of_its_own(
+    where: Where,
+) -> None:
+    """A target dropped from the configuration (its receiver gone with it) leaves its
+    rows pending. More than a round of them used to fill every round's claim, oldest
+    first, be let go and claimed again at once: the server spun a core and its own
+    targets were told nothing. Each process claims only its own targets' rows."""
+    with Receiver(down=True) as gone, Receiver() as current:
+        settings = where.settings(webhook_settings(gone), remind_after=10.0**9)
+        async with running(create_app(settings)) as state:
+            assert state.watcher is not None
+            outbox = state.watcher.outbox
+            await until(gone, lambda r: len(r) >= SEEDED_PAUSES)
+            [status] = await anyio.to_thread.run_sync(outbox.target_statuses)
+            # More of them than a round claims, as a busy fleet would have left.
+            backlog = [
+                Notice(f"left-behind-{i}", ev.PAUSED, f"run-{i}", "{}")
+                for i in range(2 * ROUND_SIZE)
+            ]
+            now = time.time()
+            recorded = await anyio.to_thread.run_sync(
+                lambda: outbox.record(backlog, [status.target], now=now, give_up_at=now + 3600)
+            )
+            assert recorded == len(backlog)
+        moved = dataclasses.replace(settings.notifications, webhooks=(current.url + "/hook",))
+        async with running(create_app(dataclasses.replace(settings, notifications=moved))) as s:
+            assert s.watcher is not None
+            told = await until(current, lambda r: len(r) >= SEEDED_PAUSES)
+            assert sorted(b["type"] for b in bodies(told)) == [ev.PAUSED] * SEEDED_PAUSES
+            statuses = {
+                t.target: t
+                for t in await anyio.to_thread.run_sync(s.watcher.outbox.target_statuses)
+            }
+        # The dropped target's rows are as they were: pending, for whichever process
+        # is started with it.
+        left = statuses[status.target]
+        assert left.pending == SEEDED_PAUSES + len(backlog) and left.sent == 0
 
 
 @pytest.mark.anyio

@@ -361,8 +361,13 @@ class Outbox(Protocol):
         sweep offers again only what is new without writing (or reading its call)."""
         ...
 
-    def claim_due(self, *, now: float, lease: float, limit: int) -> tuple[Notification, ...]:
-        """Due rows no one else holds, leased to the caller until ``now + lease``."""
+    def claim_due(
+        self, *, now: float, lease: float, limit: int, targets: Sequence[str]
+    ) -> tuple[Notification, ...]:
+        """Due rows of ``targets`` (the caller's) no one else holds, oldest first, leased
+        to the caller until ``now + lease``. Rows of other targets are left to the
+        processes started with them: claimed and let go again, they would come first in
+        every round and hold back the caller's own."""
         ...
 
     def mark_sent(self, ids: Sequence[int], *, now: float) -> None: ...

@@ -150,19 +150,16 @@ class Sender:
 
     def send_round(self) -> Round:
         started = self._clock()
-        claimed = self.outbox.claim_due(now=started, lease=self.settings.lease, limit=ROUND_SIZE)
+        claimed = self.outbox.claim_due(
+            now=started, lease=self.settings.lease, limit=ROUND_SIZE, targets=list(self.targets)
+        )
         by_target: dict[str, list[Notification]] = {}
         for row in claimed:
             by_target.setdefault(row.target, []).append(row)
         sent = failed = 0
         untried: list[int] = []
         for target_id, rows in by_target.items():
-            target = self.targets.get(target_id)
-            if target is None:
-                # Recorded for a target this process was not started with: whichever
-                # process has it sends it.
-                untried.extend(r.id for r in rows)
-                continue
+            target = self.targets[target_id]
             if target.kind == CHAT:
                 groups = [rows]
             else:

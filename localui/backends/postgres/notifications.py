@@ -62,6 +62,7 @@ class PostgresOutbox:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
             regclass = sql.Identifier(self.schema, TABLE).as_string()
             if conn.execute("SELECT to_regclass(%s)", (regclass,)).fetchone()[0] is not None:
+                self._create_target_index(conn)
                 return
             conn.execute(
                 sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
@@ -92,6 +93,16 @@ class PostgresOutbox:
                     sql.Identifier(f"{TABLE}_due"), self._table
                 )
             )
+            self._create_target_index(conn)
+
+    def _create_target_index(self, conn: Any) -> None:
+        """The due rows of each target: a process claims only its own targets' rows
+        (made here too for a table an earlier localui made without it)."""
+        conn.execute(
+            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (state, target, next_at)").format(
+                sql.Identifier(f"{TABLE}_due_by_target"), self._table
+            )
+        )
 
     def record(
         self, notices: Sequence[Notice], targets: Sequence[str], *, now: float, give_up_at: float
@@ -133,19 +144,23 @@ class PostgresOutbox:
             ).fetchall()
         return {str(r[0]) for r in rows}
 
-    def claim_due(self, *, now: float, lease: float, limit: int) -> tuple[Notification, ...]:
+    def claim_due(
+        self, *, now: float, lease: float, limit: int, targets: Sequence[str]
+    ) -> tuple[Notification, ...]:
         from psycopg.rows import dict_row
 
+        if not targets:
+            return ()
         with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             rows = cur.execute(
                 self._sql(
                     "UPDATE {table} SET lease_until = %s WHERE id IN ("
-                    " SELECT id FROM {table} WHERE state = %s AND next_at <= %s"
-                    " AND (lease_until IS NULL OR lease_until < %s)"
+                    " SELECT id FROM {table} WHERE state = %s AND target = ANY(%s)"
+                    " AND next_at <= %s AND (lease_until IS NULL OR lease_until < %s)"
                     " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
                     " RETURNING {columns}"
                 ),
-                (now + lease, PENDING, now, now, limit),
+                (now + lease, PENDING, list(targets), now, now, limit),
             ).fetchall()
         return tuple(sorted((notification_from_row(r) for r in rows), key=lambda n: n.id))
 

@@ -52,6 +52,10 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 RECORDED_SLICE = 500
 
 INDEX = f"CREATE INDEX IF NOT EXISTS {TABLE}_due ON {TABLE} (state, next_at)"
+#: The due rows of each target: a process claims only its own targets' rows.
+TARGET_INDEX = (
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_due_by_target ON {TABLE} (state, target, next_at)"
+)
 
 
 class SQLiteOutbox:
@@ -83,6 +87,7 @@ class SQLiteOutbox:
     def _create(self) -> None:
         self._conn.execute(SCHEMA)
         self._conn.execute(INDEX)
+        self._conn.execute(TARGET_INDEX)
 
     def _with_retry(self, fn: Callable[[], T], *, budget: float = 10.0) -> T:
         """Run ``fn``, waiting out "database is locked" for a bounded time."""
@@ -155,15 +160,21 @@ class SQLiteOutbox:
 
         return self._with_retry(attempt)
 
-    def claim_due(self, *, now: float, lease: float, limit: int) -> tuple[Notification, ...]:
+    def claim_due(
+        self, *, now: float, lease: float, limit: int, targets: Sequence[str]
+    ) -> tuple[Notification, ...]:
+        if not targets:
+            return ()
+        marks = ", ".join("?" * len(targets))
+
         def attempt() -> tuple[Notification, ...]:
             with self._transaction() as conn:
                 rows = conn.execute(
                     f"UPDATE {TABLE} SET lease_until = ? WHERE id IN ("
-                    f" SELECT id FROM {TABLE} WHERE state = ? AND next_at <= ?"
-                    " AND (lease_until IS NULL OR lease_until < ?) ORDER BY id LIMIT ?)"
-                    f" RETURNING {COLUMNS}",
-                    (now + lease, PENDING, now, now, limit),
+                    f" SELECT id FROM {TABLE} WHERE state = ? AND target IN ({marks})"
+                    " AND next_at <= ? AND (lease_until IS NULL OR lease_until < ?)"
+                    f" ORDER BY id LIMIT ?) RETURNING {COLUMNS}",
+                    (now + lease, PENDING, *targets, now, now, limit),
                 ).fetchall()
             return tuple(sorted((notification_from_row(r) for r in rows), key=lambda n: n.id))
 
