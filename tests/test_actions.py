@@ -587,7 +587,6 @@ def resume_point(client: TestClient, run: str) -> dict[str, Any]:
     return dict(plan)
 
 
-@pytest.mark.floor
 def died_in_its_tool_just_now(store: Path) -> str:
     """A run of the demo agent whose process died in its refund tool seconds ago, in
     ``store``: a child process of its own writes it, and dies as the scenario says."""
@@ -605,6 +604,7 @@ def died_in_its_tool_just_now(store: Path) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.floor
 def test_resume_of_a_run_that_died_in_its_tool_charges_once(
     desk: Desk, page_text: Callable[..., str]
 ) -> None:
