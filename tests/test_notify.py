@@ -395,6 +395,55 @@ async def test_a_new_pause_its_decision_a_failure_a_stall_and_reminders_are_deli
 
 
 @pytest.mark.anyio
+async def test_a_failure_and_a_decision_before_the_watcher_first_looks_are_announced_once(
+    where: Where, tmp_path: Path
+) -> None:
+    """The watcher follows the feed from ``first_sweep_after`` on: a run that fails and
+    an approval decided before then leave no change for it, and its sweeps find them."""
+    first_look = 8.0
+    with Receiver() as receiver, contextlib.ExitStack() as stack:
+        notifications = webhook_settings(receiver, first_sweep_after=first_look)
+        app = create_app(where.settings(notifications), agents=acting_agents(where, stack))
+        started = time.monotonic()
+        async with running(app) as state:
+            assert state.watcher is not None
+            failed = await anyio.to_thread.run_sync(run_worker, where, "failed", tmp_path)
+            paused = where.seed.id("paused-1")
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url=BASE_URL
+            ) as client:
+                cards = (await client.get("/approvals.json")).json()["approvals"]
+                (card,) = [c for c in cards if c["execution_id"] == paused]
+                answer = await client.post(
+                    f"/approvals/{paused}/reject",
+                    data={
+                        "approver": "Ada",
+                        "reason": "no",
+                        "checkpoint_id": card["checkpoint_id"],
+                    },
+                    headers={"accept": "application/json"},
+                )
+                assert answer.status_code == 200, answer.text
+            # Both happened before the watcher subscribed to the feed.
+            assert time.monotonic() - started < first_look and state.watcher.swept_at is None
+            await until(
+                receiver,
+                lambda r: len(of_type(r, ev.FAILED)) >= 1 and len(of_type(r, ev.DECIDED)) >= 1,
+            )
+            swept = state.watcher.swept_at
+            # More sweeps: what is recorded is not offered again.
+            while state.watcher.swept_at == swept:
+                await anyio.sleep(0.1)
+            assert await anyio.to_thread.run_sync(state.watcher.sweep) == 0
+        everything = receiver.requests()
+        assert [b["data"]["execution_id"] for b in of_type(everything, ev.FAILED)] == [failed]
+        (decision,) = of_type(everything, ev.DECIDED)
+        assert decision["data"]["execution_id"] == paused and decision["data"]["actor"] == "Ada"
+        assert decision["data"]["agent"] == "refund-bot"
+        assert max(Counter(r.headers["webhook-id"] for r in everything).values()) == 1
+
+
+@pytest.mark.anyio
 async def test_a_receiver_down_for_a_while_gets_everything_once_it_is_back(where: Where) -> None:
     with Receiver(down=True) as receiver:
         settings = where.settings(webhook_settings(receiver))

@@ -16,6 +16,12 @@ a page is open. What it does:
   pending rows and the runs index, never from a scan of ``checkpoints``. The
   pending rows are read again only when the feed has said they changed, or when a
   reminder comes due: an idle sweep of a thousand waiting pauses reads none of them.
+- **Each sweep, too**: the runs that failed and the approvals decided since the
+  watcher began, which the feed announces as they come, are offered again. The feed
+  cannot name them all: it starts watching ``first_sweep_after`` after the server
+  (a run failing in between leaves no change behind), a prune or a released claim is
+  a change it cannot pin to runs, and a read that failed is not read again. What is
+  recorded already costs one outbox query and nothing more.
 - **Every poll interval, and at once after recording**: a round of the
   :class:`~localui.notify.sender.Sender`.
 
@@ -39,6 +45,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
+from localui import runs
 from localui.backends.base import Backend, Changes, DecisionLog, Outbox, Store
 from localui.live import ChangeFeed, Resync, to_the_end
 from localui.notify import events as ev
@@ -47,7 +54,7 @@ from localui.notify.formats import Links
 from localui.notify.outbox import notices_of
 from localui.notify.sender import ROUND_SIZE, Deliverer, Sender
 from localui.notify.targets import Target, routes_of, targets_of
-from localui.records import IndexProgress, Pending, RunQuery
+from localui.records import Decision, IndexProgress, Pending, RunQuery
 from localui.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -59,6 +66,10 @@ INDEX_RECHECK_S = 1.0
 #: Stalled runs looked at per sweep: the newest ones (a store with thousands of
 #: long-dead runs announces the most recent, not all of them at once).
 STALLED_PAGE = 100
+#: Failed runs a sweep looks at, newest first: those that failed since the watcher began.
+FAILED_PAGE = 100
+#: Decisions read per query while a sweep catches up with the decision record.
+DECIDED_PAGE = 200
 
 
 class Watcher:
@@ -114,6 +125,12 @@ class Watcher:
         self.swept_at: float | None = None
         #: How far the runs index's first build has got, while it postpones the sweeps.
         self.index_building: IndexProgress | None = None
+        #: When this watcher began: failures and decisions since are what sweeps offer.
+        self.watching_since = clock()
+        #: ``(finished_at, id)`` of the newest decision a sweep has recorded, and of the
+        #: newest the last sweep read (recorded once that sweep's events are).
+        self._decided_after: tuple[str, int] | None = None
+        self._decided_read: tuple[str, int] | None = None
 
     # --- what each poll does (blocking; run in a worker thread) ----------------
 
@@ -283,7 +300,66 @@ class Watcher:
             keys.update(e.key for e in stalled)
             known = self._recorded({e.key for e in stalled if e.key not in self._offered})
             found.extend(e for e in stalled if e.key not in known)
+        if ev.FAILED in self._wanted:
+            failed = self._failed_since_start()
+            keys.update(e.key for e in failed)
+            known = self._recorded({e.key for e in failed if e.key not in self._offered})
+            found.extend(e for e in failed if e.key not in known)
+        if ev.DECIDED in self._wanted:
+            found.extend(self._decided_since_last_sweep())
         return [e for e in found if e.key not in self._offered], keys
+
+    def _since_start(self) -> datetime:
+        # By this server's clock, as the SDK stamps rows. A run that failed before the
+        # server started is not announced, as before: turning notifications on announces
+        # the pauses that wait and the runs that went silent, not old failures.
+        return datetime.fromtimestamp(self.watching_since, UTC)
+
+    def _failed_since_start(self) -> list[Event]:
+        """The runs that failed since the watcher began, newest first, one page: from
+        the runs index's failed runs, never a scan of ``checkpoints``."""
+        since = self._since_start()
+        page = self.store.list_runs(RunQuery(state=runs.FAILED, limit=FAILED_PAGE))
+        found: list[Event] = []
+        for facts in page.runs:
+            at = runs.parse_time(facts.last_at)
+            if at is None:
+                continue
+            if at < since:
+                break  # newest first: the rest failed before
+            event = ev.failed(facts)
+            if event is not None:
+                found.append(event)
+        return found
+
+    def _decided_since_last_sweep(self) -> list[Event]:
+        """The approvals decided since the last sweep (since the watcher began, at
+        first) that the outbox does not hold yet; the run's agent is read only for
+        those."""
+        after = self._decided_after or (self._since_start().isoformat(), 0)
+        decisions: list[Decision] = []
+        while True:
+            page = self.decisions.finished_since(after, DECIDED_PAGE)
+            decisions.extend(page)
+            if page:
+                after = (page[-1].finished_at or "", page[-1].id)
+            if len(page) < DECIDED_PAGE:
+                break
+        self._decided_read = after
+        keyed = {
+            ev.event_key(ev.DECIDED, d.execution_id, str(d.id)): d
+            for d in decisions
+            if ev.decided(d) is not None
+        }
+        known = self._recorded(set(keyed))
+        found: list[Event] = []
+        for key, decision in keyed.items():
+            if key not in known:
+                facts = self.store.get_run(decision.execution_id)
+                event = ev.decided(decision, facts.agent if facts is not None else "")
+                if event is not None:
+                    found.append(event)
+        return found
 
     def _recorded(self, keys: set[str], rule: str = "") -> set[str]:
         """Those of ``keys`` the outbox holds already for every target they go to."""
@@ -298,6 +374,7 @@ class Watcher:
         # Recorded (here, or before by any process: the outbox keeps each key once), so
         # the next sweep need not offer them again; what no longer waits is forgotten.
         self._offered = keys
+        self._decided_after = self._decided_read or self._decided_after
         self.swept_at = self._clock()
         return added
 
