@@ -6,7 +6,9 @@ receiver (``bench.receiver``). This process writes pauses through the SDK: the d
 refund-bot on its offline model, which pauses each refund for a manager.
 
 - **Latency**: ``samples`` pauses one at a time, each timed from just before the
-  run starts (so the figure includes writing it) to the arrival of its POST.
+  run starts (so the figure includes writing it) to the arrival of its POST; from
+  the server's first sweep on, when its watcher follows the change feed (a pause
+  written in the 2 s before is announced by that sweep, as the README says).
 - **Burst**: ``burst`` pauses written back to back; drained is from the last write
   to the last delivery; every delivery is counted per ``webhook-id``, so a duplicate
   or a missing one shows.
@@ -129,6 +131,17 @@ def _arrived(receiver: Receiver) -> dict[str, float]:
     return first
 
 
+def _wait_for_first_sweep(server: Server, timeout: float = 30.0) -> None:
+    """Until the server's watcher has swept once: it follows the change feed from then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        page = httpx.get(server.base_url + "/notifications.json", timeout=5).json()
+        if page["last_sweep_at"] is not None:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"the watcher had not swept {timeout:g} s after start")
+
+
 def measure_notify(*, target: PgTarget | None, samples: int, burst: int, log: Log) -> NotifyRun:
     # Before the SDK reads its configuration: no traces, no ./.fastaiagent.
     workdir = Path(tempfile.mkdtemp(prefix="localui-bench-notify-"))
@@ -180,6 +193,7 @@ def measure_notify(*, target: PgTarget | None, samples: int, burst: int, log: Lo
                 str(secret),
             ]
             server = _start("localui", command, port=port, env=clean_env(), workdir=workdir)
+            _wait_for_first_sweep(server)
             log(f"notify: timing {samples} pauses one at a time ({run.backend})")
             for _ in range(samples):
                 started = time.time()
