@@ -466,6 +466,71 @@ def test_the_app_says_the_server_is_gone_and_recovers_when_it_returns(
         reader.join(timeout=15)
 
 
+def test_notifications_ride_out_the_server_going_away(
+    cluster: Cluster, pg_seeded: PgSeeded, ledger: Ledger, tmp_path: Path
+) -> None:
+    """The watcher outlives an outage: it says so once in the server's log, and again
+    when the server is back; a pause written after is announced, nothing twice."""
+    import base64
+    from collections import Counter
+
+    from conftest import copy_pg_store
+
+    from bench.receiver import Receiver
+
+    copy_pg_store(pg_seeded.dsn, pg_seeded.schema, cluster.dsn, "fastaiagent")
+    workdir = tmp_path / "notify-outage"
+    workdir.mkdir()
+    fleet = make_fleet(cluster.dsn, "fastaiagent", "localui", workdir, ledger)
+    secret = workdir / "secret"
+    secret.write_text("whsec_" + base64.b64encode(b"an outage's webhook signing key!").decode())
+    log = workdir / "server.log"
+    waiting = len(pg_seeded.ids("paused"))
+    with Receiver() as receiver:
+        server = start_localui(
+            [
+                "serve",
+                "--store",
+                cluster.dsn,
+                "--no-auth",
+                "--notify-on",
+                "paused",
+                "--webhook",
+                receiver.url + "/hook",
+                "--webhook-secret-file",
+                str(secret),
+            ],
+            cwd=workdir,
+            log=log,
+            env=fleet.env,
+            timeout=START_TIMEOUT_S,
+        )
+        try:
+            receiver.wait_for(lambda r: len(r) >= waiting)
+            cluster.stop()
+            gone = f"notifications: PostgreSQL at 127.0.0.1:{cluster.port} is not answering"
+            deadline = time.monotonic() + 20
+            while gone not in log.read_text():
+                assert time.monotonic() < deadline, log.read_text()[-2000:]
+                time.sleep(0.1)
+            time.sleep(1.0)  # more polls fail: said once, and the server stays up
+            assert server.process.poll() is None
+            cluster.start()
+            later, _ = fleet.pause("F-6006")
+            got = receiver.wait_for(lambda r: len(r) >= waiting + 1)
+            time.sleep(1.0)  # a few polls more: nothing comes twice
+        finally:
+            server.stop()
+    said = log.read_text()
+    assert said.count(gone) == 1, said
+    assert said.index("notifications work again") > said.index(gone), said
+    announced = [r.body for r in receiver.requests()]
+    assert any(later.encode() in body for body in announced)
+    seen = Counter(r.headers["webhook-id"] for r in receiver.requests())
+    assert len(seen) == waiting + 1 and max(seen.values()) == 1
+    assert len(got) == waiting + 1
+
+
 def test_serve_says_in_one_line_that_a_stopped_server_is_not_answering(
     cluster: Cluster, tmp_path: Path
 ) -> None:
