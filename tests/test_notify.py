@@ -334,6 +334,27 @@ async def test_waiting_pauses_are_announced_once_each_and_a_restart_announces_no
 
 
 @pytest.mark.anyio
+async def test_a_run_that_failed_while_no_localui_ran_is_announced_after_the_restart(
+    where: Where, tmp_path: Path
+) -> None:
+    """A restart announces nothing again, but what came while nothing watched: the
+    failures after the newest event the outbox holds. The seeded failed run, older
+    than notifications, is not announced."""
+    with Receiver() as receiver:
+        settings = where.settings(webhook_settings(receiver))
+        async with running(create_app(settings)):
+            await until(receiver, lambda r: len(r) >= SEEDED_PAUSES)
+        failed = await anyio.to_thread.run_sync(run_worker, where, "failed", tmp_path)
+        async with running(create_app(settings)):
+            await until(receiver, lambda r: len(of_type(r, ev.FAILED)) >= 1)
+            await anyio.sleep(1.0)  # a few polls and a sweep more: nothing else comes
+    everything = receiver.requests()
+    assert [b["data"]["execution_id"] for b in of_type(everything, ev.FAILED)] == [failed]
+    assert len(everything) == SEEDED_PAUSES + 1
+    assert max(Counter(r.headers["webhook-id"] for r in everything).values()) == 1
+
+
+@pytest.mark.anyio
 async def test_a_new_pause_its_decision_a_failure_a_stall_and_reminders_are_delivered(
     where: Where, tmp_path: Path
 ) -> None:

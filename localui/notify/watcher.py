@@ -17,11 +17,12 @@ a page is open. What it does:
   pending rows are read again only when the feed has said they changed, or when a
   reminder comes due: an idle sweep of a thousand waiting pauses reads none of them.
 - **Each sweep, too**: the runs that failed and the approvals decided since the
-  watcher began, which the feed announces as they come, are offered again. The feed
-  cannot name them all: it starts watching ``first_sweep_after`` after the server
-  (a run failing in between leaves no change behind), a prune or a released claim is
-  a change it cannot pin to runs, and a read that failed is not read again. What is
-  recorded already costs one outbox query and nothing more.
+  watcher began (or since the newest event the outbox holds, when a restart left a
+  gap), which the feed announces as they come, are offered again. The feed cannot
+  name them all: it starts watching ``first_sweep_after`` after the server (a run
+  failing in between leaves no change behind), a prune or a released claim is a
+  change it cannot pin to runs, a read that failed is not read again, and while no
+  localui runs nothing watches. What is recorded already costs one outbox query.
 - **Every poll interval, and at once after recording**: a round of the
   :class:`~localui.notify.sender.Sender`.
 
@@ -125,8 +126,10 @@ class Watcher:
         self.swept_at: float | None = None
         #: How far the runs index's first build has got, while it postpones the sweeps.
         self.index_building: IndexProgress | None = None
-        #: When this watcher began: failures and decisions since are what sweeps offer.
+        #: When this watcher began.
         self.watching_since = clock()
+        #: Failures and decisions since this are what sweeps offer (read at the first).
+        self._offer_since: datetime | None = None
         #: ``(finished_at, id)`` of the newest decision a sweep has recorded, and of the
         #: newest the last sweep read (recorded once that sweep's events are).
         self._decided_after: tuple[str, int] | None = None
@@ -310,10 +313,21 @@ class Watcher:
         return [e for e in found if e.key not in self._offered], keys
 
     def _since_start(self) -> datetime:
-        # By this server's clock, as the SDK stamps rows. A run that failed before the
-        # server started is not announced, as before: turning notifications on announces
-        # the pauses that wait and the runs that went silent, not old failures.
-        return datetime.fromtimestamp(self.watching_since, UTC)
+        """Since when failures and decisions are offered: this watcher's start, or the
+        newest event any localui recorded when that is earlier. Every failure after it
+        that the outbox lacks came while no watcher ran (a restart, an upgrade): it is
+        announced now, if within ``retry_for``. With an empty outbox (notifications
+        turned on for the first time), only what comes after the start: turning them on
+        announces the pauses that wait and the runs that went silent, not old failures.
+        Times are this server's clock, as the SDK stamps rows."""
+        if self._offer_since is None:
+            since = self.watching_since
+            newest = self.outbox.list_recent(1)
+            if newest:
+                oldest_wanted = since - self.notifications.retry_for
+                since = max(min(since, newest[0].created_at), oldest_wanted)
+            self._offer_since = datetime.fromtimestamp(since, UTC)
+        return self._offer_since
 
     def _failed_since_start(self) -> list[Event]:
         """The runs that failed since the watcher began, newest first, one page: from
