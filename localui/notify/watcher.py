@@ -330,8 +330,8 @@ class Watcher:
         return self._offer_since
 
     def _failed_since_start(self) -> list[Event]:
-        """The runs that failed since the watcher began, newest first, one page: from
-        the runs index's failed runs, never a scan of ``checkpoints``."""
+        """The runs that failed since :meth:`_since_start`, newest first, one page:
+        from the runs index's failed runs, never a scan of ``checkpoints``."""
         since = self._since_start()
         page = self.store.list_runs(RunQuery(state=runs.FAILED, limit=FAILED_PAGE))
         found: list[Event] = []
@@ -347,7 +347,7 @@ class Watcher:
         return found
 
     def _decided_since_last_sweep(self) -> list[Event]:
-        """The approvals decided since the last sweep (since the watcher began, at
+        """The approvals decided since the last sweep (since :meth:`_since_start`, at
         first) that the outbox does not hold yet; the run's agent is read only for
         those."""
         after = self._decided_after or (self._since_start().isoformat(), 0)
