@@ -26,7 +26,8 @@ from localui.backends.base import Backend, Changes
 from localui.backends.traces import SpanIndex
 from localui.backends.users import new_token
 from localui.errors import LocalUIError, NotFound
-from localui.live import ChangeFeed
+from localui.live import ChangeFeed, LiveRenders
+from localui.metrics import RequestTiming, app_metrics
 from localui.notify.watcher import Watcher, make_watcher
 from localui.paths import cache_dir, static_dir, templates_dir
 from localui.recovery import RecoverySweep
@@ -37,6 +38,7 @@ from localui.signing import Signer
 from localui.views import actions as action_views
 from localui.views import approvals as approval_views
 from localui.views import attention as attention_views
+from localui.views import bulk_decide as bulk_decide_views
 from localui.views import bulk_resume as bulk_resume_views
 from localui.views import bundle as bundle_views
 from localui.views import cache as cache_views
@@ -49,8 +51,11 @@ from localui.views import row as row_views
 from localui.views import run as run_views
 from localui.views import runs as runs_views
 from localui.views import signin as signin_views
-from localui.views.common import AppState, OneLookPerRead, Seeding, error_response
+from localui.views.cards import QueueCards
+from localui.views.looks import OneLookPerRead
 from localui.views.markup import code_spans
+from localui.views.respond import error_response
+from localui.views.state import AppState, Seeding
 from localui.views.statics import PageCompression, PrecompressedStatics
 from localui.views.urls import deep_links, dom_id, link_base
 
@@ -115,7 +120,9 @@ def build_routes() -> list[Route | Mount]:
             name="fork_run",
         ),
         *page_routes("/approvals", approval_views.approvals_list, "approvals"),
-        Route("/approvals/bulk", approval_views.bulk_decide, methods=["POST"], name="bulk_decide"),
+        Route(
+            "/approvals/bulk", bulk_decide_views.bulk_decide, methods=["POST"], name="bulk_decide"
+        ),
         *page_routes(
             "/approvals/{execution_id:localui_id}", approval_views.approval_detail, "approval"
         ),
@@ -256,14 +263,13 @@ def create_app(
     templates.env.bytecode_cache = TemplateCache(cache_dir() / "templates")
     templates.env.filters["dom_id"] = dom_id
     templates.env.filters["code_spans"] = code_spans
-    templates.env.globals["queue_card"] = approval_views.QueueCards().template_global()
+    templates.env.globals["queue_card"] = QueueCards().template_global()
     auth = Authenticator(
         settings.sign_in, port=settings.port, token=settings.sign_in.token or new_token()
     )
     # The registry is the app's own, made before the lifespan so the request timer
     # (a middleware) holds it; the fleet it reads is opened by the lifespan.
-    app_state: list[AppState] = []
-    metrics = metrics_views.app_metrics(settings, lambda: app_state[0] if app_state else None)
+    metrics = app_metrics(settings)
     auth.scraper_token = metrics.token
 
     @contextlib.asynccontextmanager
@@ -307,11 +313,12 @@ def create_app(
             traces=traces,
             auth=auth,
             signer=Signer(),
+            live_renders=LiveRenders(feed=feed),
             metrics=metrics,
             seeding=seeding,
             watcher=watcher,
         )
-        app_state[:] = [app.state.localui]
+        metrics.fleet.open(opened.store, decisions)
         # A read-only server changes nothing, so it carries no decision out either.
         recovery = None if settings.read_only else RecoverySweep(actions)
         await feed.start()
@@ -344,7 +351,7 @@ def create_app(
             await feed.stop()
             # A bulk resume's runs finish before the store they write to closes.
             await asyncio.gather(*app.state.localui.background, return_exceptions=True)
-            app_state.clear()
+            metrics.fleet.close()
             decisions.close()
             if traces is not None:
                 traces.close()
@@ -357,7 +364,7 @@ def create_app(
     return LocalUIApp(
         routes=build_routes(),
         middleware=[
-            Middleware(metrics_views.RequestTiming, metrics=metrics),
+            Middleware(RequestTiming, metrics=metrics),
             Middleware(GuardMiddleware, host_names=settings.host_names),
             Middleware(BodyLimitMiddleware),
             Middleware(

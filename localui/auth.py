@@ -46,7 +46,8 @@ from localui.backends.base import UserDirectory
 from localui.backends.users import check_name, token_hash
 from localui.errors import BadRequest, Forbidden, LifespanNotRun, Unavailable
 from localui.records import User
-from localui.settings import ROLES, SignIn
+from localui.roles import ROLES
+from localui.settings import SignIn
 
 VIEWER, APPROVER, OPERATOR = ROLES
 #: How long a looked-up person is believed before the users table is asked again.

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 from localui.errors import LocalUIError
 from localui.policy import Policy, PolicyError, load_policy
 from localui.registry import Registry, RegistryError, load_spec
+from localui.roles import ROLES
 from localui.settings import (
     APP_HOST,
     CLAIM_LEASE_SECONDS,
     EVENT_TYPES,
     LOOPBACK_NAMES,
-    ROLES,
     Notifications,
     Settings,
     SignIn,
@@ -31,7 +31,7 @@ from localui.settings import (
 if TYPE_CHECKING:
     from localui.demo.scenarios import Seeding
     from localui.records import SeedProgress
-    from localui.views.common import Seeding as AppSeeding
+    from localui.views.state import Seeding as AppSeeding
 
 DEFAULT_PORT = 8765
 

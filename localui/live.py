@@ -16,6 +16,8 @@ a live page renders only when the feed says its data changed.
   everything it shows once it reads again. Others are never held up.
 - Stopping the feed ends every subscription, so open streams close with the
   app's lifespan.
+- :class:`LiveRenders` keeps the newest render of every live view some stream shows:
+  streams showing the same view share one render per change.
 
 Each backend brings its own :class:`~localui.backends.base.ChangeSource`
 (``localui.backends.sqlite.changes``, ``localui.backends.postgres.changes``).
@@ -26,16 +28,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from localui.backends.base import Changes, ChangeSource
+from localui.offloop import off_loop
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+#: What a live view renders from: the app state, handed to each render.
+C = TypeVar("C")
+C_in = TypeVar("C_in", contravariant=True)
 
 #: Changes a subscriber may have queued before it must resync instead.
 DEFAULT_QUEUE_SIZE = 32
@@ -279,3 +286,85 @@ class ChangeFeed:
         self._seq += 1
         for subscription in list(self._subscribers):
             subscription.deliver(Resync(seq=self._seq))
+
+
+@dataclass(frozen=True, slots=True)
+class Fragment:
+    """One rendered partial and the SSE event that carries it."""
+
+    event: str
+    html: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """A view's fragments, rendered from data at least as new as the feed's ``seq``."""
+
+    fragments: tuple[Fragment, ...]
+    #: What the view remembers between renders (the queue: which cards it showed).
+    memo: Any = None
+    #: Stamped by :class:`LiveRenders`, which knows the feed.
+    seq: int = 0
+
+
+class LiveView(Protocol[C_in]):
+    """One live part of a page: what it is keyed by, what touches it, how it renders."""
+
+    @property
+    def key(self) -> Hashable: ...
+
+    def affected_by(self, changes: Changes) -> bool: ...
+
+    def render(self, ctx: C_in, previous: Rendered | None) -> Rendered:
+        """Read and render; blocking, so it runs off the event loop. ``previous`` is the
+        render before this one, for views that remember something across renders."""
+        ...
+
+
+@dataclass
+class LiveRenders(Generic[C]):
+    """The newest render of every view some stream shows, shared by those streams.
+
+    Built by the app's lifespan beside the feed; the app state each view renders from
+    is handed in per call, so this module knows nothing of the app's views."""
+
+    feed: ChangeFeed
+    _entries: dict[Hashable, Rendered] = field(default_factory=dict)
+    _locks: dict[Hashable, asyncio.Lock] = field(default_factory=dict)
+    _users: Counter[Hashable] = field(default_factory=Counter)
+    #: Renders made, for tests and the benchmark.
+    renders: int = 0
+
+    @contextlib.contextmanager
+    def holding(self, views: Sequence[LiveView[C]]) -> Iterator[None]:
+        """Keep these views' renders while a stream shows them; forget them after."""
+        for view in views:
+            self._users[view.key] += 1
+        try:
+            yield
+        finally:
+            for view in views:
+                self._users[view.key] -= 1
+                if self._users[view.key] <= 0:
+                    del self._users[view.key]
+                    self._entries.pop(view.key, None)
+                    self._locks.pop(view.key, None)
+
+    async def current(self, ctx: C, view: LiveView[C], at_least: int) -> Rendered:
+        """The view rendered from data no older than the feed's ``seq`` ``at_least``."""
+        entry = self._entries.get(view.key)
+        if entry is not None and entry.seq >= at_least:
+            return entry
+        lock = self._locks.setdefault(view.key, asyncio.Lock())
+        async with lock:
+            entry = self._entries.get(view.key)
+            if entry is not None and entry.seq >= at_least:
+                return entry
+            # Read the seq first: the data read after it is at least that new.
+            seq = self.feed.seq
+            made = await off_loop(view.render, ctx, entry)
+            self.renders += 1
+            entry = replace(made, seq=seq)
+            if view.key in self._users:
+                self._entries[view.key] = entry
+            return entry

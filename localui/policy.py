@@ -32,7 +32,7 @@ from typing import Any
 from localui import runs
 from localui.errors import BadRequest
 from localui.records import Pending
-from localui.settings import ROLES
+from localui.roles import ROLES
 
 FIELD_TYPES = ("text", "number", "integer", "choice", "boolean")
 REASON_REQUIRED = ("reject", "always")

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from datetime import datetime
 
-if TYPE_CHECKING:
-    # The policy module reads ROLES from here: only the type is needed.
-    from localui.policy import Policy
+from localui import runs
+from localui.policy import Policy
 
 #: The name localui prints its links with. Browsers resolve every ``*.localhost`` name
 #: to loopback, and keep a cookie it sets for that name alone: unlike one set on
@@ -16,10 +15,6 @@ if TYPE_CHECKING:
 APP_HOST = "localui.localhost"
 #: Names of this machine: accepted in ``Host`` from loopback clients only.
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", APP_HOST)
-
-#: What each role may do, least first: a viewer sees, an approver also decides
-#: pauses, an operator also resumes, forks and prunes.
-ROLES = ("viewer", "approver", "operator")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +152,11 @@ class Settings:
         read-only server sharing a policy file announces nothing)."""
         targets = self.notifications.configured or bool(self.policy and self.policy.notify_urls)
         return targets and not self.read_only
+
+    def attention_cutoffs(self, now: datetime) -> tuple[str, str]:
+        """``(stale_before, overdue_before)``: the instants before which an unfinished run
+        is stalled and a pause overdue, as of ``now``."""
+        return runs.cutoff(now, self.stale_after), runs.cutoff(now, self.remind_after)
 
     @property
     def host_names(self) -> frozenset[str]:

@@ -468,7 +468,7 @@ def test_csv_and_jsonl_exports_round_trip_the_record(fleet: Fleet) -> None:
 def test_request_durations_are_a_cumulative_histogram_by_route() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from localui.views.metrics import RequestDurations
+    from localui.metrics import RequestDurations
 
     durations = RequestDurations()
     for route, seconds in (("runs", 0.005), ("runs", 0.02), ("runs", 9.0), ("run", 0.001)):
@@ -501,7 +501,7 @@ def test_a_first_scrape_of_a_long_record_counts_each_entry_once_and_keeps_only_t
     from localui.backends.decisions import TABLE
     from localui.backends.sqlite.decisions import SQLiteDecisionLog
     from localui.backends.sqlite.store import SQLiteStore
-    from localui.views import metrics
+    from localui import metrics
 
     monkeypatch.setattr(metrics, "FOLD_CHUNK", 10)
     log = SQLiteDecisionLog(store_copy)

@@ -37,7 +37,7 @@ from localui.backends.sqlite.changes import SQLiteChangeSource
 from localui.backends.sqlite.store import SQLiteStore
 from localui.live import ChangeFeed, Resync
 from localui.settings import Settings
-from localui.views.common import AppState
+from localui.views.state import AppState
 
 if TYPE_CHECKING:
     from conftest import Seeded

@@ -14,7 +14,8 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from localui.backends import looks
-from localui.views.common import OneLookPerRead, off_loop
+from localui.offloop import off_loop
+from localui.views.looks import OneLookPerRead
 
 
 class Index:

@@ -42,7 +42,7 @@ from localui.notify.sender import ROUND_SIZE
 from localui.policy import parse_policy
 from localui.records import APPROVAL, Decision, Pending, RunFacts
 from localui.settings import Notifications, Settings
-from localui.views.common import AppState
+from localui.views.state import AppState
 
 if TYPE_CHECKING:
     from conftest import PgStore, Seeded

@@ -29,7 +29,7 @@ from typing import Any
 from localui.backends.shared import NamedRow
 from localui.errors import BadRequest, Conflict
 from localui.records import User
-from localui.settings import ROLES
+from localui.roles import ROLES
 
 TABLE = "localui_users"
 #: The longest name accepted: enough for any real name or e-mail address.

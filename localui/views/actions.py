@@ -14,19 +14,13 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui.auth import OPERATOR, require
 from localui.errors import BadRequest, Forbidden
+from localui.offloop import off_loop
 from localui.records import PruneRun
 from localui.signing import Signer
-from localui.views.approvals import actions_of, approver_of, outcome_view
-from localui.views.common import (
-    context,
-    html_only,
-    is_htmx,
-    off_loop,
-    respond,
-    to_jsonable,
-    wants_json,
-)
+from localui.views.outcome import outcome_view
 from localui.views.params import parse_age, parse_instant
+from localui.views.respond import html_only, is_htmx, respond, to_jsonable, wants_json
+from localui.views.state import actions_of, approver_of, context
 from localui.views.urls import urls_of
 
 

@@ -23,6 +23,7 @@ from starlette.responses import Response
 from localui import runs
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
 from localui.auth import OPERATOR, person_of
+from localui.offloop import off_loop
 from localui.records import (
     APPROVAL,
     RESUME,
@@ -34,19 +35,11 @@ from localui.records import (
     RunFacts,
 )
 from localui.shortids import shortest_unique
-from localui.views.common import (
-    Nav,
-    attention_cutoffs,
-    beside,
-    context,
-    decode_cursor,
-    encode_cursor,
-    html_only,
-    off_loop,
-    respond,
-    wants_json,
-)
+from localui.views.nav import Nav
+from localui.views.params import decode_cursor, encode_cursor
+from localui.views.respond import html_only, respond, wants_json
 from localui.views.run import writer_row
+from localui.views.state import beside, context
 from localui.views.urls import Urls, urls_of
 
 #: Runs on one page: each is read from its own rows for what a resume would do.
@@ -321,7 +314,7 @@ def build_attention_page(
 ) -> AttentionPage:
     settings = actions.settings
     now = datetime.now(UTC)
-    stale_before, overdue_before = attention_cutoffs(settings, now)
+    stale_before, overdue_before = settings.attention_cutoffs(now)
     page = actions.store.list_attention(
         AttentionQuery(
             stale_before=stale_before,

@@ -35,16 +35,12 @@ from localui.actions import (
 )
 from localui.auth import OPERATOR, require, template_values
 from localui.errors import BadRequest, LocalUIError
-from localui.views.approvals import approver_of, picked_cards
+from localui.offloop import off_loop
 from localui.views.attention import repeats_uncached
-from localui.views.common import (
-    AppState,
-    context,
-    nav_counts,
-    off_loop,
-    to_jsonable,
-    wants_json,
-)
+from localui.views.nav import nav_counts
+from localui.views.params import picked_cards
+from localui.views.respond import to_jsonable, wants_json
+from localui.views.state import AppState, approver_of, context
 from localui.views.urls import Urls, urls_of
 
 #: Resumes running at once: each drives an agent on this process's event loop, and a

@@ -6,7 +6,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localui.bundle import build_bundle
-from localui.views.common import context, off_loop
+from localui.offloop import off_loop
+from localui.views.state import context
 
 
 async def run_bundle(request: Request) -> Response:

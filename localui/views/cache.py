@@ -13,18 +13,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localui.backends.base import Store
+from localui.offloop import off_loop
 from localui.records import CacheEntry
-from localui.views.common import (
-    context,
-    decode_cursor,
-    encode_cursor,
-    html_only,
-    nav_ahead,
-    off_loop,
-    pretty_json,
-    respond,
-)
-from localui.views.params import parse_age
+from localui.views.params import decode_cursor, encode_cursor, parse_age
+from localui.views.respond import html_only, nav_ahead, pretty_json, respond
+from localui.views.state import context
 from localui.views.urls import Urls, urls_of
 
 

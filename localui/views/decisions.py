@@ -25,18 +25,12 @@ from starlette.responses import Response, StreamingResponse
 from localui.backends.base import DecisionLog
 from localui.backends.decisions import EXPORT_FIELDS
 from localui.errors import BadRequest
+from localui.offloop import off_loop
 from localui.records import DecisionEntry, DecisionQuery
 from localui.shortids import shortest_unique
-from localui.views.common import (
-    context,
-    decode_cursor,
-    encode_cursor,
-    html_only,
-    nav_ahead,
-    off_loop,
-    respond,
-)
-from localui.views.params import parse_age, parse_instant
+from localui.views.params import decode_cursor, encode_cursor, parse_age, parse_instant
+from localui.views.respond import html_only, nav_ahead, respond
+from localui.views.state import context
 from localui.views.urls import Urls, tilde_encode, urls_of
 
 #: Entries a CSV or JSON-lines export reads at a time: memory stays flat however long

@@ -16,8 +16,10 @@ from starlette.responses import Response
 from localui.backends.base import Store
 from localui.diff import SectionDiff, diff_rows
 from localui.errors import BadRequest, NotFound
+from localui.offloop import off_loop
 from localui.records import RowDetail, RowHeader
-from localui.views.common import context, html_only, nav_ahead, off_loop, respond
+from localui.views.respond import html_only, nav_ahead, respond
+from localui.views.state import context
 from localui.views.transcript import transcript
 from localui.views.urls import Urls, dom_id, urls_of
 

@@ -28,14 +28,13 @@ extension, ``sse-swap``) swaps it over the element with the same id.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -46,19 +45,20 @@ from starlette.routing import Match
 from localui.auth import NOBODY, Person, person_of
 from localui.backends.base import Changes
 from localui.errors import BadRequest, LocalUIError, NotFound
-from localui.live import ChangeFeed, Resync, Subscription
+from localui.live import Fragment, LiveView, Rendered, Resync, Subscription
+from localui.offloop import off_loop
 from localui.views.approvals import (
-    actions_of,
-    approver_of,
     build_approval_page,
     build_approvals_page,
     gone_notes,
     mine_of,
     queue_page_size,
 )
-from localui.views.common import AppState, context, decode_cursor, nav_counts, off_loop
+from localui.views.nav import nav_counts
+from localui.views.params import decode_cursor
 from localui.views.run import build_run_page
 from localui.views.runs import RunFilters, build_runs_page, parse_filters
+from localui.views.state import AppState, actions_of, approver_of, context
 from localui.views.urls import Urls, urls_of
 
 logger = logging.getLogger(__name__)
@@ -79,39 +79,6 @@ MUX_MAX_WATCHED = 64
 #: Claimed pauses the queue keeps a spot for (see ``_queue.html``): a person who
 #: just decided one sees the outcome where its card was.
 RECENTLY_GONE = 50
-
-
-@dataclass(frozen=True, slots=True)
-class Fragment:
-    """One rendered partial and the SSE event that carries it."""
-
-    event: str
-    html: str
-
-
-@dataclass(frozen=True, slots=True)
-class Rendered:
-    """A view's fragments, rendered from data at least as new as the feed's ``seq``."""
-
-    fragments: tuple[Fragment, ...]
-    #: What the view remembers between renders (the queue: which cards it showed).
-    memo: Any = None
-    #: Stamped by :class:`LiveRenders`, which knows the feed.
-    seq: int = 0
-
-
-class LiveView(Protocol):
-    """One live part of a page: what it is keyed by, what touches it, how it renders."""
-
-    @property
-    def key(self) -> Hashable: ...
-
-    def affected_by(self, changes: Changes) -> bool: ...
-
-    def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
-        """Read and render; blocking, so it runs off the event loop. ``previous`` is the
-        render before this one, for views that remember something across renders."""
-        ...
 
 
 def render_partial(ctx: AppState, name: str, urls: Urls, **values: Any) -> str:
@@ -300,60 +267,6 @@ class ApprovalView:
         )
 
 
-@dataclass
-class LiveRenders:
-    """The newest render of every view some stream shows, shared by those streams."""
-
-    ctx: AppState
-    feed: ChangeFeed
-    _entries: dict[Hashable, Rendered] = field(default_factory=dict)
-    _locks: dict[Hashable, asyncio.Lock] = field(default_factory=dict)
-    _users: Counter[Hashable] = field(default_factory=Counter)
-    #: Renders made, for tests and the benchmark.
-    renders: int = 0
-
-    @contextmanager
-    def holding(self, views: Sequence[LiveView]) -> Iterator[None]:
-        """Keep these views' renders while a stream shows them; forget them after."""
-        for view in views:
-            self._users[view.key] += 1
-        try:
-            yield
-        finally:
-            for view in views:
-                self._users[view.key] -= 1
-                if self._users[view.key] <= 0:
-                    del self._users[view.key]
-                    self._entries.pop(view.key, None)
-                    self._locks.pop(view.key, None)
-
-    async def current(self, view: LiveView, at_least: int) -> Rendered:
-        """The view rendered from data no older than the feed's ``seq`` ``at_least``."""
-        entry = self._entries.get(view.key)
-        if entry is not None and entry.seq >= at_least:
-            return entry
-        lock = self._locks.setdefault(view.key, asyncio.Lock())
-        async with lock:
-            entry = self._entries.get(view.key)
-            if entry is not None and entry.seq >= at_least:
-                return entry
-            # Read the seq first: the data read after it is at least that new.
-            seq = self.feed.seq
-            made = await off_loop(view.render, self.ctx, entry)
-            self.renders += 1
-            entry = replace(made, seq=seq)
-            if view.key in self._users:
-                self._entries[view.key] = entry
-            return entry
-
-
-def live_renders(ctx: AppState) -> LiveRenders:
-    """The app's shared renders, made with its first stream."""
-    if ctx.live_renders is None:
-        ctx.live_renders = LiveRenders(ctx=ctx, feed=ctx.feed)
-    return ctx.live_renders
-
-
 async def _next_or_stop(subscription: Subscription, stop: anyio.Event) -> Changes | Resync | None:
     """The subscription's next item, or None once ``stop`` is set."""
     item: Changes | Resync | None = None
@@ -375,16 +288,16 @@ async def _next_or_stop(subscription: Subscription, stop: anyio.Event) -> Change
 
 #: Labels one event of a stream: the view it came from (None: every view, as the store
 #: status and resync are), its event name and data.
-Label = Callable[[LiveView | None, str, str], ServerSentEvent]
+Label = Callable[[LiveView[AppState] | None, str, str], ServerSentEvent]
 
 
-def plain_event(view: LiveView | None, event: str, data: str) -> ServerSentEvent:
+def plain_event(view: LiveView[AppState] | None, event: str, data: str) -> ServerSentEvent:
     return ServerSentEvent(data=data, event=event)
 
 
 async def live_events(
     ctx: AppState,
-    views: Sequence[LiveView],
+    views: Sequence[LiveView[AppState]],
     stop: anyio.Event,
     label: Label = plain_event,
     end_when_gone: bool = True,
@@ -397,7 +310,7 @@ async def live_events(
     is asked before each change is sent: once the person watching was removed, reset
     or given another role, the stream ends, and the browser's reconnect signs in anew."""
     feed = ctx.feed
-    renders = live_renders(ctx)
+    renders = ctx.live_renders
     subscription = await feed.subscribe()
     async with subscription:
         with renders.holding(views):
@@ -405,12 +318,12 @@ async def live_events(
             yield ServerSentEvent(comment="localui live", retry=RECONNECT_MS)
             yield label(None, "store-status", store_status_html(ctx, feed.problem))
             sent: dict[tuple[Hashable, str], str] = {}
-            due: Sequence[LiveView] = views
+            due: Sequence[LiveView[AppState]] = views
             at_least = subscription.seq
             while True:
                 for view in due:
                     try:
-                        rendered = await renders.current(view, at_least)
+                        rendered = await renders.current(ctx, view, at_least)
                     except NotFound:
                         if end_when_gone:
                             return  # the run was pruned: the browser's reconnect gets the 404
@@ -481,7 +394,7 @@ BROWSER_STREAMS = BrowserStreams()
 
 def stream(
     request: Request,
-    views: Sequence[LiveView],
+    views: Sequence[LiveView[AppState]],
     label: Label = plain_event,
     end_when_gone: bool = True,
 ) -> Response:
@@ -522,16 +435,16 @@ def stream(
 NAV = NavView()
 
 
-async def nav_views(request: Request) -> list[LiveView]:
+async def nav_views(request: Request) -> list[LiveView[AppState]]:
     return [NAV]
 
 
-async def runs_views(request: Request) -> list[LiveView]:
+async def runs_views(request: Request) -> list[LiveView[AppState]]:
     filters, after = parse_filters(request)
     return [NAV, RunsView(filters=filters, after=after, urls=urls_of(request))]
 
 
-async def run_views(request: Request) -> list[LiveView]:
+async def run_views(request: Request) -> list[LiveView[AppState]]:
     execution_id = request.path_params["execution_id"]
     if await off_loop(context(request).store.get_run, execution_id) is None:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
@@ -544,7 +457,7 @@ async def run_views(request: Request) -> list[LiveView]:
     return [NAV, view]
 
 
-async def approvals_views(request: Request) -> list[LiveView]:
+async def approvals_views(request: Request) -> list[LiveView[AppState]]:
     actions_of(request)  # the queue needs the action service: fail now, not mid-stream
     order = request.query_params.get("order", "oldest")
     if order not in ("oldest", "newest"):
@@ -562,7 +475,7 @@ async def approvals_views(request: Request) -> list[LiveView]:
     return [NAV, view]
 
 
-async def approval_views(request: Request) -> list[LiveView]:
+async def approval_views(request: Request) -> list[LiveView[AppState]]:
     execution_id = request.path_params["execution_id"]
     actions_of(request)  # the card needs the action service: fail now, not mid-stream
     if await off_loop(context(request).store.get_run, execution_id) is None:
@@ -606,7 +519,7 @@ WATCHABLE = {
 }
 
 
-async def watched_views(request: Request, url: str) -> list[LiveView]:
+async def watched_views(request: Request, url: str) -> list[LiveView[AppState]]:
     """The views of one live URL as a page's ``sse-connect`` names it (with the prefix),
     read as if that URL had been requested with this request's cookies and sign-in."""
     urls = urls_of(request)
@@ -636,7 +549,7 @@ async def live_mux(request: Request) -> Response:
     if not watched or len(watched) > MUX_MAX_WATCHED:
         raise BadRequest(f"a shared stream watches 1 to {MUX_MAX_WATCHED} live URLs")
     owners: dict[Hashable, list[int]] = {}
-    views: list[LiveView] = []
+    views: list[LiveView[AppState]] = []
     for index, url in enumerate(watched):
         try:
             found = await watched_views(request, url)
@@ -649,7 +562,7 @@ async def live_mux(request: Request) -> Response:
             owners[view.key].append(index)
     labels = {key: ",".join(map(str, indexes)) for key, indexes in owners.items()}
 
-    def label(view: LiveView | None, event: str, data: str) -> ServerSentEvent:
+    def label(view: LiveView[AppState] | None, event: str, data: str) -> ServerSentEvent:
         to = "*" if view is None else labels[view.key]
         return ServerSentEvent(data=f"{to} {event}\n{data}", event="m")
 

@@ -15,7 +15,9 @@ from starlette.responses import Response
 from localui.auth import OPERATOR, require
 from localui.backends.notifications import Notification, TargetStatus
 from localui.notify.watcher import Watcher
-from localui.views.common import context, html_only, nav_ahead, off_loop, respond
+from localui.offloop import off_loop
+from localui.views.respond import html_only, nav_ahead, respond
+from localui.views.state import context
 from localui.views.urls import Urls, urls_of
 
 #: Announcements the page lists, newest first.

@@ -1,4 +1,4 @@
-"""Numbers, ages and instants from query strings and forms, parsed strictly.
+"""Numbers, ages, instants and cursors from query strings and forms, parsed strictly.
 
 Every call site goes through here, so a value no parser expected (``²`` is a digit
 to ``str.isdigit``, ``int`` refuses it; 5,000 digits; a date past year 1 once a
@@ -7,7 +7,10 @@ zone is applied) is a 400 that says which forms are accepted, never a 500.
 
 from __future__ import annotations
 
+import base64
+import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from localui.errors import BadRequest
 
@@ -65,3 +68,52 @@ def parse_instant(name: str, text: str) -> datetime:
     if not now - MAX_AGE <= instant <= now + MAX_AGE:
         raise BadRequest(f"{name}={text!r} is out of range: give {INSTANT_FORMS}")
     return instant
+
+
+def encode_cursor(key: tuple[str, str]) -> str:
+    raw = json.dumps(list(key), separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str, name: str = "after") -> tuple[str, str]:
+    """A cursor from ``next``; anything else is a 400 that says what was wrong."""
+    if len(text) > 1024:
+        raise BadRequest(f"{name} is longer than any cursor this server gives out")
+    try:
+        padded = text + "=" * (-len(text) % 4)
+        value = json.loads(base64.urlsafe_b64decode(padded.encode()))
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise BadRequest(f"{name}={text!r} is not a cursor this server gave out") from exc
+    if not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, str) for v in value):
+        raise BadRequest(f"{name}={text!r} is not a cursor this server gave out")
+    return value[0], value[1]
+
+
+FIELD_PREFIX = "field."
+
+
+def fields_of(form: Any) -> dict[str, str]:
+    """The rule's fields a form sent, ``field.<name>``, by name (the rule checks them)."""
+    return {
+        str(k)[len(FIELD_PREFIX) :]: str(v)
+        for k, v in form.multi_items()
+        if str(k).startswith(FIELD_PREFIX)
+    }
+
+
+def picked_cards(values: list[str]) -> list[tuple[str, str]]:
+    """The ``pick`` checkboxes: each a JSON pair ``[execution_id, checkpoint_id]``, so
+    each card's decision is bound to the paused row that card showed."""
+    cards: list[tuple[str, str]] = []
+    for value in values:
+        try:
+            pair = json.loads(value)
+        except ValueError:
+            raise BadRequest(f"pick={value!r} is not a card's [run, paused row] pair") from None
+        if not (
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
+        ):
+            raise BadRequest(f"pick={value!r} is not a card's [run, paused row] pair")
+        if (pair[0], pair[1]) not in cards:
+            cards.append((pair[0], pair[1]))
+    return cards

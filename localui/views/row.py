@@ -11,8 +11,10 @@ from starlette.responses import Response
 
 from localui.backends.base import Store
 from localui.errors import NotFound
+from localui.offloop import off_loop
 from localui.records import Unreadable
-from localui.views.common import context, html_only, nav_ahead, off_loop, pretty_json, respond
+from localui.views.respond import html_only, nav_ahead, pretty_json, respond
+from localui.views.state import context
 from localui.views.transcript import MessageView, transcript
 from localui.views.urls import Urls, dom_id, urls_of
 

@@ -21,6 +21,7 @@ from localui.auth import OPEN, Person, person_of
 from localui.backends.base import Store
 from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, NotFound
+from localui.offloop import off_loop
 from localui.records import (
     APPROVAL,
     CacheEntry,
@@ -31,23 +32,12 @@ from localui.records import (
     RowHeader,
 )
 from localui.shortids import shortest_unique
-from localui.views.approvals import (
-    ApprovalItem,
-    DecisionView,
-    approval_item,
-    approver_of,
-    decision_views,
-)
-from localui.views.common import (
-    context,
-    html_only,
-    nav_ahead,
-    off_loop,
-    pretty_json,
-    respond,
-)
+from localui.views.cards import ApprovalItem, approval_item
+from localui.views.decision_views import DecisionView, decision_views
 from localui.views.params import parse_count
+from localui.views.respond import html_only, nav_ahead, pretty_json, respond
 from localui.views.row import jsonable
+from localui.views.state import approver_of, context
 from localui.views.trace import (
     StepView,
     TraceSection,

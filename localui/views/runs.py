@@ -13,6 +13,7 @@ from localui import runs
 from localui.backends.base import STATES, DecisionLog, Store
 from localui.backends.traces import RunSummary, SpanIndex
 from localui.errors import BadRequest
+from localui.offloop import off_loop
 from localui.records import (
     APPROVAL,
     Decision,
@@ -24,15 +25,9 @@ from localui.records import (
     StoreTotals,
 )
 from localui.shortids import shortest_unique
-from localui.views.common import (
-    context,
-    decode_cursor,
-    encode_cursor,
-    html_only,
-    nav_ahead,
-    off_loop,
-    respond,
-)
+from localui.views.params import decode_cursor, encode_cursor
+from localui.views.respond import html_only, nav_ahead, respond
+from localui.views.state import context
 from localui.views.trace import duration_words
 from localui.views.urls import Urls, urls_of
 

@@ -24,7 +24,7 @@ from localui.auth import (
     without_token,
 )
 from localui.settings import Settings
-from localui.views.common import context
+from localui.views.state import context
 from localui.views.urls import Urls, urls_of, urls_of_scope
 
 

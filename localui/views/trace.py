@@ -16,7 +16,7 @@ from datetime import datetime
 from localui import runs
 from localui.backends.traces import Attempt, Span, SpanIndex
 from localui.records import RowHeader
-from localui.views.common import html_only
+from localui.views.respond import html_only
 
 #: Said when the store's file has no ``spans`` table.
 TRACING_OFF = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from localui.views.common import html_only, pretty_json
+from localui.views.respond import html_only, pretty_json
 
 
 @dataclass(frozen=True, slots=True)

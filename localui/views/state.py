@@ -1,0 +1,147 @@
+"""What one app process owns, and how a request reaches it.
+
+:class:`AppState` is built by ``create_app``'s lifespan and hangs on ``app.state.localui``;
+:func:`context` finds it from a request. The helpers here are the ones every endpoint
+needs to reach the app's services: the actions, the approver's name, reads started beside
+a page's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+from urllib.parse import quote, unquote
+
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import Response
+from starlette.templating import Jinja2Templates
+
+from localui import runs
+from localui.actions import ActionService
+from localui.auth import Authenticator
+from localui.backends.base import Backend, Store
+from localui.backends.traces import SpanIndex
+from localui.errors import LifespanNotRun
+from localui.live import ChangeFeed, LiveRenders
+from localui.metrics import AppMetrics
+from localui.notify.watcher import Watcher
+from localui.offloop import off_loop
+from localui.records import SeedProgress
+from localui.registry import Registry
+from localui.settings import Settings
+from localui.signing import Signer
+
+T = TypeVar("T")
+
+
+class Seeding(Protocol):
+    """Runs written into the served store while it is served (``localui demo``).
+
+    The app's lifespan runs it beside the server and cancels it on shutdown; it calls
+    ``landed`` with each run's execution id as that run is in the store, and the runs
+    list shows ``progress`` until it is finished.
+    """
+
+    def progress(self) -> SeedProgress: ...
+
+    async def run(self, landed: Callable[[str], None]) -> object: ...
+
+
+@dataclass(slots=True)
+class AppState:
+    """What one app process owns; built by ``create_app``'s lifespan, on
+    ``app.state.localui``, and reached from requests with :func:`context`."""
+
+    settings: Settings
+    backend: Backend
+    templates: Jinja2Templates
+    registry: Registry
+    actions: ActionService
+    feed: ChangeFeed
+    #: Who may use the server: tokens, sessions, the proxy header, and the users
+    #: table it reads (the auth middleware holds the same one).
+    auth: Authenticator
+    #: Signs the values a page hands out to be posted back unchanged (the prune cutoff).
+    signer: Signer
+    #: The live pages' shared renders (``views.live``): one render per change for all tabs.
+    live_renders: LiveRenders[AppState]
+    #: The ``/metrics`` registry and its collectors (:mod:`localui.metrics`).
+    metrics: AppMetrics
+    #: Where the run pages find the SDK's trace spans; None for a PostgreSQL
+    #: store served without ``--traces``.
+    traces: SpanIndex | None = None
+    #: Work a request started that outlives it (a bulk resume's runs): the lifespan
+    #: waits for it before the store closes.
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: What ``localui demo`` is still writing into the store, or None.
+    seeding: Seeding | None = None
+    #: Records and sends notifications; None when no target is configured.
+    watcher: Watcher | None = None
+
+    @property
+    def store(self) -> Store:
+        return self.backend.store
+
+
+def context(request: Request) -> AppState:
+    ctx: AppState | None = getattr(request.app.state, "localui", None)
+    if ctx is None:
+        raise LifespanNotRun()
+    return ctx
+
+
+def beside(ctx: AppState, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+    """``fn(*args)``, a read to await later. On PostgreSQL it starts now, in the thread
+    pool, and goes on while the caller makes its own reads: each is a round trip, and
+    the server answers them at once on pooled connections of their own. A SQLite read
+    runs in this process, where a second thread only adds a handoff (0.3-0.5 ms a page,
+    measured): it is made when awaited. One nobody awaits (the page failed first)
+    finishes on its own, its error no error of the page's."""
+    if ctx.backend.kind != runs.POSTGRES:
+        return _Later(fn, args)
+    future = asyncio.ensure_future(off_loop(fn, *args))
+    future.add_done_callback(_leave_unawaited)
+    return future
+
+
+class _Later(Generic[T]):
+    """A read made when awaited (and not at all when never awaited)."""
+
+    def __init__(self, fn: Callable[..., T], args: tuple[Any, ...]) -> None:
+        self._fn = fn
+        self._args = args
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return off_loop(self._fn, *self._args).__await__()
+
+
+def _leave_unawaited(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+APPROVER_COOKIE = "localui_approver"
+
+
+def approver_of(request: HTTPConnection) -> str:
+    """The approver name this browser last decided as (see :func:`remember_approver`)."""
+    return unquote(request.cookies.get(APPROVER_COOKIE, ""))
+
+
+def remember_approver(response: Response, approver: str) -> None:
+    """Keep the name for the next card. Percent-encoded: a cookie is a header, and
+    headers carry Latin-1 at most, so ``王小明`` or ``Łukasz`` would not fit as they are."""
+    response.set_cookie(
+        APPROVER_COOKIE,
+        quote(approver.strip(), safe=""),
+        max_age=365 * 86400,
+        httponly=True,
+        samesite="strict",
+    )
+
+
+def actions_of(request: Request) -> ActionService:
+    service = context(request).actions
+    return service
