@@ -498,10 +498,10 @@ def test_a_first_scrape_of_a_long_record_counts_each_entry_once_and_keeps_only_t
     at 100,000). The chunk is made small so a few dozen entries span several chunks."""
     from datetime import timedelta
 
+    from localui import metrics
     from localui.backends.decisions import TABLE
     from localui.backends.sqlite.decisions import SQLiteDecisionLog
     from localui.backends.sqlite.store import SQLiteStore
-    from localui import metrics
 
     monkeypatch.setattr(metrics, "FOLD_CHUNK", 10)
     log = SQLiteDecisionLog(store_copy)
