@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
-import anyio.to_thread
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -45,6 +44,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from localui.backends.base import UserDirectory
 from localui.backends.users import check_name, token_hash
 from localui.errors import BadRequest, Forbidden, LifespanNotRun, Unavailable
+from localui.offloop import off_loop
 from localui.records import User
 from localui.roles import ROLES
 from localui.settings import SignIn
@@ -287,7 +287,7 @@ class Authenticator:
         if cached is not None and now - cached[0] < CACHE_SECONDS and cached[0] >= since:
             return cached[1]
         find = users.by_token_hash if kind == "token" else users.by_name
-        user = await anyio.to_thread.run_sync(find, key)
+        user = await off_loop(find, key)
         self._cache[(kind, key)] = (now, user)
         while len(self._cache) > 1000:
             self._cache.popitem(last=False)

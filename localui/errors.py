@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from localui.records import Decision
+
 
 class LocalUIError(Exception):
-    """Base for errors that a person should read; ``str(exc)`` is the message."""
+    """Base for errors that a person should read; ``str(exc)`` is the message, and
+    ``details`` what a script reads beside it (JSON answers carry it)."""
 
     status_code = 500
     title = "Something went wrong"
+
+    def __init__(self, message: str = "", *, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details = details
 
 
 class BadRequest(LocalUIError):
@@ -35,6 +45,28 @@ class Forbidden(LocalUIError):
 class Conflict(LocalUIError):
     status_code = 409
     title = "Conflict"
+
+
+class AlreadyDecided(Conflict):
+    """409 with who decided and when."""
+
+    def __init__(self, message: str, decision: Decision | None) -> None:
+        super().__init__(message)
+        self.details = {"decision": decision} if decision is not None else None
+        self.decision = decision
+
+
+class StaleCard(Conflict):
+    """409: the person saw another row than the one now waiting."""
+
+    def __init__(self, message: str, current_checkpoint_id: str | None) -> None:
+        super().__init__(message)
+        self.details = {"current_checkpoint_id": current_checkpoint_id}
+        self.current_checkpoint_id = current_checkpoint_id
+
+
+class NeedsConfirmation(Conflict):
+    """409: the run's newest row is recent, so it may still be running elsewhere."""
 
 
 class Unavailable(LocalUIError):

@@ -61,7 +61,7 @@ async def to_the_end(call: Callable[[], T]) -> T:
     (SQLite answers a connection closed under a read with a segmentation fault, not
     an exception). A task cancelled again while it waits keeps waiting; the
     cancellation is passed on once the thread has returned."""
-    running = asyncio.ensure_future(asyncio.to_thread(call))
+    running = asyncio.ensure_future(off_loop(call))
     cancelled = False
     while not running.done():
         try:

@@ -11,11 +11,12 @@ not checkpoint its own continued run at all).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,3 +221,21 @@ class Registry:
 
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self.agents))
+
+
+@contextlib.contextmanager
+def project_scope(project_id: str | None) -> Iterator[None]:
+    """Stamp what the SDK writes with the run's own project, as the run's process did.
+
+    Without it the SDK resolves a project from this process's working directory,
+    creating ``.fastaiagent/config.toml`` there, and the resumed rows would carry
+    another project than the run's, out of reach of that project's outbox drain.
+    """
+    from fastaiagent._internal.scope import scoped_project_id
+
+    token = scoped_project_id.set(project_id) if project_id is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            scoped_project_id.reset(token)

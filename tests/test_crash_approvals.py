@@ -622,7 +622,7 @@ def test_a_pause_rearmed_for_a_recorded_decision_is_not_given_to_anyone_else(
         rearmed = "rearmed-" + paused
         log.set_rearmed(claim.decision.id, rearmed)
         rows = crash.sdk.list(run, limit=500)
-        actions.rearm(run, paused, runs.run_owner(actions.store.list_rows(run)), rearmed)
+        actions.pauses.rearm(run, paused, runs.run_owner(actions.store.list_rows(run)), rearmed)
         assert len(crash.sdk.list(run, limit=500)) == len(rows) + 1
         assert run in crash.waiting()
 

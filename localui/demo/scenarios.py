@@ -27,6 +27,7 @@ from typing import Any, Literal
 from localui.backends.urls import is_postgres_url
 from localui.demo.agent import EXIT_DIED_IN_TOOL, EXIT_DIED_WAITING_ON_MODEL
 from localui.demo.teams import EXIT_DIED_IN_TEAM_TOOL
+from localui.offloop import off_loop
 from localui.records import SeedFailure, SeedProgress
 
 #: How a scenario's run is left: the run's own outcome, or the process died.
@@ -243,7 +244,7 @@ class Seeding:
         """Seed every scenario; call ``landed`` with each run's id as it is in the store."""
         started = time.monotonic()
         if isinstance(self.target, str):
-            await asyncio.to_thread(_prepare_postgres, self.target, self.pg_schema)
+            await off_loop(_prepare_postgres, self.target, self.pg_schema)
         else:
             self.target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="localui-seed-") as workdir:

@@ -13,14 +13,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui.auth import OPERATOR, require
-from localui.errors import BadRequest, Forbidden
+from localui.errors import BadRequest, Forbidden, Refused
 from localui.offloop import off_loop
 from localui.records import PruneRun
 from localui.signing import Signer
 from localui.views.outcome import outcome_view
 from localui.views.params import parse_age, parse_instant
 from localui.views.respond import html_only, is_htmx, respond, to_jsonable, wants_json
-from localui.views.state import actions_of, approver_of, context
+from localui.views.state import actions_of, actor_of, approver_of, context
 from localui.views.urls import urls_of
 
 
@@ -36,11 +36,10 @@ async def resume_run(request: Request) -> Response:
     person = require(request, OPERATOR)
     execution_id = request.path_params["execution_id"]
     form = await request.form()
-    typed = str(form.get("actor") or approver_of(request))
     outcome = await actions_of(request).resume(
         execution_id,
         checkpoint_id=str(form.get("checkpoint_id") or ""),
-        actor=person.name if person.signed_in else typed,
+        actor=actor_of(person, form, "actor", fallback=approver_of(request)),
         confirm=str(form.get("confirm") or "") in ("yes", "on", "true", "1"),
     )
     urls = urls_of(request)
@@ -53,11 +52,10 @@ async def reopen_pause(request: Request) -> Response:
     person = require(request, OPERATOR)
     execution_id = request.path_params["execution_id"]
     form = await request.form()
-    typed = str(form.get("actor") or approver_of(request))
     outcome = await actions_of(request).reopen(
         execution_id,
         checkpoint_id=str(form.get("checkpoint_id") or ""),
-        actor=person.name if person.signed_in else typed,
+        actor=actor_of(person, form, "actor", fallback=approver_of(request)),
     )
     urls = urls_of(request)
     return _answer(request, outcome_view(outcome, urls), urls.run(execution_id, fragment="outcome"))
@@ -78,10 +76,9 @@ async def fork_run(request: Request) -> Response:
     urls = urls_of(request)
     view = outcome_view(outcome, urls)
     if outcome.new_execution_id is None:
-        # The SDK refused or failed before a branch existed: show why on the source run.
-        if wants_json(request):
-            return JSONResponse(to_jsonable(view), status_code=422)
-        raise BadRequest(f"the fork failed: {outcome.error}")
+        # The SDK refused or failed before a branch existed: said through the one error
+        # mapping, with the outcome for scripts.
+        raise Refused(f"the fork failed: {outcome.error}", details={"outcome": view})
     return _answer(request, view, urls.run(outcome.new_execution_id))
 
 
@@ -150,7 +147,7 @@ async def prune_now(request: Request) -> Response:
     the preview's signature, so no other instant (and nothing no one saw) is pruned."""
     require(request, OPERATOR)
     actions = actions_of(request)
-    actions.ensure_writable()
+    actions.preflight.ensure_writable()
     form = await request.form()
     older_than = _older_than(str(form.get("older_than") or "") or None)
     cutoff_text = str(form.get("cutoff") or "")

@@ -33,7 +33,14 @@ from localui.views.nav import Nav, attention_total
 from localui.views.outcome import answer_outcome
 from localui.views.params import decode_cursor, encode_cursor, fields_of
 from localui.views.respond import html_only, is_htmx, nav_ahead, respond, wants_json
-from localui.views.state import actions_of, approver_of, beside, context, remember_approver
+from localui.views.state import (
+    actions_of,
+    actor_of,
+    approver_of,
+    beside,
+    context,
+    remember_approver,
+)
 from localui.views.urls import Urls, urls_of
 
 #: Cards on one page of the queue (fewer when the app's page size is smaller). A person
@@ -115,7 +122,9 @@ def build_approvals_page(
     if mine:
 
         def keep(pending: Pending) -> bool:
-            return person.can_decide and actions.may_decide(actions.rule_for(pending), person)
+            return person.can_decide and actions.preflight.may_decide(
+                actions.preflight.rule_for(pending), person
+            )
 
     page = pending_page(actions, after, newest_first, limit, keep)
     # The page's paused calls in one read, not one per card; its votes too.
@@ -253,8 +262,7 @@ async def _decide(request: Request, approved: bool) -> Response:
     person = require(request, APPROVER)
     execution_id = request.path_params["execution_id"]
     form = await request.form()
-    # A signed-in person decides as themselves; only with sign-in off is it typed.
-    approver = person.name if person.signed_in else str(form.get("approver") or "")
+    approver = actor_of(person, form, "approver")
     outcome = await actions_of(request).decide(
         execution_id,
         approved=approved,

@@ -162,7 +162,7 @@ class _Planned:
 
 def _plan(actions: ActionService, facts: RunFacts, rows: tuple[RowHeader, ...]) -> _Planned:
     state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
-    return _Planned(facts, state, rows, actions.plan(state, rows))
+    return _Planned(facts, state, rows, actions.preflight.plan(state, rows))
 
 
 def attention_row(
@@ -213,7 +213,7 @@ def attention_row(
     )
     resumable = planned.resumable
     problem = (
-        actions.plan_problem(plan, reentry=reentry)
+        actions.preflight.plan_problem(plan, reentry=reentry)
         if isinstance(plan, runs.ResumePlan) and resumable
         else None
     )

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import Response
 
-from localui.actions import AlreadyDecided, StaleCard
+from localui.actions import decision_text
 from localui.auth import APPROVER, require
-from localui.errors import BadRequest, LocalUIError
+from localui.errors import AlreadyDecided, BadRequest, LocalUIError, StaleCard
 from localui.views.outcome import outcome_view
 from localui.views.params import fields_of, picked_cards
 from localui.views.respond import respond
-from localui.views.state import actions_of, remember_approver
+from localui.views.state import actions_of, actor_of, remember_approver
 from localui.views.urls import urls_of
 
 #: The most cards one bulk decision takes: a page of the queue is 25, "select all shown"
@@ -56,12 +56,12 @@ async def bulk_decide(request: Request) -> Response:
     verb = str(form.get("verb") or "")
     if verb not in ("approve", "reject"):
         raise BadRequest("verb must be approve or reject (the button you pressed)")
-    approver = person.name if person.signed_in else str(form.get("approver") or "").strip()
-    reason = str(form.get("reason") or "").strip()
-    if not approver:
-        raise BadRequest("say who you are: approver is required")
-    if verb == "reject" and not reason:
-        raise BadRequest("a reason is required to reject")
+    # Checked once here, before any card, as each card's decision checks it again.
+    approver, reason = decision_text(
+        actor_of(person, form, "approver"),
+        str(form.get("reason") or ""),
+        approved=verb == "approve",
+    )
     cards = picked_cards([str(v) for v in form.getlist("pick")])
     if not cards:
         raise BadRequest("pick at least one card (tick its box) to decide in bulk")

@@ -25,22 +25,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localui import runs
-from localui.actions import (
-    RECENT_SECONDS,
-    ActionService,
-    AlreadyDecided,
-    NeedsConfirmation,
-    StaleCard,
-    seconds_since,
-)
+from localui.actions import RECENT_SECONDS, ActionService, seconds_since
 from localui.auth import OPERATOR, require, template_values
-from localui.errors import BadRequest, LocalUIError
+from localui.errors import AlreadyDecided, BadRequest, LocalUIError, NeedsConfirmation, StaleCard
 from localui.offloop import off_loop
 from localui.views.attention import repeats_uncached
 from localui.views.nav import nav_counts
 from localui.views.params import picked_cards
 from localui.views.respond import to_jsonable, wants_json
-from localui.views.state import AppState, approver_of, context
+from localui.views.state import AppState, actor_of, approver_of, context
 from localui.views.urls import Urls, urls_of
 
 #: Resumes running at once: each drives an agent on this process's event loop, and a
@@ -118,7 +111,7 @@ def preflight_items(
                 if reentry is not None:
                     saved = reentry.node_input
                     skipped = runs.skipped_siblings(reentry.state_snapshot)
-                tool = actions.tool_of(plan.checkpoint_id, plan.node_id)
+                tool = actions.preflight.tool_of(plan.checkpoint_id, plan.node_id)
             words = runs.verdict(
                 state, plan, last=last, now=datetime.now(UTC), saved_args=saved, skipped=skipped
             ).resume
@@ -197,7 +190,7 @@ def tally(items: list[ResumeItem]) -> dict[str, int]:
 async def bulk_resume(request: Request) -> Response:
     person = require(request, OPERATOR)
     ctx = context(request)
-    ctx.actions.ensure_writable()
+    ctx.actions.preflight.ensure_writable()
     # Starlette refuses a form of more than 1,000 fields by default: the limit's worth
     # of picks, with ``confirm`` and ``actor`` beside them, must get through to be judged.
     form = await request.form(max_fields=BULK_RESUME_LIMIT + FORM_FIELDS_BESIDE_PICKS)
@@ -209,7 +202,7 @@ async def bulk_resume(request: Request) -> Response:
             f"{len(picks)} runs picked; one bulk resume takes at most {BULK_RESUME_LIMIT}"
         )
     confirm = str(form.get("confirm") or "") in ("yes", "on", "true", "1")
-    actor = person.name if person.signed_in else str(form.get("actor") or approver_of(request))
+    actor = actor_of(person, form, "actor", fallback=approver_of(request))
     urls = urls_of(request)
     checked = await off_loop(preflight_items, ctx.actions, picks, urls)
     tasks = start_resumes(ctx, picks, actor=actor.strip() or "someone", confirm=confirm, urls=urls)

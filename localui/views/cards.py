@@ -251,15 +251,15 @@ def approval_item(
     if isinstance(context_value, Unreadable):
         context_value = {"unreadable": context_value.error}
     entries = () if light else context_entries(context_value)
-    owner = actions.pause_owner(pending)
-    rule = actions.rule_for(pending)
+    owner = actions.preflight.pause_owner(pending)
+    rule = actions.preflight.rule_for(pending)
     shown_rule = None
     if rule is not None:
         key = (pending.execution_id, pending.checkpoint_id or "")
         if votes is None:
             votes = actions.decisions.votes_for([key]) if rule.approvals > 1 else {}
         shown_rule = rule_view(
-            rule, votes.get(key, ()), context_value, actions.may_decide(rule, person), now
+            rule, votes.get(key, ()), context_value, actions.preflight.may_decide(rule, person), now
         )
     return ApprovalItem(
         execution_id=pending.execution_id,
@@ -273,7 +273,9 @@ def approval_item(
         created_at=pending.created_at,
         run_url=urls.run(pending.execution_id),
         url=urls.approval(pending.execution_id),
-        problem=actions.approval_problem(pending, exact=exact or needs_exact_check(paused)),
+        problem=actions.preflight.approval_problem(
+            pending, exact=exact or needs_exact_check(paused)
+        ),
         age=runs.age_words(pending.created_at, now),
         entries=entries,
         context_keys=len(context_value) if isinstance(context_value, dict | list) else 1,

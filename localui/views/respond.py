@@ -101,9 +101,8 @@ async def respond(
 async def error_response(request: Request, exc: LocalUIError) -> Response:
     """The one place typed errors become responses: JSON, an htmx fragment, or a page."""
     body = {"status": exc.status_code, "title": exc.title, "message": str(exc)}
-    extra = getattr(exc, "details", None)
-    if extra:
-        body["details"] = to_jsonable(extra)
+    if exc.details:
+        body["details"] = to_jsonable(exc.details)
     if wants_json(request):
         return JSONResponse({"error": body}, status_code=exc.status_code)
     ctx: AppState | None = getattr(request.app.state, "localui", None)

@@ -197,7 +197,7 @@ def orphan_view(
         checkpoint_id=last.checkpoint_id,
         node_id=last.node_id,
         carried_by=carried_by,
-        problem=actions.runner_problem(owner),
+        problem=actions.preflight.runner_problem(owner),
     )
 
 
@@ -507,9 +507,13 @@ def actions_section(
 ) -> ActionsSection:
     resume_problem = None
     if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
-        resume_problem = actions.plan_problem(plan)
-    fork_problem = actions.fork_problem(owner)
-    missing = actions.runner_problem(owner) if actions.registry.get(owner.name) is None else None
+        resume_problem = actions.preflight.plan_problem(plan)
+    fork_problem = actions.preflight.fork_problem(owner)
+    missing = (
+        actions.preflight.runner_problem(owner)
+        if actions.registry.get(owner.name) is None
+        else None
+    )
     recorded = actions.decisions.list_for_run(execution_id)
     return ActionsSection(
         decisions=decision_views(actions, execution_id, recorded=recorded),
@@ -544,7 +548,7 @@ def build_run_page(
     now = datetime.now(UTC)
     state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
     # The owner's plan on this backend, with the registered Chain's node order.
-    plan = actions.plan(state, headers)
+    plan = actions.preflight.plan(state, headers)
     last = headers[-1]
     owner = runs.run_owner(headers)
     pending = store.get_pending(execution_id) if facts.has_pending else None

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import quote, unquote
 
+from starlette.datastructures import FormData
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from localui import runs
 from localui.actions import ActionService
-from localui.auth import Authenticator
+from localui.auth import Authenticator, Person
 from localui.backends.base import Backend, Store
 from localui.backends.traces import SpanIndex
 from localui.errors import LifespanNotRun
@@ -140,6 +141,14 @@ def remember_approver(response: Response, approver: str) -> None:
         httponly=True,
         samesite="strict",
     )
+
+
+def actor_of(person: Person, form: FormData, name: str, *, fallback: str = "") -> str:
+    """Who acts: a signed-in person as themselves; only with sign-in off is the name
+    typed, in the form's field ``name`` (else ``fallback``)."""
+    if person.signed_in:
+        return person.name
+    return str(form.get(name) or fallback)
 
 
 def actions_of(request: Request) -> ActionService:

@@ -24,7 +24,6 @@ import mimetypes
 from dataclasses import dataclass
 from pathlib import Path
 
-import anyio.to_thread
 import rcssmin
 import rjsmin
 from starlette.datastructures import Headers
@@ -34,6 +33,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from localui.auth import is_loopback_client
+from localui.offloop import off_loop
 
 #: Browsers only revalidate (a cheap 304): the files are not versioned by name.
 CACHE_CONTROL = "no-cache"
@@ -155,7 +155,7 @@ class PrecompressedStatics:
         if known is not None and known.version == version:
             return known
         try:
-            made = await anyio.to_thread.run_sync(prepare, path, version)
+            made = await off_loop(prepare, path, version)
         except (OSError, UnicodeDecodeError):
             raise HTTPException(404) from None
         self._prepared[name] = made

@@ -1,0 +1,210 @@
+"""The checks an action makes before it asks the SDK for anything, which the pages
+also show before anyone clicks.
+
+``Agent.aresume`` claims the pending row *first* and looks the tool up *after*: a
+resume that fails its lookup has already lost the pause. So every action, and every
+card and run page that offers one, asks here whether this process can finish it: the
+run's owner is registered, as the right kind of runner, with the member, tool or node
+the resume needs, read exactly as the SDK will read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from localui import runs
+from localui.auth import Person
+from localui.backends.base import Store
+from localui.errors import ReadOnly
+from localui.policy import Rule
+from localui.records import Pending, RowDetail, RowHeader
+from localui.registry import Registry, registry_kind, run_tools
+from localui.settings import Settings
+
+
+class Preflight:
+    """What this process can carry out on this store, asked before any claim."""
+
+    def __init__(
+        self, *, settings: Settings, store: Store, store_kind: str, registry: Registry
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        #: The backend's kind (``runs.SQLITE`` or ``runs.POSTGRES``): the SDK orders a
+        #: run's rows differently on each, and a resume follows that order.
+        self.store_kind = store_kind
+        self.registry = registry
+
+    def ensure_writable(self) -> None:
+        if self.settings.read_only:
+            raise ReadOnly("this server is read-only: it shows runs and changes nothing")
+
+    def plan(self, state: str, rows: Sequence[RowHeader]) -> runs.ResumePlan | runs.Refusal:
+        """What the run's owner would do on resume, on this store's backend."""
+        owner = runs.run_owner(rows)
+        return runs.resume_plan(
+            state, rows, backend=self.store_kind, chain_order=self.chain_order(owner)
+        )
+
+    def chain_order(self, owner: runs.Owner) -> tuple[str, ...] | None:
+        """The registered Chain's node order, as ``Chain.resume`` walks it."""
+        runner = self.registry.get(owner.name)
+        if owner.kind != runs.CHAIN or runner is None or registry_kind(runner) != runs.CHAIN:
+            return None
+        from fastaiagent.chain.executor import _topological_sort
+
+        return tuple(_topological_sort(runner.nodes, runner.edges))
+
+    def runner_problem(
+        self,
+        owner: runs.Owner,
+        *,
+        member: str | None = None,
+        tool: str | None = None,
+        node: str | None = None,
+    ) -> str | None:
+        """Why this process cannot resume ``owner``'s run, or None when it can.
+
+        ``member`` is the Supervisor's worker or the Swarm's agent that re-enters,
+        ``tool`` the tool it re-invokes, ``node`` the Chain node that runs again.
+        """
+        runner = self.registry.get(owner.name)
+        wanted = owner.describe()
+        if runner is None:
+            known = ", ".join(self.registry.names()) or "none"
+            return (
+                f"No {owner.kind} named {owner.name!r} is registered in this localui process "
+                f"(registered: {known}). Restart it with --agents MODULE:ATTR (or FILE.py:ATTR) "
+                f"naming the code that builds the {wanted}, bound to this store."
+            )
+        kind = registry_kind(runner)
+        if kind != owner.kind:
+            return (
+                f"{owner.name!r} is registered here as a {kind}, but the run belongs to "
+                f"{wanted}: register the {owner.kind} that wrote it."
+            )
+        agent = runner
+        if owner.kind == runs.SUPERVISOR and member is not None:
+            workers = {w.role: w.agent for w in runner.workers}
+            if member not in workers:
+                return (
+                    f"{wanted} here has no worker {member!r} (it has: "
+                    f"{', '.join(workers) or 'none'}). Register the team the run used."
+                )
+            agent = workers[member]
+        elif owner.kind == runs.SWARM and member is not None:
+            if member not in runner.agents:
+                return (
+                    f"{wanted} here has no agent {member!r} (it has: "
+                    f"{', '.join(runner.agents) or 'none'}). Register the swarm the run used."
+                )
+            agent = runner.agents[member]
+        if owner.kind == runs.CHAIN:
+            nodes = [n.id for n in runner.nodes]
+            if node is not None and node not in nodes:
+                return (
+                    f"{wanted} here has no node {node!r} (it has: {', '.join(nodes)}). "
+                    "Register the chain built with the nodes the run used; resuming without "
+                    "it would lose the pause."
+                )
+            return None
+        if tool is not None:
+            names = [t.name for t in run_tools(agent)]  # the tools a resume searches
+            if tool not in names:
+                whose = f"Agent {agent.name!r}" + (f" of {wanted}" if agent is not runner else "")
+                return (
+                    f"{whose} here has no tool {tool!r} (it has: {', '.join(names) or 'none'}). "
+                    f"Register the {owner.kind} built with the same tool list the run used; "
+                    "resuming without it would lose the pause."
+                )
+        return None
+
+    def fork_problem(self, owner: runs.Owner) -> str | None:
+        """Why this process cannot fork ``owner``'s runs, or None when it can."""
+        if owner.kind in (runs.SUPERVISOR, runs.SWARM):
+            return (
+                f"The SDK offers no fork for a {owner.kind} run ({owner.describe()}): "
+                "there is no afork to call."
+            )
+        return self.runner_problem(owner)
+
+    def plan_problem(
+        self, plan: runs.ResumePlan, *, reentry: RowDetail | None = None
+    ) -> str | None:
+        """Why this process cannot carry out ``plan``, read exactly as the SDK will.
+        ``reentry`` is the row the plan re-enters at, when the caller has read it."""
+        tool = None
+        if plan.tool is not None and plan.owner.kind != runs.CHAIN:
+            tool = self.tool_of(plan.checkpoint_id, plan.node_id, reentry)
+        node = plan.start_node if plan.owner.kind == runs.CHAIN else None
+        if plan.owner.kind == runs.SWARM and plan.shape != "approval":
+            tool = None  # the active agent runs again from its input: no saved tool
+        return self.runner_problem(plan.owner, member=plan.member, tool=tool, node=node)
+
+    def tool_of(
+        self, checkpoint_id: str, node_id: str, detail: RowDetail | None = None
+    ) -> str | None:
+        """The tool a resume re-invokes: ``state_snapshot.tool_name``, as the SDK reads it
+        (from ``detail`` when it is that row, read already)."""
+        if detail is None or detail.header.checkpoint_id != checkpoint_id:
+            detail = self.store.get_row(checkpoint_id)
+        if detail is not None and isinstance(detail.state_snapshot, dict):
+            name = detail.state_snapshot.get("tool_name")
+            if isinstance(name, str) and name:
+                return name
+        return runs.parse_node(node_id).tool
+
+    def pause_owner(self, pending: Pending) -> runs.Owner:
+        """Whose resume answers this pause: its row's path says, and for an agent under
+        an agent the runs index's owner of the run does (``runs.pause_owner``)."""
+        run_agent = None
+        if runs.pause_owner_needs_run(pending.agent_path):
+            facts = self.store.get_run(pending.execution_id)
+            run_agent = facts.agent if facts is not None else None
+        return runs.pause_owner(pending.agent_path, pending.agent, pending.node_id, run_agent)
+
+    def approval_problem(
+        self,
+        pending: Pending,
+        *,
+        exact: bool = True,
+        rows: Sequence[RowHeader] | None = None,
+    ) -> str | None:
+        """The preflight refusal for a pending approval, shown before anyone clicks.
+
+        ``exact`` reads the tool name from the paused row's snapshot, as the SDK does;
+        a queue of cards reads it from the node id, which names the same tool, rather
+        than parse every card's snapshot. The decision itself always checks exactly,
+        on the run's ``rows`` it has read already.
+        """
+        if pending.checkpoint_id is None:
+            return (
+                "The store has the pending row but not the paused row it belongs to: "
+                "the SDK cannot resume this run."
+            )
+        if exact:
+            if rows is None:
+                rows = self.store.list_rows(pending.execution_id)
+            plan = self.plan(runs.PAUSED, rows)
+            if isinstance(plan, runs.Refusal):
+                return plan.reason
+            return self.plan_problem(plan)
+        owner = self.pause_owner(pending)
+        member = runs.pause_member(owner, pending.agent_path, pending.agent)
+        tool = runs.parse_node(pending.node_id).tool if owner.kind != runs.CHAIN else None
+        node = pending.node_id if owner.kind == runs.CHAIN else None
+        return self.runner_problem(owner, member=member, tool=tool, node=node)
+
+    def rule_for(self, pending: Pending) -> Rule | None:
+        """The policy's rule for this pause: the first that matches its owner or agent,
+        reason and tool; None without a policy or a match (any approver, alone)."""
+        policy = self.settings.policy
+        return policy.rule_for(pending) if policy is not None else None
+
+    @staticmethod
+    def may_decide(rule: Rule | None, person: Person | None) -> bool:
+        """Whether the rule lets this person decide. With sign-in off nobody is
+        identified, so the rule's count, reasons and fields apply, but not its "who"."""
+        if rule is None or person is None or not person.signed_in:
+            return True
+        return rule.allows(person.name, person.role, person.groups)
