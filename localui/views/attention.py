@@ -38,7 +38,7 @@ from localui.shortids import shortest_unique
 from localui.views.nav import Nav
 from localui.views.params import decode_cursor, encode_cursor
 from localui.views.respond import html_only, respond, wants_json
-from localui.views.run import writer_row
+from localui.views.run_cache import writer_row
 from localui.views.state import beside, context
 from localui.views.urls import Urls, urls_of
 
