@@ -94,6 +94,63 @@ class Effects:
     reused: int
 
 
+@dataclass(frozen=True, slots=True)
+class DecisionWords:
+    """What Approve and Reject do to the run, as the card says it (code between
+    backticks, for ``code_spans``): each runner kind resumes a pause its own way."""
+
+    approve: str
+    reject: str
+    #: The calls of the same turn the resume will not run, or "" when there are none.
+    skipped: str = ""
+
+
+def decision_words(effects: Effects, runner: str, runner_kind: str, node_id: str) -> DecisionWords:
+    """The card's sentences, after what the SDK's resume does for each runner kind (the
+    run page's verdict says the same from the run's side)."""
+    n = effects.reused
+    reused = ""
+    if n:
+        reused = f"; {n} @idempotent result{' is' if n == 1 else 's are'} reused"
+    tool = effects.tool
+    if tool and runner_kind == runs.SUPERVISOR:
+        # A Supervisor's resume runs its planner again first.
+        approve = (
+            f"{runner} runs its planner again from the original request (a new model call);"
+            f" when it delegates to the worker, `{tool}` runs again with the answer"
+            f" `approved=true`, then the team goes on{reused}."
+        )
+        reject = (
+            f"the same, and `{tool}` gets `approved=false` and your reason; what it does then"
+            " is the worker's code."
+        )
+    elif tool:
+        team = "swarm" if runner_kind == runs.SWARM else "agent"
+        approve = (
+            f"`{tool}` runs again with the answer `approved=true`, then the {team} goes on{reused}."
+        )
+        reject = (
+            f"`{tool}` gets `approved=false` and your reason; what it does then is the"
+            " agent's code."
+        )
+    else:
+        # A chain's node paused: the chain runs that node again from its start.
+        approve = (
+            f"the node `{node_id}` runs again from its start with the answer `approved=true`,"
+            f" then the chain goes on{reused}."
+        )
+        reject = (
+            f"the node `{node_id}` runs again from its start with `approved=false` and your"
+            " reason; what it does then is the chain's code."
+        )
+    skipped = ""
+    if effects.skipped:
+        names = ", ".join(f"`{name}`" for name in effects.skipped)
+        it = "it was" if len(effects.skipped) == 1 else "they were"
+        skipped = f"{names}, called in the same turn; the SDK tells the agent {it} not run."
+    return DecisionWords(approve, reject, skipped)
+
+
 def effects_of(pending: Pending, paused: PausedCall | None) -> Effects | None:
     """The paused call, its unanswered siblings and the reused results; None when the
     paused row is missing or unreadable (the card then says only what it knows)."""
@@ -217,6 +274,12 @@ class ApprovalItem:
     runner_missing: bool = html_only(False)
     #: The policy's rule for this pause; null when none governs it (any approver, alone).
     rule: RuleView | None = None
+    #: What Approve and Reject do, when the paused row says (``effects``).
+    words: DecisionWords | None = html_only(None)
+    #: ``3 keys``: what a light card's disclosure names.
+    context_size: str = html_only("")
+    #: What the reason box says is needed.
+    reason_hint: str = html_only("required to reject")
 
 
 def needs_exact_check(paused: PausedCall | None) -> bool:
@@ -261,10 +324,13 @@ def approval_item(
         shown_rule = rule_view(
             rule, votes.get(key, ()), context_value, actions.preflight.may_decide(rule, person), now
         )
+    effects = effects_of(pending, paused)
+    runner = owner.describe()
+    keys = len(context_value) if isinstance(context_value, dict | list) else 1
     return ApprovalItem(
         execution_id=pending.execution_id,
         agent=pending.agent,
-        runner=owner.describe(),
+        runner=runner,
         runner_kind=owner.kind,
         node_id=pending.node_id,
         checkpoint_id=pending.checkpoint_id,
@@ -278,11 +344,16 @@ def approval_item(
         ),
         age=runs.age_words(pending.created_at, now),
         entries=entries,
-        context_keys=len(context_value) if isinstance(context_value, dict | list) else 1,
-        effects=effects_of(pending, paused),
+        context_keys=keys,
+        effects=effects,
         short_id=short_id or shortest_unique([pending.execution_id])[pending.execution_id],
         runner_missing=actions.registry.get(owner.name) is None,
         rule=shown_rule,
+        words=decision_words(effects, runner, owner.kind, pending.node_id) if effects else None,
+        context_size=f"{keys} {'key' if keys == 1 else 'keys'}",
+        reason_hint="required"
+        if shown_rule is not None and shown_rule.reason_required == "always"
+        else "required to reject",
     )
 
 

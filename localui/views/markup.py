@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import re
 
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 _CODE = re.compile(r"`([^`]+)`")
+
+
+def _content(text: str) -> Markup:
+    """``text`` escaped for an element's content, where only ``&``, ``<`` and ``>`` mean
+    anything: quotes and apostrophes stay as a person wrote them (``the agent's code``).
+    The filter is never used inside an attribute."""
+    return Markup(text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
 
 
 def code_spans(text: str | None) -> Markup:
@@ -20,5 +27,5 @@ def code_spans(text: str | None) -> Markup:
     parts = _CODE.split(str(text))
     out = []
     for i, part in enumerate(parts):
-        out.append(Markup("<code>{}</code>").format(part) if i % 2 else escape(part))
+        out.append(Markup("<code>{}</code>").format(_content(part)) if i % 2 else _content(part))
     return Markup("").join(out)
