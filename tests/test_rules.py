@@ -21,6 +21,7 @@ from localui.backends.base import Store
 from localui.backends.sqlite.store import SQLiteStore
 from localui.demo.scenarios import SCENARIO_NAMES
 from localui.records import ALREADY_RESUMED, APPROVAL, Decision, RowHeader, RunQuery
+from localui.words import Verdict, age_words, decision_line, short_json, verdict
 
 if TYPE_CHECKING:
     from conftest import Raw, Seeded
@@ -305,7 +306,7 @@ def test_a_claimed_pause_that_never_went_on_is_orphaned(
         assert [f.execution_id for f in orphaned.runs] == [run]
         assert (orphaned.counts["orphaned"], orphaned.counts["paused"]) == (1, 3)
         last = copy.list_rows(run)[-1]
-        words = runs.verdict(state, plan, last=last, now=NOW)
+        words = verdict(state, plan, last=last, now=NOW)
         assert words.headline.startswith("Orphaned pause at `turn:0/tool:refund`")
         assert words.resume == plan.reason
     finally:
@@ -391,7 +392,7 @@ def test_parse_node(node_id: str, turn: int | None, tool: str | None) -> None:
     assert runs.parse_node(node_id) == runs.NodeRef(turn=turn, tool=tool)
 
 
-def verdict_for(store: SQLiteStore, execution_id: str) -> runs.Verdict:
+def verdict_for(store: SQLiteStore, execution_id: str) -> Verdict:
     """The banner built as the run page builds it, from the store's records."""
     state, plan = plan_for(store, execution_id)
     rows = store.list_rows(execution_id)
@@ -405,7 +406,7 @@ def verdict_for(store: SQLiteStore, execution_id: str) -> runs.Verdict:
         end = store.get_row(rows[-1].checkpoint_id)
         assert end is not None
         error = end.state_snapshot["run_error"]
-    return runs.verdict(
+    return verdict(
         state,
         plan,
         last=rows[-1],
@@ -464,18 +465,18 @@ def test_verdict_for_the_other_states(store: SQLiteStore, seeded: Seeded) -> Non
     ],
 )
 def test_age_words(delta: timedelta, words: str) -> None:
-    assert runs.age_words((NOW - delta).isoformat(), NOW) == words
+    assert age_words((NOW - delta).isoformat(), NOW) == words
 
 
 def test_age_words_of_a_naive_and_a_broken_time() -> None:
-    assert runs.age_words("2029-12-31T23:59:00", NOW) == "1 min ago"
-    assert runs.age_words("yesterday", NOW) == "at an unknown time"
+    assert age_words("2029-12-31T23:59:00", NOW) == "1 min ago"
+    assert age_words("yesterday", NOW) == "at an unknown time"
 
 
 def test_short_json_cuts_long_values() -> None:
-    text = runs.short_json({"k": "x" * 500}, limit=40)
+    text = short_json({"k": "x" * 500}, limit=40)
     assert len(text) == 40 and text.endswith("…")
-    assert runs.short_json({"b": 1, "a": 2}) == '{"a": 2, "b": 1}'
+    assert short_json({"b": 1, "a": 2}) == '{"a": 2, "b": 1}'
 
 
 def _decision(approved: bool, reason: str, outcome: str | None) -> Decision:
@@ -515,7 +516,7 @@ def _decision(approved: bool, reason: str, outcome: str | None) -> Decision:
 def test_the_state_line_names_the_decision_that_moved_the_run(
     state: str, decision: Decision | None, line: str | None
 ) -> None:
-    assert runs.decision_line(state, decision) == line
+    assert decision_line(state, decision) == line
 
 
 def test_a_pause_under_an_agent_is_owned_as_the_runs_index_says() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from localui import runs
 from localui.bundle import redact
 from localui.records import ALREADY_RESUMED, APPROVAL, Decision, PausedCall, Pending, RunFacts
+from localui.words import call_text
 
 PAUSED = "run.paused"
 DECIDED = "run.decided"
@@ -94,9 +95,7 @@ def paused_call(
     if not tool:
         return ""
     arguments = paused.node_input if paused is not None else None
-    return runs.call_text(
-        tool, redact(arguments, redact_keys) if isinstance(arguments, dict) else None
-    )
+    return call_text(tool, redact(arguments, redact_keys) if isinstance(arguments, dict) else None)
 
 
 def _pause_fields(

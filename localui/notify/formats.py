@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from localui import runs
 from localui.bundle import redact
 from localui.notify import events as ev
 from localui.notify.events import Event
+from localui.words import age_words
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,7 @@ def _what(event: Event) -> str:
 
 def line_of(event: Event, url: str, now: datetime) -> str:
     """One event in a sentence or two, ending with its link."""
-    since = runs.age_words(event.at, now)
+    since = age_words(event.at, now)
     who = f"{event.agent} ({event.runner})" if event.runner else event.agent
     if event.type == ev.PAUSED:
         why = f': "{event.reason}"' if event.reason else ""

@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from starlette.requests import Request
 from starlette.responses import Response
 
-from localui import runs
 from localui.actions import ActionService
 from localui.auth import APPROVER, OPEN, Person, person_of, require
 from localui.backends.shared import pending_key
@@ -42,6 +41,7 @@ from localui.views.state import (
     remember_approver,
 )
 from localui.views.urls import Urls, urls_of
+from localui.words import decided_words
 
 #: Cards on one page of the queue (fewer when the app's page size is smaller). A person
 #: reads a few cards at a time, and a page of 25 light cards answers in about the time
@@ -306,7 +306,7 @@ def gone_notes(actions: ActionService, gone: list[str], urls: Urls) -> tuple[Gon
     for execution_id in gone:
         last = latest.get(execution_id)
         if last is not None:
-            words, when = runs.decided_words(last), last.decided_at
+            words, when = decided_words(last), last.decided_at
         else:
             words, when = "no longer waiting", None
         notes.append(GoneNote(execution_id, words, when, urls.run(execution_id)))

@@ -41,6 +41,7 @@ from localui.views.respond import html_only, respond, wants_json
 from localui.views.run_cache import writer_row
 from localui.views.state import beside, context
 from localui.views.urls import Urls, urls_of
+from localui.words import age_words, decided_words, verdict
 
 #: Runs on one page: each is read from its own rows for what a resume would do.
 ATTENTION_PAGE = 25
@@ -205,9 +206,7 @@ def attention_row(
     error_id = planned.error_id
     error = _run_error(details.get(error_id)) if error_id is not None else None
     resume = (
-        runs.verdict(
-            state, plan, last=rows[-1], now=now, saved_args=saved_args, skipped=skipped
-        ).resume
+        verdict(state, plan, last=rows[-1], now=now, saved_args=saved_args, skipped=skipped).resume
         if rows
         else "The run has no rows left."
     )
@@ -229,7 +228,7 @@ def attention_row(
     if error:
         detail: str | None = f"error: {error}"
     elif decision is not None:
-        detail = runs.decided_words(decision) + f" at {decision.decided_at}"
+        detail = decided_words(decision) + f" at {decision.decided_at}"
         if decision.outcome:
             detail += f": the run {decision.outcome}"
     else:
@@ -251,7 +250,7 @@ def attention_row(
         rows_quarantined=facts.rows_quarantined,
         pick=json.dumps([facts.execution_id, checkpoint_id]) if checkpoint_id else "",
         short_id=short_id or facts.execution_id,
-        since_ago=runs.age_words(facts.last_at, now),
+        since_ago=age_words(facts.last_at, now),
         why_words="; ".join(REASON_WORDS[w] for w in why),
         card_url=urls.approval(facts.execution_id) if state == runs.PAUSED else None,
     )

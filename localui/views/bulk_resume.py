@@ -35,6 +35,7 @@ from localui.views.params import picked_cards
 from localui.views.respond import to_jsonable, wants_json
 from localui.views.state import AppState, actor_of, approver_of, context
 from localui.views.urls import Urls, urls_of
+from localui.words import verdict
 
 #: Resumes running at once: each drives an agent on this process's event loop, and a
 #: few at a time leave the pages responsive while they run.
@@ -112,7 +113,7 @@ def preflight_items(
                     saved = reentry.node_input
                     skipped = runs.skipped_siblings(reentry.state_snapshot)
                 tool = actions.preflight.tool_of(plan.checkpoint_id, plan.node_id)
-            words = runs.verdict(
+            words = verdict(
                 state, plan, last=last, now=datetime.now(UTC), saved_args=saved, skipped=skipped
             ).resume
             repeats = repeats_uncached(actions, plan, rows, tool)

@@ -32,6 +32,7 @@ from localui.shortids import shortest_unique
 from localui.views.decision_views import VoteView, needed_words
 from localui.views.respond import html_only
 from localui.views.urls import Urls
+from localui.words import age_words, call_text, short_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ class ContextEntry:
 def _leaf_text(value: Any) -> str:
     if isinstance(value, str):
         return value
-    return runs.short_json(value, limit=500)
+    return short_json(value, limit=500)
 
 
 #: Levels of a context the card draws as a tree; deeper parts show as compact JSON, so
@@ -171,7 +172,7 @@ def effects_of(pending: Pending, paused: PausedCall | None) -> Effects | None:
                 arguments = found[0].get("arguments")
                 break
     return Effects(
-        call=runs.call_text(tool, arguments) if tool else None,
+        call=call_text(tool, arguments) if tool else None,
         tool=tool,
         skipped=runs.skipped_siblings(snapshot),
         reused=paused.cached_results,
@@ -342,7 +343,7 @@ def approval_item(
         problem=actions.preflight.approval_problem(
             pending, exact=exact or needs_exact_check(paused)
         ),
-        age=runs.age_words(pending.created_at, now),
+        age=age_words(pending.created_at, now),
         entries=entries,
         context_keys=keys,
         effects=effects,
@@ -461,7 +462,7 @@ class RuleView:
 def rule_view(
     rule: Rule, votes: tuple[Vote, ...], context: Any, may_decide: bool, now: datetime
 ) -> RuleView:
-    shown = tuple(VoteView(v.actor, v.voted_at, runs.age_words(v.voted_at, now)) for v in votes)
+    shown = tuple(VoteView(v.actor, v.voted_at, age_words(v.voted_at, now)) for v in votes)
     plural = "approval" if rule.approvals == 1 else "approvals"
     words = f"Rule {rule.name!r}: {rule.approvals} {plural} from {rule.who}"
     if rule.approvals > 1:

@@ -14,7 +14,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from localui import runs
+from localui import runs, words
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
 from localui.auth import OPEN, Person, person_of
 from localui.backends.base import Store
@@ -58,6 +58,7 @@ from localui.views.trace import (
     trace_section,
 )
 from localui.views.urls import Urls, urls_of
+from localui.words import Verdict, decision_line
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ class RunPage:
     resume: ResumeView | None
     #: Why there is no resume, in words, when ``resume`` is null.
     resume_refusal: str | None
-    verdict: runs.Verdict
+    verdict: Verdict
     run_error: str | None
     rows: tuple[RowView, ...]
     pending: PendingView | None
@@ -141,7 +142,7 @@ def build_run_page(
             saved_args = reentry.node_input
             skipped = runs.skipped_siblings(reentry.state_snapshot)
     run_error = _run_error(store.get_row(last.checkpoint_id)) if state == runs.FAILED else None
-    verdict = runs.verdict(
+    verdict = words.verdict(
         state,
         plan,
         last=last,
@@ -187,7 +188,7 @@ def build_run_page(
         decisions=acting.decisions,
         outbox=outbox_summary(headers),
         trace=trace,
-        decided=runs.decision_line(state, acting.last_approval),
+        decided=decision_line(state, acting.last_approval),
         orphan=orphan,
         groups=timeline.groups,
         resume_problem=acting.resume_problem,

@@ -30,6 +30,7 @@ from localui.views.respond import html_only, nav_ahead, respond
 from localui.views.state import context
 from localui.views.trace import duration_words
 from localui.views.urls import Urls, urls_of
+from localui.words import age_words, decision_line
 
 OUTBOX_FILTERS = ("waiting", "quarantined")
 
@@ -204,7 +205,7 @@ def run_row(
     """One row of the list; ``short_id`` is the id as the page shows it (see
     ``localui.shortids``), by default as a page of this one run would."""
     state = run_state(facts)
-    decided = runs.decision_line(state, decision)
+    decided = decision_line(state, decision)
     stopped_at = None
     if state == runs.UNFINISHED:
         stopped_at = runs.stopped_at(facts.last_node_id, facts.last_step_type)
@@ -230,7 +231,7 @@ def run_row(
         outcome=outcome,
         duration_ms=duration_ms,
         decided=decided,
-        last_ago=runs.age_words(facts.last_at, now),
+        last_ago=age_words(facts.last_at, now),
         short_id=short_id or shortest_unique([facts.execution_id])[facts.execution_id],
         first_local=local_time(facts.first_at),
         last_local=local_time(facts.last_at),

@@ -17,6 +17,7 @@ from localui.views.trace import (
     StepView,
 )
 from localui.views.urls import Urls
+from localui.words import age_words
 
 #: Rows the timeline shows at once; a longer run pages (``?from=N``).
 TIMELINE_ROWS = 200
@@ -102,7 +103,7 @@ def row_view(
         sync_error=row.sync_error,
         detail_url=urls.row(execution_id, row.checkpoint_id),
         kind=row_kind(row),
-        ago=runs.age_words(row.created_at, now),
+        ago=age_words(row.created_at, now),
         calls=calls,
         reentry=reentry,
     )

@@ -1,0 +1,263 @@
+"""The rules of a run in words for people: the run page's verdict, ages, calls, decisions.
+
+Pure functions over the rules in :mod:`localui.runs` and the store's records, no I/O;
+the views and the notifications say things the same way because they say them here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from localui.records import ALREADY_RESUMED, FORK_ORIGIN_NODE, Decision, RowHeader, Unreadable
+from localui.runs import (
+    AGENT,
+    CHAIN,
+    COMPLETED,
+    FAILED,
+    ORPHANED,
+    PAUSED,
+    PRUNED_REFUSAL,
+    SUPERVISOR,
+    SWARM,
+    Refusal,
+    ResumePlan,
+    parse_node,
+    parse_time,
+)
+
+
+def age_words(value: str, now: datetime) -> str:
+    """``"3 min ago"``: how long before ``now`` a timestamp was."""
+    then = parse_time(value)
+    if then is None:
+        return "at an unknown time"
+    seconds = int((now - then).total_seconds())
+    if seconds < 0:
+        return "just now"
+    if seconds < 60:
+        return f"{seconds} s ago"
+    if seconds < 3600:
+        return f"{seconds // 60} min ago"
+    if seconds < 86400:
+        return f"{seconds // 3600} h ago"
+    return f"{seconds // 86400} d ago"
+
+
+def _argument(value: Any) -> str:
+    # JSON keeps each value's exact text (250.0 stays 250.0, strings stay quoted).
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def call_text(tool: str, arguments: Any) -> str:
+    """A call as it is written: ``refund(order_id="A-1002", amount=250.0)``."""
+    if isinstance(arguments, dict):
+        inside = ", ".join(f"{k}={_argument(v)}" for k, v in arguments.items())
+    elif arguments in (None, ""):
+        inside = ""
+    else:
+        inside = _argument(arguments)
+    return f"{tool}({inside})"
+
+
+def skipped_words(skipped: Sequence[str]) -> str:
+    """`` The other call of that turn, `notify`, is not run: …`` (empty for none)."""
+    if not skipped:
+        return ""
+    names = ", ".join(f"`{name}`" for name in skipped)
+    if len(skipped) == 1:
+        return (
+            f" The other call of that turn, {names}, is not run: the SDK tells the model it"
+            " was not."
+        )
+    return (
+        f" The other calls of that turn, {names}, are not run: the SDK tells the model they"
+        " were not."
+    )
+
+
+def decided_words(decision: Decision) -> str:
+    """``"rejected by Ada: over budget"``: who decided a pause, how, and why."""
+    words = f"{decision.verb} by {decision.actor}"
+    return f"{words}: {decision.reason}" if decision.reason else words
+
+
+def decision_line(state: str, decision: Decision | None) -> str | None:
+    """What a run's state line says of its newest approval decision, if anything: once
+    the SDK has carried it out and the run has moved on from the pause it answered (a
+    run paused again waits on a new question; a claim resumed elsewhere first decided
+    nothing)."""
+    if decision is None or state == PAUSED:
+        return None
+    if decision.outcome is None or decision.outcome == ALREADY_RESUMED:
+        return None
+    return decided_words(decision)
+
+
+def short_json(value: Any, limit: int = 160) -> str:
+    """Compact JSON for a sentence, cut at ``limit`` characters."""
+    if isinstance(value, Unreadable):
+        return "(unreadable)"
+    text = json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The banner on a run page: what state the run is in, and what each action would do."""
+
+    tone: str
+    headline: str
+    resume: str
+    fork: str
+
+
+def verdict(
+    state: str,
+    plan: ResumePlan | Refusal,
+    *,
+    last: RowHeader,
+    now: datetime,
+    saved_args: Any = None,
+    run_error: str | None = None,
+    cached_calls: int = 0,
+    skipped: Sequence[str] = (),
+) -> Verdict:
+    """Plain words for the run page's banner. ``skipped``: the tools of the re-entered
+    turn's other unanswered calls (:func:`localui.runs.skipped_siblings` of the
+    re-entry row)."""
+    when = age_words(last.created_at, now)
+    cache_words = (
+        f" {cached_calls} @idempotent result{'s' if cached_calls != 1 else ''} will be answered "
+        "from the cache instead of running again."
+        if cached_calls
+        else ""
+    )
+    fork = "Fork branches a new run from any executed row; this run stays as it is."
+    resume = plan.reason if isinstance(plan, Refusal) else _resume_words(plan, saved_args)
+    if isinstance(plan, ResumePlan):
+        resume += (f" {plan.note}" if plan.note else "") + cache_words
+        if plan.shape == "tool":
+            resume += skipped_words(skipped)
+
+    if state == COMPLETED:
+        return Verdict("ok", f"Completed {when}: the run wrote its end marker.", resume, fork)
+    if state == FAILED:
+        error = f": {run_error}" if run_error else ""
+        return Verdict("bad", f"Failed {when}{error}.", resume, fork)
+    if state == PAUSED:
+        reason = f" for `{last.interrupt_reason}`" if last.interrupt_reason else ""
+        return Verdict(
+            "wait",
+            f"Paused{reason} at `{last.node_id}` {when}, waiting for a person.",
+            resume,
+            fork,
+        )
+    if state == ORPHANED and isinstance(plan, Refusal) and plan.reason == PRUNED_REFUSAL:
+        return Verdict(
+            "warn",
+            f"Paused row at `{last.node_id}` ({when}) kept by prune: the run's other rows "
+            "were pruned, so whether it went on after its approval is no longer in the store.",
+            resume,
+            fork,
+        )
+    if state == ORPHANED:
+        return Verdict(
+            "bad",
+            f"Orphaned pause at `{last.node_id}` ({when}): its approval was claimed but the run "
+            "never continued.",
+            resume,
+            fork,
+        )
+    where = _stopped_words(last, plan)
+    return Verdict(
+        "warn",
+        f"No end marker: still running, or its process died {where} (last row {when}).",
+        resume,
+        fork,
+    )
+
+
+def _resume_words(plan: ResumePlan, saved_args: Any) -> str:
+    """What the owner's resume does first, and then, in a sentence."""
+    owner = plan.owner.describe()
+    member = repr(plan.member) if plan.member else "the active agent"
+    if plan.shape == "approval":
+        if plan.owner.kind == CHAIN:
+            return (
+                f"Approve or reject to resume: {owner} runs node `{plan.node_id}` again from "
+                "its start with the answer, then the nodes after it; no model is called unless "
+                "a node calls one."
+            )
+        if plan.owner.kind == SUPERVISOR:
+            return (
+                f"Approve or reject to resume: {owner} runs its planner again from the original "
+                f"request (a new model call); when it delegates to worker {member}, the worker "
+                f"re-invokes its paused tool `{plan.tool}` with the answer, then the team goes on."
+            )
+        if plan.owner.kind == SWARM:
+            return (
+                f"Approve or reject to resume: the active agent {member} of {owner} re-invokes "
+                f"its paused tool `{plan.tool}` with the answer, then the swarm goes on."
+            )
+        return (
+            f"Approve or reject to resume: the paused tool `{plan.tool}` runs again with the "
+            "answer, then the agent goes on."
+        )
+    if plan.shape == "node":
+        start = (
+            f"node `{plan.start_node}`"
+            if plan.start_node is not None
+            else "the next node in the chain's order (register the chain here to name it)"
+        )
+        return (
+            f"Resume goes on after `{plan.node_id}`, at {start}; no model is called unless "
+            "that node calls one."
+        )
+    if plan.shape == "team":
+        again = (
+            f"re-invoking `{plan.tool}` with its saved arguments"
+            if plan.tool is not None
+            else "re-issuing its model call"
+        )
+        worker = (
+            f"; when it delegates to worker {member}, the worker re-enters at its newest row "
+            f"`{plan.node_id}`, {again}"
+            if plan.member
+            else ""
+        )
+        return (
+            f"Resume runs the planner of {owner} again from the original request (a new model "
+            f"call){worker}."
+        )
+    if plan.owner.kind == SWARM:
+        return (
+            f"Resume runs the active agent {member} of {owner} again from its current input: "
+            "its model is called again and its tools run again, then the swarm goes on."
+        )
+    if plan.node_id == FORK_ORIGIN_NODE:
+        return "Resume issues a model call from the fork marker `__fork_origin__`."
+    if plan.shape == "tool":
+        return (
+            f"Resume re-invokes `{plan.tool}` with the saved arguments {short_json(saved_args)}; "
+            "the model is not called again."
+        )
+    return (
+        f"Resume re-issues the model call of turn {plan.turn if plan.turn is not None else '?'}"
+        f" (`{plan.node_id}`)."
+    )
+
+
+def _stopped_words(last: RowHeader, plan: ResumePlan | Refusal) -> str:
+    """Where a run with no end marker stopped, as its newest row says."""
+    owner = plan.owner if isinstance(plan, ResumePlan) else None
+    if owner is not None and owner.kind == CHAIN:
+        return f"after node `{last.node_id}`"
+    tool = parse_node(last.node_id).tool
+    if tool is not None:
+        whose = f" of {last.agent!r}" if owner is not None and owner.kind != AGENT else ""
+        return f"inside tool `{tool}`{whose}"
+    return f"waiting on the model at `{last.node_id}`"
