@@ -198,7 +198,7 @@ def attention_row(
         if reentry is not None:
             saved_args = reentry.node_input
             skipped = runs.skipped_siblings(reentry.state_snapshot)
-            # The tool the SDK re-invokes, read as ``ActionService.tool_of`` reads it,
+            # The tool the SDK re-invokes, read as ``Preflight.tool_of`` reads it,
             # from the row already at hand.
             snapshot = reentry.state_snapshot
             named = snapshot.get("tool_name") if isinstance(snapshot, dict) else None

@@ -11,7 +11,7 @@ extension, ``sse-swap``) swaps it over the element with the same id.
   lost its stream is right again as soon as the browser reconnects.
 - Afterwards a fragment is rendered only when the change feed says its data
   changed, and sent only when its text differs from what this stream sent.
-- Renders are shared (:class:`LiveRenders`): every stream showing the same
+- Renders are shared (:class:`localui.live.LiveRenders`): every stream showing the same
   view gets the same text, so a hundred tabs cost one render per change.
 - A stream that fell behind gets a ``resync`` event, then every fragment anew.
 - A browser's tabs share one stream (``/live/mux``, opened by ``static/live-shared.js``
