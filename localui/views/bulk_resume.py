@@ -247,7 +247,6 @@ async def _stream(
         item = await next_done
         done.append(item)
         yield item_template.render(item=item)
-    yield ctx.templates.get_template("partials/_bulk_resume_tally.html").render(
-        counts=tally(done), total=len(done)
-    )
+    done_page = BulkResumePage(checked, tuple(done), tally(done), repeating)
+    yield ctx.templates.get_template("partials/_bulk_resume_tally.html").render(page=done_page)
     yield tail
