@@ -368,3 +368,28 @@ class LiveRenders(Generic[C]):
             if view.key in self._users:
                 self._entries[view.key] = entry
             return entry
+
+
+#: A browser, as the live streams tell one from another: address, User-Agent, cookies.
+Browser = tuple[str, str, str]
+
+
+@dataclass
+class BrowserStreams:
+    """Live streams open per browser, so the views can refuse those beyond a cap: a
+    browser has only a few connections to a server, and streams must not take them all.
+    One per app (on its state), like the feed."""
+
+    open: Counter[Browser] = field(default_factory=Counter)
+
+    @contextlib.contextmanager
+    def holding(self, browser: Browser | None) -> Iterator[None]:
+        if browser is not None:
+            self.open[browser] += 1
+        try:
+            yield
+        finally:
+            if browser is not None:
+                self.open[browser] -= 1
+                if self.open[browser] <= 0:
+                    del self.open[browser]

@@ -30,10 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 
 import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -44,7 +41,7 @@ from starlette.routing import Match
 from localui.auth import person_of
 from localui.backends.base import Changes
 from localui.errors import BadRequest, LocalUIError, NotFound
-from localui.live import LiveView, Resync, Subscription
+from localui.live import Browser, LiveView, Resync, Subscription
 from localui.views.live_views import (
     approval_views,
     approvals_views,
@@ -162,38 +159,14 @@ def store_status_html(ctx: AppState, problem: str | None) -> str:
     return ctx.templates.get_template("partials/_store_status.html").render(problem=problem)
 
 
-@dataclass
-class BrowserStreams:
-    """Live streams open per browser, to refuse those beyond :data:`STREAMS_PER_BROWSER`.
-
-    A browser is its address, User-Agent and cookies. Only requests a browser's fetch
-    machinery marks (``Sec-Fetch-Mode``) count: the cap keeps a browser from spending
-    its own few connections on streams; scripts and benchmarks hold what they ask for.
-    """
-
-    open: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-
-    @staticmethod
-    def browser_of(request: Request) -> tuple[str, str, str] | None:
-        if "sec-fetch-mode" not in request.headers:
-            return None
-        host = request.client.host if request.client else ""
-        return (host, request.headers.get("user-agent", ""), request.headers.get("cookie", ""))
-
-    @contextmanager
-    def holding(self, browser: tuple[str, str, str] | None) -> Iterator[None]:
-        if browser is not None:
-            self.open[browser] += 1
-        try:
-            yield
-        finally:
-            if browser is not None:
-                self.open[browser] -= 1
-                if self.open[browser] <= 0:
-                    del self.open[browser]
-
-
-BROWSER_STREAMS = BrowserStreams()
+def browser_of(request: Request) -> Browser | None:
+    """The browser a live stream is for (:class:`localui.live.BrowserStreams`): its
+    address, User-Agent and cookies. Only requests a browser's fetch machinery marks
+    (``Sec-Fetch-Mode``) count: scripts and benchmarks hold what they ask for."""
+    if "sec-fetch-mode" not in request.headers:
+        return None
+    host = request.client.host if request.client else ""
+    return (host, request.headers.get("user-agent", ""), request.headers.get("cookie", ""))
 
 
 def stream(
@@ -205,8 +178,9 @@ def stream(
     """The SSE response for ``views``. sse-starlette sets ``stop`` when uvicorn begins
     to shut down; ending the stream then, rather than being cancelled, completes the
     response cleanly and at once."""
-    browser = BrowserStreams.browser_of(request)
-    if browser is not None and BROWSER_STREAMS.open[browser] >= STREAMS_PER_BROWSER:
+    ctx = context(request)
+    browser = browser_of(request)
+    if browser is not None and ctx.browser_streams.open[browser] >= STREAMS_PER_BROWSER:
         # An EventSource answered with an error stays closed; the page says its live
         # updates are paused and tries again later.
         return PlainTextResponse(
@@ -215,7 +189,6 @@ def stream(
             headers={"Retry-After": "5"},
         )
     stop = anyio.Event()
-    ctx = context(request)
     watching = person_of(request)
 
     async def still_allowed(since: float) -> bool:
@@ -225,7 +198,7 @@ def stream(
             return False  # the users table cannot be read: the reconnect says so
 
     async def events() -> AsyncIterator[ServerSentEvent]:
-        with BROWSER_STREAMS.holding(browser):
+        with ctx.browser_streams.holding(browser):
             async for event in live_events(ctx, views, stop, label, end_when_gone, still_allowed):
                 yield event
 

@@ -25,7 +25,7 @@ from localui.auth import Authenticator, Person
 from localui.backends.base import Backend, Store
 from localui.backends.traces import SpanIndex
 from localui.errors import LifespanNotRun
-from localui.live import ChangeFeed, LiveRenders
+from localui.live import BrowserStreams, ChangeFeed, LiveRenders
 from localui.metrics import AppMetrics
 from localui.notify.watcher import Watcher
 from localui.offloop import off_loop
@@ -76,6 +76,8 @@ class AppState:
     #: Work a request started that outlives it (a bulk resume's runs): the lifespan
     #: waits for it before the store closes.
     background: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: The live streams each browser holds open (``views.live`` caps them).
+    browser_streams: BrowserStreams = field(default_factory=BrowserStreams)
     #: What ``localui demo`` is still writing into the store, or None.
     seeding: Seeding | None = None
     #: Records and sends notifications; None when no target is configured.
