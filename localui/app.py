@@ -44,6 +44,7 @@ from localui.views import bundle as bundle_views
 from localui.views import cache as cache_views
 from localui.views import decisions as decision_views
 from localui.views import diff as diff_views
+from localui.views import fork as fork_views
 from localui.views import live as live_views
 from localui.views import metrics as metrics_views
 from localui.views import notifications as notification_views
@@ -94,6 +95,9 @@ def build_routes() -> list[Route | Mount]:
         *page_routes("/runs/{execution_id:localui_id}/diff", diff_views.run_diff, "run_diff"),
         *page_routes("/diff", diff_views.rows_diff, "diff"),
         Route("/runs/{execution_id:localui_id}/bundle", bundle_views.run_bundle, name="run_bundle"),
+        *page_routes(
+            "/runs/{execution_id:localui_id}/fork", fork_views.fork_preview, "fork_preview"
+        ),
         *page_routes("/runs/{execution_id:localui_id}", run_views.run_page, "run"),
         Route(
             "/runs/bulk-resume",

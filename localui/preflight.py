@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from localui import runs
+from localui import forks, runs
 from localui.auth import Person
 from localui.backends.base import Store
-from localui.errors import ReadOnly
+from localui.errors import NotFound, ReadOnly, Refused
 from localui.policy import Rule
 from localui.records import Pending, RowDetail, RowHeader
 from localui.registry import Registry, registry_kind, run_tools
@@ -208,3 +208,48 @@ class Preflight:
         if rule is None or person is None or not person.signed_in:
             return True
         return rule.allows(person.name, person.role, person.groups)
+
+    def fork_plan(
+        self, execution_id: str, checkpoint_id: str | None, new_input: str | None
+    ) -> forks.ForkPlan:
+        """What a fork of the run from ``checkpoint_id`` (else its newest step) would do,
+        as the SDK does it; refused (422) where the fork would be. Reads the run's row
+        headers, the chosen row, the tool rows the preview names and the run's cache."""
+        rows = self.store.list_rows(execution_id)
+        if not rows:
+            raise NotFound(f"no run with execution id {execution_id!r} in this store")
+        if checkpoint_id:
+            header = next((r for r in rows if r.checkpoint_id == checkpoint_id), None)
+            if header is None:
+                raise NotFound(f"run {execution_id!r} has no row {checkpoint_id!r}")
+        else:
+            header = next((r for r in reversed(rows) if runs.fork_refusal(r) is None), None)
+            if header is None:
+                raise Refused("The run holds no executed step to fork from.")
+        refusal = runs.fork_refusal(header)
+        if refusal is not None:
+            raise Refused(refusal.reason)
+        owner = runs.run_owner(rows)
+        problem = self.fork_problem(owner)
+        if problem is not None:
+            raise Refused(problem)
+        base = self.store.get_row(header.checkpoint_id)
+        if base is None:
+            raise NotFound(f"run {execution_id!r} has no row {header.checkpoint_id!r}")
+        cache = self.store.list_cache(execution_id)
+        if owner.kind == runs.CHAIN:
+            runner = self.registry.get(owner.name)
+            order = self.chain_order(owner) or ()
+            nodes = runner.nodes if runner is not None else ()
+            kinds = {n.id: str(getattr(n.type, "value", n.type)) for n in nodes}
+            tools = {n.id: str(getattr(n.tool, "name", "") or n.id) for n in nodes}
+            if header.node_id not in order or header.node_id == order[-1]:
+                raise Refused(
+                    f"Node `{header.node_id}` is the chain's last node (or not one of its "
+                    "nodes): a fork runs the nodes after it, and there are none. Fork from "
+                    "an earlier step."
+                )
+            return forks.chain_plan(base, rows, cache, order, kinds, tools)
+        to_read, _ = forks.calls_to_read(rows, header, fresh=bool(new_input))
+        calls = self.store.get_rows([r.checkpoint_id for r in to_read]) if to_read else {}
+        return forks.agent_plan(base, rows, calls, cache, new_input=new_input)

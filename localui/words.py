@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from localui import forks
 from localui.records import ALREADY_RESUMED, FORK_ORIGIN_NODE, Decision, RowHeader, Unreadable
 from localui.runs import (
     AGENT,
@@ -261,3 +262,90 @@ def _stopped_words(last: RowHeader, plan: ResumePlan | Refusal) -> str:
         whose = f" of {last.agent!r}" if owner is not None and owner.kind != AGENT else ""
         return f"inside tool `{tool}`{whose}"
     return f"waiting on the model at `{last.node_id}`"
+
+
+#: What the SDK hands the model for a call a fork branched before (``FORK_SKIPPED_NOTE``
+#: in ``UNANSWERED_TOOL_RESULT``, fastaiagent's agent and message modules).
+FORK_SKIPPED_RESULT = (
+    "[no result: this tool was not run: the conversation was branched before its result]"
+)
+
+
+def _calls_list(calls: Sequence[forks.ToolAgain], more: int) -> str:
+    shown = ", ".join(f"`{call_text(c.tool, c.arguments)}`" for c in calls)
+    return shown + (f" and {more} more" if more else "")
+
+
+def fork_words(plan: forks.ForkPlan, new_input: str | None) -> tuple[str, ...]:
+    """What a fork from the plan's row would do, sentence by sentence, as the SDK does it
+    (``localui.forks``)."""
+    said: list[str] = []
+    if plan.kind == CHAIN:
+        patched = " with `input` set to the new input" if new_input else ""
+        said.append(
+            f"The branch restores the state at `{plan.node_id}`{patched} and runs the nodes"
+            f" after it: {', '.join(f'`{n}`' for n in plan.nodes_again)}."
+        )
+        if plan.model_nodes:
+            models = ", ".join(f"`{n}`" for n in plan.model_nodes)
+            said.append(f"The model is called again, by {models}.")
+        else:
+            said.append("None of them calls a model.")
+        if plan.tools_again:
+            names = ", ".join(f"`{c.node_id}` (`{c.tool}`)" for c in plan.tools_again)
+            said.append(f"Tool nodes that run again: {names}.")
+    elif plan.conversation == forks.FRESH:
+        said.append(
+            "A new input starts a fresh conversation: the model sees only the new request"
+            " (and the agent's instructions), none of this run's messages; this row only"
+            " names where the branch came from."
+        )
+        if plan.tools_again:
+            said.append(
+                "Any tool the model then calls runs. This run called, from its start: "
+                f"{_calls_list(plan.tools_again, plan.more_tools)}."
+            )
+    else:
+        said.append(
+            f"The branch goes on from this row's conversation ({plan.messages} messages):"
+            f" the model is called again at turn {plan.turn}."
+        )
+        for call in plan.not_run:
+            said.append(
+                f"`{call_text(call.tool, call.arguments)}` is not run: the row has no result"
+                f" for it, and the SDK answers it `{FORK_SKIPPED_RESULT}`; the model then"
+                " decides what to call."
+            )
+        if plan.tools_again:
+            said.append(
+                "Then the tools the model calls run. After this row the original called "
+                f"{_calls_list(plan.tools_again, plan.more_tools)}."
+            )
+        else:
+            said.append("After this row the original called no tool.")
+    again = [c for c in plan.tools_again if c.cached_in_source]
+    if again:
+        names = ", ".join(
+            f"`{call_text(c.tool, c.arguments) if c.arguments is not None else c.node_id}`"
+            for c in again
+        )
+        said.append(
+            "No @idempotent result of this run is reused: a branch is a new execution."
+            f" These side effects happen again if the branch makes the call: {names}."
+        )
+    elif plan.cached_results:
+        n = plan.cached_results
+        said.append(
+            f"This run's {n} @idempotent result{'' if n == 1 else 's'} stay with it: a"
+            " branch is a new execution and reuses none."
+        )
+    else:
+        said.append("No @idempotent result is reused: a branch is a new execution.")
+    where = " after this row" if plan.conversation == forks.CONTINUED else ""
+    for pause in plan.pauses_ahead:
+        why = f" ({pause.reason})" if pause.reason else ""
+        said.append(
+            f"The original paused at `{pause.node_id}`{why}{where}: a branch that gets"
+            " there pauses too, and waits for a person."
+        )
+    return tuple(said)

@@ -817,6 +817,36 @@ def test_fork_from_a_row_links_both_ways(
     assert f'href="/runs/{new}"' in desk.client.get(f"/runs/{source}").text
 
 
+def test_the_fork_panel_says_what_a_fork_runs_again_before_anyone_forks(
+    desk: Desk, seeded: Seeded, page_text: Callable[..., str]
+) -> None:
+    run = seeded.id("idempotent-resumed")
+    [row] = [r for r in desk.db.rows(run) if r["node_id"] == "turn:0"]
+    before = snapshot(desk.db)
+
+    panel = page_text(desk.client.get(f"/runs/{run}").text, "actions")
+    assert "a new input starts a fresh conversation" in panel
+    assert "it reuses none of this run's @idempotent results" in panel
+    query = {"checkpoint_id": row["checkpoint_id"]}
+    fragment = desk.client.get(f"/runs/{run}/fork", params=query, headers=HTMX)
+    said = desk.client.get(f"/runs/{run}/fork.json", params=query).json()
+
+    assert fragment.status_code == 200 and "<html" not in fragment.text
+    preview = sentences(page_text(fragment.text, "fork-preview"))
+    assert 'After this row the original called refund(order_id="A-1009", amount=450.0).' in preview
+    assert "No @idempotent result of this run is reused: a branch is a new execution." in preview
+    assert "A new input starts a fresh conversation" in preview
+    assert {k: said[k] for k in ("conversation", "model_called_again", "cached_reused")} == {
+        "conversation": "continued",
+        "model_called_again": True,
+        "cached_reused": 0,
+    }
+    assert [(t["tool"], t["arguments"], t["cached_in_source"]) for t in said["tools_again"]] == [
+        ("refund", {"order_id": "A-1009", "amount": 450.0}, True)
+    ]
+    assert snapshot(desk.db) == before and desk.ledger.count() == 0
+
+
 @pytest.mark.parametrize(
     ("scenario", "node_id", "why"),
     [
@@ -1011,6 +1041,9 @@ def test_get_on_an_action_url_changes_nothing(desk: Desk, seeded: Seeded) -> Non
         if path == "/prune":
             assert response.status_code == 200
             assert "Prune these" in response.text  # a preview, not a prune
+        elif path.endswith("/fork"):
+            assert response.status_code == 200
+            assert "What a fork from" in response.text  # a preview, not a fork
         else:
             assert response.status_code == 405, path
 

@@ -52,6 +52,8 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "resume_run": ((), ("checkpoint_id", "actor", "confirm")),
     "reopen_pause": ((), ("checkpoint_id", "actor")),
     "fork_run": ((), ("checkpoint_id", "input")),
+    "fork_preview": (("checkpoint_id", "input"), ()),
+    "fork_preview_json": (("checkpoint_id", "input"), ()),
     "approvals": (QUEUE, ()),
     "approvals_json": (QUEUE, ()),
     "approval": ((), ()),

@@ -605,3 +605,130 @@ def test_a_resume_inside_the_first_of_two_calls_says_the_second_is_not_run(
     # What the SDK did is what the page said: refund ran again, notify_customer never.
     assert "tool:refund-bot:refund" in events
     assert "tool:refund-bot:notify_customer" not in events
+
+
+# --- what a fork would do ---------------------------------------------------------
+
+#: (scenario, the row forked from, a new input): an agent's model row, its tool row, its
+#: pause, a fresh conversation, and a chain's first node.
+FORKS = (
+    ("idempotent-resumed", "turn:0", None),
+    ("idempotent-resumed", "turn:0/tool:refund", None),
+    ("paused-1", "turn:0/tool:refund", None),
+    ("completed", "turn:0", "Refund order A-1003 for 30.00"),
+    ("two-tools-first-pauses", "turn:0", None),
+    ("chain-paused", "step_1_lookup", None),
+)
+
+
+def every_row(store: Store, execution_id: str) -> list[tuple[Any, ...]]:
+    """A run's rows with their payloads, to hold a source run to byte for byte."""
+    rows = store.list_rows(execution_id)
+    details = store.get_rows([r.checkpoint_id for r in rows])
+    return [(r, details[r.checkpoint_id].raw if r.checkpoint_id in details else None) for r in rows]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(("name", "node_id", "new_input"), FORKS)
+def test_a_fork_does_what_its_preview_says(
+    copy: Copy, name: str, node_id: str, new_input: str | None
+) -> None:
+    execution_id = copy.report.run_id(name)
+    rows = copy.store.list_rows(execution_id)
+    row = next(r for r in rows if r.node_id == node_id and r.status != "interrupted")
+    if node_id == "turn:0/tool:refund" and name == "paused-1":
+        row = next(r for r in rows if r.node_id == node_id and r.status == "interrupted")
+    events: list[str] = []
+    registered = runners(copy.checkpointer, events)
+    app = create_app(copy.settings, agents=list(registered.values()))
+    query: dict[str, str] = {"checkpoint_id": row.checkpoint_id}
+    if new_input:
+        query["input"] = new_input
+    before = every_row(copy.store, execution_id)
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        preview = client.get(f"/runs/{execution_id}/fork.json", params=query)
+        page = client.get(f"/runs/{execution_id}/fork", params=query)
+    assert preview.status_code == 200, preview.text
+    said = preview.json()
+    assert page.status_code == 200 and "What a fork from" in page.text
+    # A GET changes nothing.
+    assert every_row(copy.store, execution_id) == before
+
+    owner = runs.run_owner(rows)
+    runner = registered[owner.name]
+    result = asyncio.run(
+        runner.afork(execution_id, checkpoint_id=row.checkpoint_id, input=new_input)
+    )
+    branch = result.execution_id
+    assert every_row(copy.store, execution_id) == before, "the source run changed"
+
+    model_calls = [e for e in events if e.startswith("model:")]
+    tools_run = [e.rsplit(":", 1)[1] for e in events if e.startswith("tool:")]
+    assert said["model_called_again"] == bool(model_calls), (said, events)
+    assert said["conversation"] == ("fresh" if new_input else "continued")
+    assert said["cached_reused"] == 0
+    # The tools the branch ran are those the preview listed, in order (the demo's model
+    # decides from the conversation alone, as the original's did).
+    assert [t["tool"] for t in said["tools_again"]] == tools_run, (said, events)
+    if owner.kind == runs.AGENT and not new_input:
+        source_calls = {
+            r.checkpoint_id: copy.store.get_row(r.checkpoint_id) for r in rows if r.node_id
+        }
+        for call in said["tools_again"]:
+            detail = source_calls[call["checkpoint_id"]]
+            assert detail is not None and call["arguments"] == detail.node_input
+        # The model really went on from the row's conversation: the branch's first model
+        # row holds the row's messages, then the SDK's note for each call it did not run.
+        base = copy.store.get_row(row.checkpoint_id)
+        assert base is not None
+        first = next(r for r in copy.store.list_rows(branch) if r.step_type == "llm_call")
+        first_detail = copy.store.get_row(first.checkpoint_id)
+        assert first_detail is not None
+        sent = first_detail.state_snapshot["messages"]
+        kept = base.state_snapshot["messages"]
+        assert sent[: len(kept)] == kept
+        notes = [m for m in sent[len(kept) :] if m.get("role") == "tool"]
+        assert len(notes) == len(said["not_run"])
+        assert all("the conversation was branched before its result" in str(m) for m in notes)
+    if new_input:
+        first = next(r for r in copy.store.list_rows(branch) if r.step_type == "llm_call")
+        first_detail = copy.store.get_row(first.checkpoint_id)
+        assert first_detail is not None
+        users = [m for m in first_detail.state_snapshot["messages"] if m.get("role") == "user"]
+        assert [m["content"] for m in users] == [new_input], "not a fresh conversation"
+    # No cached result is reused: every side effect the branch reached ran and cached anew.
+    if tools_run and any(t["cached_in_source"] for t in said["tools_again"]):
+        assert copy.store.list_cache(branch), "the branch's side effect did not run again"
+    # Where the original paused after the row, a branch that got there paused too.
+    if said["pauses_ahead"] and tools_run:
+        assert result.status == "paused", (said, result.status)
+    else:
+        assert result.status != "paused"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("name", "node_id", "status", "why"),
+    [
+        ("completed", "run_end", 422, "run-end marker"),
+        ("supervisor-paused", "turn:0", 422, "no fork for a supervisor run"),
+        ("chain-paused", "step_4_notify", 404, "has no row"),
+    ],
+)
+def test_a_fork_preview_refuses_what_the_fork_would_refuse(
+    copy: Copy, name: str, node_id: str, status: int, why: str
+) -> None:
+    execution_id = copy.report.run_id(name)
+    rows = copy.store.list_rows(execution_id)
+    checkpoint_id = next((r.checkpoint_id for r in rows if r.node_id == node_id), "nope")
+    events: list[str] = []
+    app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        answer = client.get(
+            f"/runs/{execution_id}/fork.json", params={"checkpoint_id": checkpoint_id}
+        )
+        missing = client.get("/runs/no-such-run/fork.json")
+    assert answer.status_code == status, answer.text
+    assert why in answer.json()["error"]["message"]
+    assert missing.status_code == 404
+    assert events == []

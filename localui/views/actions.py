@@ -17,6 +17,7 @@ from localui.errors import BadRequest, Forbidden, Refused
 from localui.offloop import off_loop
 from localui.records import PruneRun
 from localui.signing import Signer
+from localui.views.fork import MAX_FORK_INPUT
 from localui.views.outcome import outcome_view
 from localui.views.params import parse_age, parse_instant
 from localui.views.respond import html_only, is_htmx, respond, to_jsonable, wants_json
@@ -66,8 +67,8 @@ async def fork_run(request: Request) -> Response:
     execution_id = request.path_params["execution_id"]
     form = await request.form()
     new_input = str(form.get("input") or "").strip()
-    if len(new_input) > 20_000:
-        raise BadRequest("input is longer than 20,000 characters")
+    if len(new_input) > MAX_FORK_INPUT:
+        raise BadRequest(f"input is longer than {MAX_FORK_INPUT:,} characters")
     outcome = await actions_of(request).fork(
         execution_id,
         checkpoint_id=str(form.get("checkpoint_id") or "") or None,
