@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 from localui.backends.decisions import (
     ABANDONED_AFTER_SECONDS,
@@ -41,8 +40,9 @@ from localui.backends.decisions import (
     vote_as_decision,
     vote_from_row,
 )
+from localui.backends.sqlite.connect import connect
 from localui.backends.sqlite.errors import is_busy
-from localui.backends.sqlite.files import read_uri
+from localui.backends.sqlite.files import file_uri
 from localui.errors import Unavailable
 from localui.records import (
     AGAIN,
@@ -184,10 +184,9 @@ class SQLiteDecisionLog:
         self._lock = threading.Lock()
         # Read-only, it opens as the store does: immutable in a directory it cannot
         # write, where a WAL store's -shm cannot be made.
-        uri = f"file:{self.path.resolve()}?mode=rw" if writable else read_uri(self.path)
-        self._conn = sqlite3.connect(
-            uri,
-            uri=True,
+        self._conn = connect(
+            self.path,
+            "rw" if writable else "ro",
             timeout=busy_timeout,
             check_same_thread=False,
             isolation_level=None,
@@ -434,7 +433,7 @@ class SQLiteDecisionLog:
         path = self._runs_index
         if path is None or not path.is_file():
             return False
-        self._conn.execute("ATTACH DATABASE ? AS ix", (f"file:{quote(str(path))}?mode=ro",))
+        self._conn.execute("ATTACH DATABASE ? AS ix", (file_uri(path, "ro"),))
         has_runs = self._conn.execute(
             "SELECT 1 FROM ix.sqlite_master WHERE type = 'table' AND name = 'runs'"
         ).fetchone()

@@ -23,6 +23,7 @@ from localui.backends.notifications import (
     notification_from_row,
     status_from_row,
 )
+from localui.backends.sqlite.connect import connect
 from localui.backends.sqlite.errors import is_busy
 from localui.backends.sqlite.files import SMALL_CACHE_KIB
 from localui.errors import Unavailable
@@ -67,9 +68,9 @@ class SQLiteOutbox:
         self.path = Path(path)
         self._lock = threading.Lock()
         try:
-            self._conn = sqlite3.connect(
-                f"file:{self.path.resolve()}?mode=rw",
-                uri=True,
+            self._conn = connect(
+                self.path,
+                "rw",
                 timeout=busy_timeout,
                 check_same_thread=False,
                 isolation_level=None,

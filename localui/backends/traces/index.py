@@ -10,8 +10,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
+from localui.backends.sqlite.connect import connect
+from localui.backends.sqlite.files import file_uri
 from localui.backends.traces.spans import (
     Attempt,
     Span,
@@ -116,9 +117,9 @@ class SpanIndex:
         self.path = (index_dir or _index_dir()) / f"spans-{name}.sqlite"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.lock = threading.Lock()
-        self._conn = sqlite3.connect(
-            f"file:{quote(str(self.path))}",
-            uri=True,
+        self._conn = connect(
+            self.path,
+            "rwc",
             timeout=10.0,
             check_same_thread=False,
             isolation_level=None,
@@ -158,9 +159,7 @@ class SpanIndex:
             self._attached = ""
         if identity == "missing":
             return False
-        self._conn.execute(
-            "ATTACH DATABASE ? AS t", (f"file:{quote(str(self.traces_path))}?mode=ro",)
-        )
+        self._conn.execute("ATTACH DATABASE ? AS t", (file_uri(self.traces_path, "ro"),))
         self._conn.execute("PRAGMA t.cache_size = -512")
         self._attached = identity
         return True

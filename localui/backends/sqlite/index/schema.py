@@ -28,8 +28,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import quote
 
+from localui.backends.sqlite.connect import connect as connect_file
 from localui.backends.sqlite.files import SMALL_CACHE_KIB, read_uri
 from localui.errors import Unavailable
 from localui.paths import cache_dir
@@ -209,14 +209,10 @@ def index_path(store_path: Path, index_dir: Path | None) -> Path:
 
 def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
     """A connection to the index file, in WAL mode."""
-    # Opened as a URI so that the store is attached read-only (``mode=ro``) whatever
-    # this SQLite build's default for URI file names.
-    conn = sqlite3.connect(
-        f"file:{quote(str(path))}",
-        uri=True,
-        timeout=busy_timeout,
-        check_same_thread=False,
-        isolation_level=None,
+    # Opened as a URI (as every file is) so that the store is attached read-only
+    # (``mode=ro``) whatever this SQLite build's default for URI file names.
+    conn = connect_file(
+        path, "rwc", timeout=busy_timeout, check_same_thread=False, isolation_level=None
     )
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
