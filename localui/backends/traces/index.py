@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from localui.backends.sqlite.connect import connect
+from localui.backends.sqlite.connect import connect, transaction
 from localui.backends.sqlite.files import file_uri
 from localui.backends.traces.spans import (
     Attempt,
@@ -204,11 +204,10 @@ class SpanIndex:
         identity = f"{VERSION}/{_identity(self.traces_path)}"
         mark = int(self._meta("mark") or 0)
         if self._meta("identity") != identity or newest < mark:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._conn.execute("DELETE FROM attempts")
-            self._set_meta("identity", identity)
-            self._set_meta("mark", "0")
-            self._conn.execute("COMMIT")
+            with transaction(self._conn):
+                self._conn.execute("DELETE FROM attempts")
+                self._set_meta("identity", identity)
+                self._set_meta("mark", "0")
             mark = 0
         if newest - mark > self.background_from:
             self._builder = threading.Thread(
@@ -238,8 +237,7 @@ class SpanIndex:
             return
 
     def _fold(self, mark: int, upto: int) -> None:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(self._conn):
             self._conn.execute(
                 f"""INSERT OR IGNORE INTO attempts
                     SELECT run_id, trace_id, span_id, start_time, end_time,
@@ -256,10 +254,6 @@ class SpanIndex:
                 (mark, upto),
             )
             self._set_meta("mark", str(upto))
-            self._conn.execute("COMMIT")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
 
     @property
     def indexing(self) -> bool:
