@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from localui.backends.base import DecisionLog, Store
+from localui.backends.sqlite.connect import connect
 from localui.backends.traces import SpanIndex
 from localui.errors import LocalUIError, NotFound
 from localui.records import IDEMPOTENT_ENVELOPE
@@ -304,7 +305,7 @@ def load_bundles(bundles: Sequence[Bundle], target: Path) -> None:
     from localui.backends.sqlite.decisions import SQLiteDecisionLog
 
     traced = any(r.get("traced") for b in bundles for r in b.runs)
-    conn = sqlite3.connect(target)
+    conn = connect(target, "rwc")
     try:
         with conn:
             conn.executescript(_TABLES + (_SPANS if traced else ""))
@@ -316,7 +317,7 @@ def load_bundles(bundles: Sequence[Bundle], target: Path) -> None:
     finally:
         conn.close()
     SQLiteDecisionLog(target, writable=True).close()
-    conn = sqlite3.connect(target)
+    conn = connect(target, "rwc")
     try:
         with conn:
             for bundle in bundles:

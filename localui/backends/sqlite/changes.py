@@ -18,7 +18,8 @@ from types import MappingProxyType
 from localui.backends.base import Changes
 from localui.backends.changes import pause_changes
 from localui.backends.decisions import TABLE, VOTES_TABLE
-from localui.backends.sqlite.files import SMALL_CACHE_KIB, decode_text, read_uri
+from localui.backends.sqlite.connect import connect
+from localui.backends.sqlite.files import SMALL_CACHE_KIB, decode_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +88,10 @@ class SQLiteChangeSource:
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            uri = read_uri(self.path)
             # Used from one worker thread at a time (the feed serialises its calls).
-            conn = sqlite3.connect(
-                uri,
-                uri=True,
+            conn = connect(
+                self.path,
+                "ro",
                 timeout=self._busy_timeout,
                 check_same_thread=False,
                 isolation_level=None,

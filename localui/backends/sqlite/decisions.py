@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 from localui.backends.decisions import (
     ABANDONED_AFTER_SECONDS,
@@ -41,8 +38,8 @@ from localui.backends.decisions import (
     vote_as_decision,
     vote_from_row,
 )
-from localui.backends.sqlite.errors import is_busy
-from localui.backends.sqlite.files import read_uri
+from localui.backends.sqlite.connect import connect, transaction, with_retry
+from localui.backends.sqlite.files import file_uri
 from localui.errors import Unavailable
 from localui.records import (
     AGAIN,
@@ -184,10 +181,9 @@ class SQLiteDecisionLog:
         self._lock = threading.Lock()
         # Read-only, it opens as the store does: immutable in a directory it cannot
         # write, where a WAL store's -shm cannot be made.
-        uri = f"file:{self.path.resolve()}?mode=rw" if writable else read_uri(self.path)
-        self._conn = sqlite3.connect(
-            uri,
-            uri=True,
+        self._conn = connect(
+            self.path,
+            "rw" if writable else "ro",
             timeout=busy_timeout,
             check_same_thread=False,
             isolation_level=None,
@@ -228,34 +224,8 @@ class SQLiteDecisionLog:
     def _present_columns(self, table: str = TABLE) -> set[str]:
         return {str(r["name"]) for r in self._conn.execute(f"PRAGMA table_info({table})")}
 
-    def _with_retry(self, fn: Callable[[], T], *, budget: float = 10.0) -> T:
-        """Run ``fn``, waiting out "database is locked" for a bounded time."""
-        deadline = time.monotonic() + budget
-        delay = 0.02
-        while True:
-            try:
-                with self._lock:
-                    return fn()
-            except sqlite3.OperationalError as exc:
-                if not is_busy(exc) or time.monotonic() > deadline:
-                    raise Unavailable(f"the decision record cannot be written: {exc}") from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 0.25)
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        # IMMEDIATE takes the write lock up front, so two claimers never both read
-        # "no row" and race to insert.
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._conn
-        except BaseException:
-            # SQLite may have rolled back already (an I/O error does).
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            raise
-        else:
-            self._conn.execute("COMMIT")
+    def _with_retry(self, fn: Callable[[], T]) -> T:
+        return with_retry(fn, lock=self._lock, failure="the decision record cannot be written")
 
     def _get(self, kind: str, execution_id: str, checkpoint_id: str) -> Decision | None:
         row = self._conn.execute(
@@ -279,7 +249,7 @@ class SQLiteDecisionLog:
         agent: str | None = None,
     ) -> Claim:
         def attempt() -> Claim:
-            with self._transaction() as conn:
+            with transaction(self._conn) as conn:
                 existing = self._get(kind, execution_id, checkpoint_id)
                 if existing is not None:
                     if not abandoned(existing, self.lease_seconds) or not still_pending():
@@ -311,7 +281,7 @@ class SQLiteDecisionLog:
 
     def finish(self, decision_id: int, outcome: str, detail: str | None) -> Decision:
         def attempt() -> Decision:
-            with self._transaction() as conn:
+            with transaction(self._conn) as conn:
                 conn.execute(
                     f"UPDATE {TABLE} SET outcome = ?, detail = ?, finished_at = ? WHERE id = ?",
                     (outcome, detail, now_iso(), decision_id),
@@ -325,7 +295,7 @@ class SQLiteDecisionLog:
 
     def _set(self, decision_id: int, assignments: str, params: Sequence[object]) -> None:
         def attempt() -> None:
-            with self._transaction() as conn:
+            with transaction(self._conn) as conn:
                 conn.execute(
                     f"UPDATE {TABLE} SET {assignments} WHERE id = ? AND outcome IS NULL",
                     (*params, decision_id),
@@ -354,7 +324,7 @@ class SQLiteDecisionLog:
 
     def take_over(self, decision_id: int) -> Decision | None:
         def attempt() -> Decision | None:
-            with self._transaction() as conn:
+            with transaction(self._conn) as conn:
                 row = conn.execute(
                     f"SELECT {COLUMNS} FROM {TABLE} WHERE id = ?", (decision_id,)
                 ).fetchone()
@@ -372,7 +342,7 @@ class SQLiteDecisionLog:
 
     def release(self, decision_id: int) -> None:
         def attempt() -> None:
-            with self._transaction() as conn:
+            with transaction(self._conn) as conn:
                 conn.execute(f"DELETE FROM {TABLE} WHERE id = ?", (decision_id,))
 
         self._with_retry(attempt)
@@ -434,7 +404,7 @@ class SQLiteDecisionLog:
         path = self._runs_index
         if path is None or not path.is_file():
             return False
-        self._conn.execute("ATTACH DATABASE ? AS ix", (f"file:{quote(str(path))}?mode=ro",))
+        self._conn.execute("ATTACH DATABASE ? AS ix", (file_uri(path, "ro"),))
         has_runs = self._conn.execute(
             "SELECT 1 FROM ix.sqlite_master WHERE type = 'table' AND name = 'runs'"
         ).fetchone()
@@ -585,7 +555,7 @@ class SQLiteDecisionLog:
         def attempt() -> Ballot:
             # IMMEDIATE: one ballot at a time on the file, so the count read is the
             # count the insert adds to.
-            with self._transaction() as conn:
+            with transaction(self._conn) as conn:
                 votes = self._votes(execution_id, checkpoint_id)
                 if any(v.actor == actor for v in votes):
                     return Ballot(AGAIN, votes)
@@ -603,7 +573,7 @@ class SQLiteDecisionLog:
 
     def withdraw_vote(self, vote_id: int) -> None:
         def attempt() -> None:
-            with self._transaction() as conn:
+            with transaction(self._conn) as conn:
                 conn.execute(f"DELETE FROM {VOTES_TABLE} WHERE id = ?", (vote_id,))
 
         self._with_retry(attempt)

@@ -1,5 +1,10 @@
-"""How a SQLite store is opened for reading, wherever it lies, and how its text
-is decoded.
+"""How a SQLite file is named to SQLite, how a store is opened for reading wherever
+it lies, and how its text is decoded.
+
+Every file is named by a ``file:`` URI (so a connection can say ``mode=ro``, and the
+files it attaches can be URIs too). In a URI ``?`` starts the query, ``#`` the
+fragment and ``%`` an escape: the path is percent-quoted, byte for byte, so a store
+named with any of them, a space or a letter outside ASCII opens as any other.
 
 A WAL-mode store is read through its ``-shm`` file, which a reader creates when it
 is missing. In a directory this process cannot write, that fails ("unable to open
@@ -23,10 +28,16 @@ from urllib.parse import quote
 from localui.errors import StoreMissing
 
 
+def file_uri(path: Path, mode: str) -> str:
+    """The ``file:`` URI of ``path`` (made absolute) opened in SQLite's ``mode``
+    (``ro``, ``rw`` or ``rwc``)."""
+    return f"file:{quote(os.fsencode(path.resolve()))}?mode={mode}"
+
+
 def read_uri(path: Path) -> str:
     """A ``file:`` URI that opens ``path`` read-only, ``immutable`` where it must be."""
     resolved = path.resolve()
-    base = f"file:{quote(str(resolved))}?mode=ro"
+    base = file_uri(resolved, "ro")
     if os.access(resolved.parent, os.W_OK | os.X_OK):
         return base
     shm = resolved.with_name(resolved.name + "-shm")

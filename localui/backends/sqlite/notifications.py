@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,7 +21,7 @@ from localui.backends.notifications import (
     notification_from_row,
     status_from_row,
 )
-from localui.backends.sqlite.errors import is_busy
+from localui.backends.sqlite.connect import connect, transaction, with_retry
 from localui.backends.sqlite.files import SMALL_CACHE_KIB
 from localui.errors import Unavailable
 
@@ -67,9 +65,9 @@ class SQLiteOutbox:
         self.path = Path(path)
         self._lock = threading.Lock()
         try:
-            self._conn = sqlite3.connect(
-                f"file:{self.path.resolve()}?mode=rw",
-                uri=True,
+            self._conn = connect(
+                self.path,
+                "rw",
                 timeout=busy_timeout,
                 check_same_thread=False,
                 isolation_level=None,
@@ -89,31 +87,8 @@ class SQLiteOutbox:
         self._conn.execute(INDEX)
         self._conn.execute(TARGET_INDEX)
 
-    def _with_retry(self, fn: Callable[[], T], *, budget: float = 10.0) -> T:
-        """Run ``fn``, waiting out "database is locked" for a bounded time."""
-        deadline = time.monotonic() + budget
-        delay = 0.02
-        while True:
-            try:
-                with self._lock:
-                    return fn()
-            except sqlite3.OperationalError as exc:
-                if not is_busy(exc) or time.monotonic() > deadline:
-                    raise Unavailable(f"the notifications outbox cannot be used: {exc}") from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 0.25)
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._conn
-        except BaseException:
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            raise
-        else:
-            self._conn.execute("COMMIT")
+    def _with_retry(self, fn: Callable[[], T]) -> T:
+        return with_retry(fn, lock=self._lock, failure="the notifications outbox cannot be used")
 
     def record(
         self, notices: Sequence[Notice], targets: Sequence[str], *, now: float, give_up_at: float
@@ -127,7 +102,7 @@ class SQLiteOutbox:
             return 0
 
         def attempt() -> int:
-            with self._transaction() as conn:
+            with transaction(self._conn) as conn:
                 before = conn.total_changes
                 conn.executemany(
                     f"INSERT INTO {TABLE} (event_key, target, event_type, execution_id,"
@@ -168,7 +143,7 @@ class SQLiteOutbox:
         marks = ", ".join("?" * len(targets))
 
         def attempt() -> tuple[Notification, ...]:
-            with self._transaction() as conn:
+            with transaction(self._conn) as conn:
                 rows = conn.execute(
                     f"UPDATE {TABLE} SET lease_until = ? WHERE id IN ("
                     f" SELECT id FROM {TABLE} WHERE state = ? AND target IN ({marks})"
@@ -185,7 +160,7 @@ class SQLiteOutbox:
             return
 
         def attempt() -> None:
-            with self._transaction() as conn:
+            with transaction(self._conn) as conn:
                 for start in range(0, len(ids), 500):
                     chunk = list(ids[start : start + 500])
                     marks = ", ".join("?" * len(chunk))
@@ -232,7 +207,7 @@ class SQLiteOutbox:
 
     def retry_failed(self, *, now: float, give_up_at: float, target: str | None = None) -> int:
         def attempt() -> int:
-            with self._transaction() as conn:
+            with transaction(self._conn) as conn:
                 cursor = conn.execute(
                     f"UPDATE {TABLE} SET state = ?, next_at = ?, give_up_at = ?, attempts = 0,"
                     " lease_until = NULL WHERE state = ? AND (? IS NULL OR target = ?)",

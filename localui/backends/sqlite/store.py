@@ -22,13 +22,14 @@ from typing import Any
 
 from localui.backends import shared
 from localui.backends.shared import Page
+from localui.backends.sqlite.connect import connect
 from localui.backends.sqlite.errors import (
     cannot_open,
     is_busy,
     is_not_a_database,
     is_unreachable,
 )
-from localui.backends.sqlite.files import decode_text, read_uri
+from localui.backends.sqlite.files import decode_text
 from localui.backends.sqlite.index import BACKGROUND_FROM_ROWS, RunIndex, StoreColumns
 from localui.errors import LocalUIError, StoreMissing, Unavailable
 from localui.records import (
@@ -146,8 +147,7 @@ class SQLiteStore:
     # --- connections --------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        uri = read_uri(self.path)
-        conn = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout, check_same_thread=False)
+        conn = connect(self.path, "ro", timeout=self._busy_timeout, check_same_thread=False)
         conn.row_factory = sqlite3.Row
         conn.text_factory = decode_text
         conn.execute("PRAGMA query_only = 1")

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from localui.backends.sqlite.connect import connect
 from localui.backends.users import (
     COLUMNS,
     GROUPS_COLUMN,
@@ -39,12 +40,11 @@ class SQLiteUsers:
 
     def __init__(self, path: str | Path, *, writable: bool = False) -> None:
         self.path = Path(path)
-        mode = "rw" if writable else "ro"
         self._lock = threading.Lock()
         try:
-            self._conn = sqlite3.connect(
-                f"file:{self.path.resolve()}?mode={mode}",
-                uri=True,
+            self._conn = connect(
+                self.path,
+                "rw" if writable else "ro",
                 timeout=10.0,
                 check_same_thread=False,
                 isolation_level=None,

@@ -10,8 +10,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
+from localui.backends.sqlite.connect import connect, transaction
+from localui.backends.sqlite.files import file_uri
 from localui.backends.traces.spans import (
     Attempt,
     Span,
@@ -116,9 +117,9 @@ class SpanIndex:
         self.path = (index_dir or _index_dir()) / f"spans-{name}.sqlite"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.lock = threading.Lock()
-        self._conn = sqlite3.connect(
-            f"file:{quote(str(self.path))}",
-            uri=True,
+        self._conn = connect(
+            self.path,
+            "rwc",
             timeout=10.0,
             check_same_thread=False,
             isolation_level=None,
@@ -158,9 +159,7 @@ class SpanIndex:
             self._attached = ""
         if identity == "missing":
             return False
-        self._conn.execute(
-            "ATTACH DATABASE ? AS t", (f"file:{quote(str(self.traces_path))}?mode=ro",)
-        )
+        self._conn.execute("ATTACH DATABASE ? AS t", (file_uri(self.traces_path, "ro"),))
         self._conn.execute("PRAGMA t.cache_size = -512")
         self._attached = identity
         return True
@@ -205,11 +204,10 @@ class SpanIndex:
         identity = f"{VERSION}/{_identity(self.traces_path)}"
         mark = int(self._meta("mark") or 0)
         if self._meta("identity") != identity or newest < mark:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._conn.execute("DELETE FROM attempts")
-            self._set_meta("identity", identity)
-            self._set_meta("mark", "0")
-            self._conn.execute("COMMIT")
+            with transaction(self._conn):
+                self._conn.execute("DELETE FROM attempts")
+                self._set_meta("identity", identity)
+                self._set_meta("mark", "0")
             mark = 0
         if newest - mark > self.background_from:
             self._builder = threading.Thread(
@@ -239,8 +237,7 @@ class SpanIndex:
             return
 
     def _fold(self, mark: int, upto: int) -> None:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(self._conn):
             self._conn.execute(
                 f"""INSERT OR IGNORE INTO attempts
                     SELECT run_id, trace_id, span_id, start_time, end_time,
@@ -257,10 +254,6 @@ class SpanIndex:
                 (mark, upto),
             )
             self._set_meta("mark", str(upto))
-            self._conn.execute("COMMIT")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
 
     @property
     def indexing(self) -> bool:

@@ -25,11 +25,10 @@ import hashlib
 import os
 import sqlite3
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import quote
 
+from localui.backends.sqlite.connect import connect as connect_file
+from localui.backends.sqlite.connect import transaction
 from localui.backends.sqlite.files import SMALL_CACHE_KIB, read_uri
 from localui.errors import Unavailable
 from localui.paths import cache_dir
@@ -209,14 +208,10 @@ def index_path(store_path: Path, index_dir: Path | None) -> Path:
 
 def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
     """A connection to the index file, in WAL mode."""
-    # Opened as a URI so that the store is attached read-only (``mode=ro``) whatever
-    # this SQLite build's default for URI file names.
-    conn = sqlite3.connect(
-        f"file:{quote(str(path))}",
-        uri=True,
-        timeout=busy_timeout,
-        check_same_thread=False,
-        isolation_level=None,
+    # Opened as a URI (as every file is) so that the store is attached read-only
+    # (``mode=ro``) whatever this SQLite build's default for URI file names.
+    conn = connect_file(
+        path, "rwc", timeout=busy_timeout, check_same_thread=False, isolation_level=None
     )
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
@@ -240,21 +235,6 @@ def store_identity(store_path: Path) -> str:
     return f"{st.st_dev}:{st.st_ino}"
 
 
-@contextmanager
-def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One write transaction, its lock taken up front."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-    except BaseException:
-        # SQLite may have rolled back already (an I/O error does).
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    else:
-        conn.execute("COMMIT")
-
-
 def upkeep(has_text_index: bool) -> tuple[str, ...]:
     """The indexes and triggers a build drops and puts back."""
     return _UPKEEP + _TEXT_UPKEEP if has_text_index else _UPKEEP
@@ -274,7 +254,7 @@ def create(conn: sqlite3.Connection) -> bool:
             " DROP TABLE IF EXISTS state_counts; DROP TABLE IF EXISTS totals;"
             " DROP TABLE IF EXISTS text_filled; DROP TABLE IF EXISTS meta;"
         )
-    with write(conn):
+    with transaction(conn):
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)

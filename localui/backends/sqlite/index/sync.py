@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from localui import runs
+from localui.backends.sqlite.connect import transaction
 from localui.backends.sqlite.errors import is_busy, is_undecodable_text
 from localui.backends.sqlite.files import decode_text
 from localui.backends.sqlite.index import schema
@@ -504,7 +505,7 @@ class IndexSync:
         if columns is not None and schema.is_stale(self.conn, self._identity()):
             return self._build(columns)
         try:
-            with schema.write(self.conn) as conn:
+            with transaction(self.conn) as conn:
                 if columns is None:
                     schema.clear(
                         conn, has_text_index=self.has_text_index, identity=self._identity()
@@ -527,7 +528,7 @@ class IndexSync:
             self.conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM s.checkpoints").fetchone()[0]
         )
         if rows < self._background_from_rows:
-            with schema.write(self.conn) as conn:
+            with transaction(self.conn) as conn:
                 self._rebuild(conn, columns, self._identity())
                 if self.has_text_index:
                     schema.fill_text_index(conn)
@@ -622,7 +623,7 @@ class IndexSync:
                 self._fill_conn = conn
             while not self._closing:
                 try:
-                    with schema.write(conn):
+                    with transaction(conn):
                         complete = schema.fill_text_step(conn)
                 except sqlite3.OperationalError as exc:
                     if is_busy(exc):
@@ -643,7 +644,7 @@ class IndexSync:
             conn.close()
 
     def _build_on(self, conn: sqlite3.Connection, columns: StoreColumns, identity: str) -> None:
-        with schema.write(conn):
+        with transaction(conn):
             # Another process may have built it while this one waited its turn.
             try:
                 if schema.is_stale(conn, identity) or not self._catch_up(conn, columns):
