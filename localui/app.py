@@ -42,6 +42,7 @@ from localui.views import bulk_decide as bulk_decide_views
 from localui.views import bulk_resume as bulk_resume_views
 from localui.views import bundle as bundle_views
 from localui.views import cache as cache_views
+from localui.views import compare as compare_views
 from localui.views import decisions as decision_views
 from localui.views import diff as diff_views
 from localui.views import live as live_views
@@ -93,6 +94,7 @@ def build_routes() -> list[Route | Mount]:
         ),
         *page_routes("/runs/{execution_id:localui_id}/diff", diff_views.run_diff, "run_diff"),
         *page_routes("/diff", diff_views.rows_diff, "diff"),
+        *page_routes("/compare", compare_views.compare_runs, "compare"),
         Route("/runs/{execution_id:localui_id}/bundle", bundle_views.run_bundle, name="run_bundle"),
         *page_routes("/runs/{execution_id:localui_id}", run_views.run_page, "run"),
         Route(
