@@ -231,7 +231,7 @@ def _pair_view(
 ) -> PairView:
     a, b = pair.a, pair.b
     title = _step_words(a) if a is not None else _step_words(b) if b is not None else ""
-    if a is not None and b is not None and compare.step_key(a) != compare.step_key(b):
+    if a is not None and b is not None and _step_words(a) != _step_words(b):
         title = f"{_step_words(a)} · {_step_words(b)}"
     sections: tuple[SectionDiff, ...] = ()
     summary = ""
