@@ -51,6 +51,11 @@ class Aligned:
         return a is not None and b is not None and a.checkpoint_id == b.checkpoint_id
 
     @property
+    def both_rows(self) -> bool:
+        """Two different rows, one of each run, side by side."""
+        return self.a is not None and self.b is not None and not self.same_row
+
+    @property
     def needs_payloads(self) -> bool:
         """Whether the rows' payloads decide if the pair differs (see :func:`differs`)."""
         if self.kind not in (STEP, ORIGIN) or self.same_row:

@@ -334,6 +334,11 @@ def test_a_fork_with_a_new_input_differs_just_after_its_origin(
     assert body["first_difference"] == at + 1
     assert pairs[at + 1]["b"]["node_id"] == "turn:0"
     assert body["b"]["state"] == "failed" and body["a"]["state"] == "completed"
+    # Both runs ended, one completed and one failed: their end rows differ, and say how.
+    ends = pairs[-1]
+    assert ends["a"]["node_id"] == ends["b"]["node_id"] == "run_end"
+    assert ends["differs"] and ends["summary"].startswith("Status completed → failed.")
+    assert any(not s["same"] for s in ends["sections"])
 
     page = chains.client.get("/compare", params={"a": source, "b": fork}).text
     first = body["first_difference"]

@@ -177,11 +177,15 @@ def _run_side(
     return side, headers, calls
 
 
-def _details(store: Store, pairs: Sequence[compare.Aligned]) -> Mapping[str, RowDetail]:
+def _details(
+    store: Store, pairs: Sequence[compare.Aligned], *, to_diff: bool = False
+) -> Mapping[str, RowDetail]:
+    """The payloads of the rows that decide whether their pairs differ or, ``to_diff``,
+    of every pair of two rows (a pair of two steps that ended apart is diffed too)."""
     ids = [
         row.checkpoint_id
         for pair in pairs
-        if pair.needs_payloads
+        if (pair.needs_payloads or (to_diff and pair.both_rows))
         for row in (pair.a, pair.b)
         if row is not None
     ]
@@ -314,7 +318,7 @@ def build_compare_page(
     aligned = compare.align(a_rows, b_rows)
     window = _window(urls, a_id, b_id, len(aligned), start)
     in_window = range(window.start, window.start + window.count)
-    details = _details(store, [aligned[i] for i in in_window])
+    details = _details(store, [aligned[i] for i in in_window], to_diff=True)
     flags = {i: compare.differs(aligned[i], details) for i in in_window}
     first = _first_difference(store, aligned, flags)
     views = tuple(
