@@ -42,6 +42,7 @@ from localui.views import bulk_decide as bulk_decide_views
 from localui.views import bulk_resume as bulk_resume_views
 from localui.views import bundle as bundle_views
 from localui.views import cache as cache_views
+from localui.views import compare as compare_views
 from localui.views import decisions as decision_views
 from localui.views import diff as diff_views
 from localui.views import fork as fork_views
@@ -94,6 +95,7 @@ def build_routes() -> list[Route | Mount]:
         ),
         *page_routes("/runs/{execution_id:localui_id}/diff", diff_views.run_diff, "run_diff"),
         *page_routes("/diff", diff_views.rows_diff, "diff"),
+        *page_routes("/compare", compare_views.compare_runs, "compare"),
         Route("/runs/{execution_id:localui_id}/bundle", bundle_views.run_bundle, name="run_bundle"),
         *page_routes(
             "/runs/{execution_id:localui_id}/fork", fork_views.fork_preview, "fork_preview"

@@ -33,6 +33,15 @@ class Shown:
     open_first_row: bool = False
 
 
+def compare_fork(runs: list[dict[str, Any]]) -> str:
+    """``/compare`` of a finished run and the demo's failed fork: pairs that differ, one open."""
+    fork = next(r for r in runs if r["fork_of"] and r["state"] == "failed")
+    source = next(
+        r for r in runs if r["execution_id"] != fork["execution_id"] and r["state"] == "completed"
+    )
+    return f"/compare?a={source['execution_id']}&b={fork['execution_id']}"
+
+
 def pages_of(context: BrowserContext) -> list[Shown]:
     """The pages of the seeded demo store, found through its JSON."""
     api = context.request
@@ -47,6 +56,7 @@ def pages_of(context: BrowserContext) -> list[Shown]:
     shown += [
         Shown("run, a row opened", completed, open_first_row=True),
         Shown("run diff", f"{completed}/diff"),
+        Shown("compare two runs", compare_fork(runs)),
         Shown("approvals", "/approvals"),
         Shown("one approval", f"/approvals/{paused['execution_id']}"),
         Shown("cache", "/cache"),

@@ -157,3 +157,39 @@ def test_an_open_runs_list_fills_as_the_demo_seeds(
     finally:
         server.stop(timeout=STOP_TIMEOUT_S)
     assert page_errors == []
+
+
+def test_compare_two_ticked_runs_then_a_fork_with_its_source(
+    page: Page, base_url: str, page_errors: list[str], screenshot: Callable[[str], Path]
+) -> None:
+    page.goto("/")
+    runs = page.locator("table.runs tbody tr")
+    expect(runs).to_have_count(DEMO_RUNS)
+    picked = [runs.nth(0), runs.nth(1)]
+    ids = [(row.get_attribute("id") or "").removeprefix("run-") for row in picked]
+    for row in picked:
+        row.get_by_role("checkbox").check()
+    page.get_by_role("button", name="Compare the two ticked runs").click()
+    expect(page).to_have_url(re.compile(r"/compare\?a=[^&]+&b=[^&]+$"))
+    table = page.locator("#compare-runs")
+    for execution_id in ids:
+        expect(table).to_contain_text(execution_id)
+    screenshot("1-ticked")
+
+    # The fork that asked a new question: its page compares it with its source, and the
+    # comparison opens at the step where the branch went its own way.
+    with urllib.request.urlopen(base_url + "runs.json", timeout=10) as response:
+        listing = json.load(response)
+    fork = next(r for r in listing["runs"] if r["fork_of"] and r["state"] == "failed")
+    page.goto(fork["url"])
+    page.get_by_role("link", name="Compare with its source").click()
+    expect(page).to_have_url(re.compile(r"/compare\?a="))
+    opened = page.locator("details.compare-pair[open]")
+    expect(opened).to_have_count(1)
+    expect(opened).to_contain_text("Only in B: turn:0")
+    expect(page.locator("details.compare-same").first).not_to_have_attribute("open", "")
+    page.locator("#first-difference-link").click()
+    expect(page).to_have_url(re.compile(r"#pair-\d+$"))
+    expect(opened).to_be_in_viewport()
+    screenshot("2-fork")
+    assert page_errors == []

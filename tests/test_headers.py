@@ -153,6 +153,8 @@ def test_chunked_bodies_are_counted(client: TestClient, seeded: Seeded) -> None:
         ("/runs/no-such-run", {"Accept": "application/json"}, 404),
         ("/approvals/no-such-run.json", {}, 404),
         ("/diff.json?a=x&b=y", {}, 404),
+        ("/compare.json?a=x&b=y", {}, 404),
+        ("/compare?a=x", {"Accept": "application/json"}, 400),
         ("/runs/x.json?after=not-a-cursor", {}, 404),
         ("/?after=not-a-cursor", {"Accept": "application/json"}, 400),
         ("/prune.json?older_than=soon", {}, 400),

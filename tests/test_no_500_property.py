@@ -46,6 +46,8 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "run_diff_json": (("a", "b"), ()),
     "diff": (("a", "b"), ()),
     "diff_json": (("a", "b"), ()),
+    "compare": (("a", "b", "from", "run"), ()),
+    "compare_json": (("a", "b", "from", "run"), ()),
     "run": (("from", "rows"), ()),
     "run_json": (("from", "rows"), ()),
     "run_bundle": (("redact",), ()),
@@ -211,7 +213,11 @@ def requests(draw: st.DrawFn, served: Served) -> tuple[Endpoint, dict[str, Any]]
                 "path": ("localui.css", "htmx-2.0.11.min.js"),
             }[name]
             path_values[name] = draw(st.one_of(st.sampled_from(known), TEXT))
-    value = st.one_of(TEXT, RAW_BYTES, st.sampled_from(served.checkpoint_ids))
+    ids = [st.sampled_from(served.checkpoint_ids)]
+    if endpoint.name.startswith("compare"):
+        # Runs that exist, so the drawn requests reach past the lookup into the alignment.
+        ids.append(st.sampled_from(served.execution_ids))
+    value = st.one_of(TEXT, RAW_BYTES, *ids)
     chosen_query = (
         draw(st.lists(st.sampled_from(endpoint.query), unique=True)) if endpoint.query else []
     )

@@ -7,7 +7,6 @@ two attempts at a task), since checkpoint ids are unique across a store.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -20,7 +19,7 @@ from localui.offloop import off_loop
 from localui.records import RowDetail, RowHeader
 from localui.views.respond import html_only, nav_ahead, respond
 from localui.views.state import context
-from localui.views.transcript import transcript
+from localui.views.transcript import with_turns
 from localui.views.urls import Urls, dom_id, urls_of
 
 
@@ -104,17 +103,6 @@ def _fields(a: SideView, b: SideView) -> tuple[FieldLine, ...]:
     )
 
 
-def _with_turns(section: SectionDiff) -> SectionDiff:
-    """The section with its appended and removed messages as transcript turns."""
-    if not section.appended_messages and not section.removed_messages:
-        return section
-    return dataclasses.replace(
-        section,
-        appended_turns=transcript({"messages": list(section.appended_messages)}) or (),
-        removed_turns=transcript({"messages": list(section.removed_messages)}) or (),
-    )
-
-
 def _load(store: Store, param: str, checkpoint_id: str, execution_id: str | None) -> RowDetail:
     detail = store.get_row(checkpoint_id)
     if detail is None:
@@ -142,7 +130,7 @@ def build_diff_page(
         a=a,
         b=b,
         same=result.same,
-        sections=tuple(_with_turns(s) for s in result.sections),
+        sections=tuple(with_turns(s) for s in result.sections),
         summary=summary,
         fields=_fields(a, b),
         url=diff_url(urls, a_id, b_id, execution_id),

@@ -31,17 +31,20 @@ class ForkView:
     #: among the runs of this lineage, and its source run's.
     short_id: str = html_only("")
     source_short_id: str = html_only("")
+    #: This fork beside its source run, step by step (``/compare``).
+    compare_url: str | None = html_only(None)
 
 
 def fork_view(link: ForkLink, urls: Urls, children: tuple[ForkView, ...] = ()) -> ForkView:
     """One fork link, its ids shown as a page of these two runs would show them."""
     ids = [link.execution_id, *([link.source_execution_id] if link.source_execution_id else [])]
     shown = shortest_unique(ids)
-    source_url = None
+    source_url = compare_url = None
     if link.source_execution_id:
         source_url = urls.run(
             link.source_execution_id, fragment=f"row-{dom_id(link.source_checkpoint_id)}"
         )
+        compare_url = urls.path("compare", {"a": link.source_execution_id, "b": link.execution_id})
     return ForkView(
         execution_id=link.execution_id,
         source_execution_id=link.source_execution_id,
@@ -53,6 +56,7 @@ def fork_view(link: ForkLink, urls: Urls, children: tuple[ForkView, ...] = ()) -
         forks=children,
         short_id=shown.get(link.execution_id, link.execution_id),
         source_short_id=shown.get(link.source_execution_id or "", ""),
+        compare_url=compare_url,
     )
 
 

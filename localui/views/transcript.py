@@ -7,9 +7,11 @@ one row has and the other lacks. Both render it with the ``transcript`` macro of
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from localui.diff import SectionDiff
 from localui.views.respond import html_only, pretty_json
 
 
@@ -81,3 +83,14 @@ def transcript(snapshot: Any) -> tuple[MessageView, ...] | None:
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("messages"), list):
         return None
     return tuple(message_view(m) for m in snapshot["messages"])
+
+
+def with_turns(section: SectionDiff) -> SectionDiff:
+    """A diff's section with its appended and removed messages as transcript turns."""
+    if not section.appended_messages and not section.removed_messages:
+        return section
+    return dataclasses.replace(
+        section,
+        appended_turns=transcript({"messages": list(section.appended_messages)}) or (),
+        removed_turns=transcript({"messages": list(section.removed_messages)}) or (),
+    )
