@@ -8,7 +8,6 @@ and, before anyone clicks, whether this process can carry the decision out.
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -55,6 +54,7 @@ from localui.views.common import (
     to_jsonable,
     wants_json,
 )
+from localui.views.params import parse_pair
 from localui.views.urls import Urls, urls_of
 
 APPROVER_COOKIE = "localui_approver"
@@ -935,16 +935,9 @@ def picked_cards(values: list[str]) -> list[tuple[str, str]]:
     each card's decision is bound to the paused row that card showed."""
     cards: list[tuple[str, str]] = []
     for value in values:
-        try:
-            pair = json.loads(value)
-        except ValueError:
-            raise BadRequest(f"pick={value!r} is not a card's [run, paused row] pair") from None
-        if not (
-            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
-        ):
-            raise BadRequest(f"pick={value!r} is not a card's [run, paused row] pair")
-        if (pair[0], pair[1]) not in cards:
-            cards.append((pair[0], pair[1]))
+        pair = parse_pair("pick", value, "a card's [run, paused row] pair")
+        if pair not in cards:
+            cards.append(pair)
     return cards
 
 

@@ -31,13 +31,14 @@ from localui.auth import Authenticator
 from localui.backends import looks
 from localui.backends.base import Backend, Store
 from localui.backends.traces import SpanIndex
-from localui.errors import BadRequest, LifespanNotRun, LocalUIError
+from localui.errors import LifespanNotRun, LocalUIError
 from localui.live import ChangeFeed
 from localui.notify.watcher import Watcher
 from localui.records import SeedProgress, Unreadable
 from localui.registry import Registry
 from localui.settings import Settings
 from localui.signing import Signer
+from localui.views.params import parse_cursor
 from localui.views.urls import urls_of
 
 if TYPE_CHECKING:
@@ -325,16 +326,7 @@ def encode_cursor(key: tuple[str, str]) -> str:
 
 def decode_cursor(text: str, name: str = "after") -> tuple[str, str]:
     """A cursor from ``next``; anything else is a 400 that says what was wrong."""
-    if len(text) > 1024:
-        raise BadRequest(f"{name} is longer than any cursor this server gives out")
-    try:
-        padded = text + "=" * (-len(text) % 4)
-        value = json.loads(base64.urlsafe_b64decode(padded.encode()))
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise BadRequest(f"{name}={text!r} is not a cursor this server gave out") from exc
-    if not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, str) for v in value):
-        raise BadRequest(f"{name}={text!r} is not a cursor this server gave out")
-    return value[0], value[1]
+    return parse_cursor(text, name)
 
 
 def pretty_json(value: Any) -> str:
