@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from localui import runs
+from localui import freetext, names, runs
 from localui.auth import Person
 from localui.backends import is_busy
 from localui.backends.base import DecisionLog, Store
@@ -342,8 +342,8 @@ class ActionService:
         recovery of a crashed approval carries out the same decision.
         """
         self.ensure_writable()
-        approver = approver.strip()
-        reason = reason.strip()
+        approver = names.typed_name("approver", approver)
+        reason = freetext.reason(reason)
         if not approver:
             raise BadRequest("say who you are: approver is required")
         if not approved and not reason:
@@ -427,10 +427,11 @@ class ActionService:
                     approver, reason = last.actor, last.reason
                     typed = json.loads(last.fields_json)
                 elif ballot.result == AGAIN:
-                    first = next(v for v in ballot.votes if v.actor == approver)
+                    first = next(v for v in ballot.votes if names.one_person(v.actor, approver))
+                    alike = "" if first.actor == approver else f" ({approver} looks like them)"
                     raise Conflict(
-                        f"{approver} already approved this pause at {first.voted_at}: rule"
-                        f" {rule.name!r} needs {rule.approvals} different people"
+                        f"{first.actor} already approved this pause at {first.voted_at}{alike}:"
+                        f" rule {rule.name!r} needs {rule.approvals} different people"
                     )
                 else:
                     mine = ballot.votes[-1]
@@ -515,6 +516,7 @@ class ActionService:
         self, execution_id: str, *, checkpoint_id: str, actor: str, confirm: bool
     ) -> Outcome:
         self.ensure_writable()
+        actor = names.typed_name("actor", actor) or "someone"
         if not checkpoint_id:
             raise BadRequest("checkpoint_id (the row the resume re-enters at) is required")
         _, plan, last = await asyncio.to_thread(self.resume_target, execution_id)
@@ -539,7 +541,7 @@ class ActionService:
                 execution_id=execution_id,
                 checkpoint_id=checkpoint_id,
                 approved=None,
-                actor=actor.strip() or "someone",
+                actor=actor,
                 reason="",
                 still_pending=lambda: False,
                 agent=plan.owner.name,
@@ -778,6 +780,7 @@ class ActionService:
         """Re-arm an orphaned pause that no decision of localui's explains, so it waits
         in the queue again; bound to the row the operator saw, and done once."""
         self.ensure_writable()
+        actor = names.typed_name("actor", actor) or "someone"
         if not checkpoint_id:
             raise BadRequest("checkpoint_id (the paused row you saw) is required")
         rows = await asyncio.to_thread(self.orphan_of, execution_id, checkpoint_id)
@@ -799,7 +802,7 @@ class ActionService:
                 execution_id=execution_id,
                 checkpoint_id=checkpoint_id,
                 approved=None,
-                actor=actor.strip() or "someone",
+                actor=actor,
                 reason="",
                 still_pending=lambda: False,
                 agent=owner.name,

@@ -343,6 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
         command = users_sub.add_parser(name, help=what, description=what)
         if name != "list":
             command.add_argument("name", help="The person's name, as decisions record it.")
+        else:
+            command.add_argument(
+                "--check",
+                action="store_true",
+                help="Also list the people whose names look alike (and exit 1 if any do).",
+            )
         if name == "add":
             command.add_argument("--role", required=True, choices=ROLES)
         if name in ("add", "set"):
@@ -819,6 +825,7 @@ def run_decisions_export(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     from localui.backends import open_backend
+    from localui.freetext import for_terminal
     from localui.records import DecisionQuery
     from localui.views.decisions import csv_chunks, export_chunks, jsonl_chunks
     from localui.views.params import parse_age
@@ -846,8 +853,11 @@ def run_decisions_export(args: argparse.Namespace) -> int:
     try:
         rows = export_chunks(log, DecisionQuery(since=since), Urls(router=Router(build_routes())))
         written = csv_chunks(rows) if args.format == "csv" else jsonl_chunks(rows)
+        # A terminal runs what an ESC sequence says (set its title, clear the screen):
+        # there, the record's text is shown with its control characters escaped.
+        shown = for_terminal if sys.stdout.isatty() else None
         for chunk in written:
-            sys.stdout.write(chunk)
+            sys.stdout.write(shown(chunk) if shown else chunk)
         sys.stdout.flush()
     except LocalUIError as exc:
         return fail(str(exc))
@@ -881,6 +891,7 @@ def run_users(args: argparse.Namespace) -> int:
     """``localui users add|list|remove|reset``: the table servers of this store read."""
     from localui.backends import open_users, target_of
     from localui.backends.users import check_groups, check_name, new_token, token_hash
+    from localui.names import look_alike_pairs, look_alikes
 
     store = args.store or default_store()
     settings = Settings(store=store, pg_app_schema=args.pg_app_schema)
@@ -893,10 +904,16 @@ def run_users(args: argparse.Namespace) -> int:
         return fail(str(exc))
     try:
         if args.users_command == "list":
-            for user in users.list_users():
+            listed = users.list_users()
+            for user in listed:
                 groups = ",".join(user.groups) or "-"
                 print(f"{user.name}\t{user.role}\tgroups {groups}\tadded {user.created_at}")
-            return 0
+            if not args.check:
+                return 0
+            pairs = look_alike_pairs(u.name for u in listed)
+            for a, b in pairs:
+                print(f"localui: {a!r} and {b!r} look alike: a two-person rule counts them once")
+            return 1 if pairs else 0
         name = check_name(args.name)
         if args.users_command == "set":
             changed = users.set_groups(name, check_groups(args.group))
@@ -911,6 +928,12 @@ def run_users(args: argparse.Namespace) -> int:
             return 0
         token = new_token()
         if args.users_command == "add":
+            alike = look_alikes(name, (u.name for u in users.list_users()))
+            if alike:
+                return fail(
+                    f"{name!r} looks like {alike[0]!r}, who is already a user: people must"
+                    " tell names apart (pick another, or reset or remove theirs)"
+                )
             user = users.add(name, args.role, token_hash(token), check_groups(args.group))
         else:
             found = users.set_token(name, token_hash(token))

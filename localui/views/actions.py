@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
+from localui import freetext
 from localui.auth import OPERATOR, require
 from localui.errors import BadRequest, Forbidden
 from localui.records import PruneRun
@@ -73,9 +74,7 @@ async def fork_run(request: Request) -> Response:
     require(request, OPERATOR)
     execution_id = request.path_params["execution_id"]
     form = await request.form()
-    new_input = str(form.get("input") or "").strip()
-    if len(new_input) > 20_000:
-        raise BadRequest("input is longer than 20,000 characters")
+    new_input = freetext.check("input", str(form.get("input") or ""), limit=20_000)
     outcome = await actions_of(request).fork(
         execution_id,
         checkpoint_id=str(form.get("checkpoint_id") or "") or None,

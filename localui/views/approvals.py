@@ -22,7 +22,7 @@ from markupsafe import Markup
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
-from localui import runs
+from localui import freetext, names, runs
 from localui.actions import ActionService, AlreadyDecided, Outcome, StaleCard
 from localui.auth import APPROVER, OPEN, Person, person_of, require
 from localui.backends.shared import pending_key
@@ -950,8 +950,9 @@ async def bulk_decide(request: Request) -> Response:
     verb = str(form.get("verb") or "")
     if verb not in ("approve", "reject"):
         raise BadRequest("verb must be approve or reject (the button you pressed)")
-    approver = person.name if person.signed_in else str(form.get("approver") or "").strip()
-    reason = str(form.get("reason") or "").strip()
+    typed = str(form.get("approver") or "")
+    approver = person.name if person.signed_in else names.typed_name("approver", typed)
+    reason = freetext.reason(str(form.get("reason") or ""))
     if not approver:
         raise BadRequest("say who you are: approver is required")
     if verb == "reject" and not reason:

@@ -44,6 +44,7 @@ from localui.backends.decisions import (
 from localui.backends.sqlite.errors import is_busy
 from localui.backends.sqlite.files import read_uri
 from localui.errors import Unavailable
+from localui.names import one_person
 from localui.records import (
     AGAIN,
     COUNTED,
@@ -587,7 +588,7 @@ class SQLiteDecisionLog:
             # count the insert adds to.
             with self._transaction() as conn:
                 votes = self._votes(execution_id, checkpoint_id)
-                if any(v.actor == actor for v in votes):
+                if any(one_person(v.actor, actor) for v in votes):
                     return Ballot(AGAIN, votes)
                 if len(votes) >= needed:
                     return Ballot(FULL, votes)
