@@ -958,6 +958,7 @@ def run_notifications(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     from localui.backends import open_outbox, target_of
+    from localui.notify.targets import mask_urls
 
     settings = Settings(store=args.store or default_store(), pg_app_schema=args.pg_app_schema)
     sqlite_path = target_of(settings).sqlite_path
@@ -981,17 +982,19 @@ def run_notifications(args: argparse.Namespace) -> int:
             )
             print(f"localui: {again} given-up announcement(s) will be sent again")
             return 0
+        # Rows recorded before targets were masked may still hold a URL's path.
         for status in outbox.target_statuses():
-            error = f"; last error: {status.last_error}" if status.last_error else ""
+            error = f"; last error: {mask_urls(status.last_error)}" if status.last_error else ""
             print(
-                f"target {status.target}: {status.sent} sent (last {when(status.last_sent_at)}),"
-                f" {status.pending} pending, {status.failed} given up{error}"
+                f"target {mask_urls(status.target)}: {status.sent} sent"
+                f" (last {when(status.last_sent_at)}), {status.pending} pending,"
+                f" {status.failed} given up{error}"
             )
         for row in outbox.list_recent(args.limit):
-            error = f"\t{row.last_error}" if row.last_error else ""
+            error = f"\t{mask_urls(row.last_error)}" if row.last_error else ""
             print(
                 f"{when(row.created_at)}\t{row.event_type}\t{row.execution_id}\t{row.state}"
-                f"\t{row.attempts} attempt(s)\t{row.target}{error}"
+                f"\t{row.attempts} attempt(s)\t{mask_urls(row.target)}{error}"
             )
         return 0
     except LocalUIError as exc:
