@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from localui import runs
+from localui import freetext, names, runs
 from localui.auth import Person
 from localui.backends import is_busy
 from localui.backends.base import DecisionLog, Store
@@ -85,7 +85,8 @@ def decision_text(approver: str, reason: str, *, approved: bool) -> tuple[str, s
     """The approver's name and the reason as a decision records them, stripped, or a 400
     that says what is missing. A bulk decision asks once before its cards, and each
     card's decision asks again: the rule lives here alone."""
-    approver, reason = approver.strip(), reason.strip()
+    approver = names.typed_name("approver", approver)
+    reason = freetext.reason(reason)
     if not approver:
         raise BadRequest("say who you are: approver is required")
     if not approved and not reason:
@@ -239,10 +240,11 @@ class ActionService:
                     approver, reason = last.actor, last.reason
                     typed = json.loads(last.fields_json)
                 elif ballot.result == AGAIN:
-                    first = next(v for v in ballot.votes if v.actor == approver)
+                    first = next(v for v in ballot.votes if names.one_person(v.actor, approver))
+                    alike = "" if first.actor == approver else f" ({approver} looks like them)"
                     raise Conflict(
-                        f"{approver} already approved this pause at {first.voted_at}: rule"
-                        f" {rule.name!r} needs {rule.approvals} different people"
+                        f"{first.actor} already approved this pause at {first.voted_at}{alike}:"
+                        f" rule {rule.name!r} needs {rule.approvals} different people"
                     )
                 else:
                     mine = ballot.votes[-1]
@@ -327,6 +329,7 @@ class ActionService:
         self, execution_id: str, *, checkpoint_id: str, actor: str, confirm: bool
     ) -> Outcome:
         self.preflight.ensure_writable()
+        actor = names.typed_name("actor", actor) or "someone"
         if not checkpoint_id:
             raise BadRequest("checkpoint_id (the row the resume re-enters at) is required")
         _, plan, last = await off_loop(self.resume_target, execution_id)
@@ -351,7 +354,7 @@ class ActionService:
                 execution_id=execution_id,
                 checkpoint_id=checkpoint_id,
                 approved=None,
-                actor=actor.strip() or "someone",
+                actor=actor,
                 reason="",
                 still_pending=lambda: False,
                 agent=plan.owner.name,
@@ -448,6 +451,7 @@ class ActionService:
         """Re-arm an orphaned pause that no decision of localui's explains, so it waits
         in the queue again; bound to the row the operator saw, and done once."""
         self.preflight.ensure_writable()
+        actor = names.typed_name("actor", actor) or "someone"
         if not checkpoint_id:
             raise BadRequest("checkpoint_id (the paused row you saw) is required")
         rows = await off_loop(self.pauses.orphan_of, execution_id, checkpoint_id)
@@ -469,7 +473,7 @@ class ActionService:
                 execution_id=execution_id,
                 checkpoint_id=checkpoint_id,
                 approved=None,
-                actor=actor.strip() or "someone",
+                actor=actor,
                 reason="",
                 still_pending=lambda: False,
                 agent=owner.name,

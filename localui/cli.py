@@ -343,6 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
         command = users_sub.add_parser(name, help=what, description=what)
         if name != "list":
             command.add_argument("name", help="The person's name, as decisions record it.")
+        else:
+            command.add_argument(
+                "--check",
+                action="store_true",
+                help="Also list the people whose names look alike (and exit 1 if any do).",
+            )
         if name == "add":
             command.add_argument("--role", required=True, choices=ROLES)
         if name in ("add", "set"):
@@ -819,6 +825,7 @@ def run_decisions_export(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     from localui.backends import open_backend
+    from localui.freetext import for_terminal
     from localui.records import DecisionQuery
     from localui.views.decisions import csv_chunks, export_chunks, jsonl_chunks
     from localui.views.params import parse_age
@@ -846,8 +853,11 @@ def run_decisions_export(args: argparse.Namespace) -> int:
     try:
         rows = export_chunks(log, DecisionQuery(since=since), Urls(router=Router(build_routes())))
         written = csv_chunks(rows) if args.format == "csv" else jsonl_chunks(rows)
+        # A terminal runs what an ESC sequence says (set its title, clear the screen):
+        # there, the record's text is shown with its control characters escaped.
+        shown = for_terminal if sys.stdout.isatty() else None
         for chunk in written:
-            sys.stdout.write(chunk)
+            sys.stdout.write(shown(chunk) if shown else chunk)
         sys.stdout.flush()
     except LocalUIError as exc:
         return fail(str(exc))
@@ -881,6 +891,7 @@ def run_users(args: argparse.Namespace) -> int:
     """``localui users add|list|remove|reset``: the table servers of this store read."""
     from localui.backends import open_users, target_of
     from localui.backends.users import check_groups, check_name, new_token, token_hash
+    from localui.names import look_alike_pairs, look_alikes
 
     store = args.store or default_store()
     settings = Settings(store=store, pg_app_schema=args.pg_app_schema)
@@ -893,10 +904,16 @@ def run_users(args: argparse.Namespace) -> int:
         return fail(str(exc))
     try:
         if args.users_command == "list":
-            for user in users.list_users():
+            listed = users.list_users()
+            for user in listed:
                 groups = ",".join(user.groups) or "-"
                 print(f"{user.name}\t{user.role}\tgroups {groups}\tadded {user.created_at}")
-            return 0
+            if not args.check:
+                return 0
+            pairs = look_alike_pairs(u.name for u in listed)
+            for a, b in pairs:
+                print(f"localui: {a!r} and {b!r} look alike: a two-person rule counts them once")
+            return 1 if pairs else 0
         name = check_name(args.name)
         if args.users_command == "set":
             changed = users.set_groups(name, check_groups(args.group))
@@ -911,6 +928,12 @@ def run_users(args: argparse.Namespace) -> int:
             return 0
         token = new_token()
         if args.users_command == "add":
+            alike = look_alikes(name, (u.name for u in users.list_users()))
+            if alike:
+                return fail(
+                    f"{name!r} looks like {alike[0]!r}, who is already a user: people must"
+                    " tell names apart (pick another, or reset or remove theirs)"
+                )
             user = users.add(name, args.role, token_hash(token), check_groups(args.group))
         else:
             found = users.set_token(name, token_hash(token))
@@ -935,6 +958,7 @@ def run_notifications(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     from localui.backends import open_outbox, target_of
+    from localui.notify.targets import mask_urls
 
     settings = Settings(store=args.store or default_store(), pg_app_schema=args.pg_app_schema)
     sqlite_path = target_of(settings).sqlite_path
@@ -958,17 +982,19 @@ def run_notifications(args: argparse.Namespace) -> int:
             )
             print(f"localui: {again} given-up announcement(s) will be sent again")
             return 0
+        # Rows recorded before targets were masked may still hold a URL's path.
         for status in outbox.target_statuses():
-            error = f"; last error: {status.last_error}" if status.last_error else ""
+            error = f"; last error: {mask_urls(status.last_error)}" if status.last_error else ""
             print(
-                f"target {status.target}: {status.sent} sent (last {when(status.last_sent_at)}),"
-                f" {status.pending} pending, {status.failed} given up{error}"
+                f"target {mask_urls(status.target)}: {status.sent} sent"
+                f" (last {when(status.last_sent_at)}), {status.pending} pending,"
+                f" {status.failed} given up{error}"
             )
         for row in outbox.list_recent(args.limit):
-            error = f"\t{row.last_error}" if row.last_error else ""
+            error = f"\t{mask_urls(row.last_error)}" if row.last_error else ""
             print(
                 f"{when(row.created_at)}\t{row.event_type}\t{row.execution_id}\t{row.state}"
-                f"\t{row.attempts} attempt(s)\t{row.target}{error}"
+                f"\t{row.attempts} attempt(s)\t{mask_urls(row.target)}{error}"
             )
         return 0
     except LocalUIError as exc:

@@ -29,7 +29,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from localui import runs
+from localui import freetext, runs
 from localui.errors import BadRequest
 from localui.records import Pending
 from localui.roles import ROLES
@@ -145,11 +145,9 @@ class Field:
         if self.type in ("text", "choice"):
             if not isinstance(value, str):
                 raise BadRequest(f"{where}: {what} must be text")
-            text = value.strip()
+            text = freetext.check(where, value, limit=MAX_TEXT)
             if self.type == "choice" and text not in self.choices:
                 raise BadRequest(f"{where}: {text!r} is not one of {', '.join(self.choices)}")
-            if len(text) > MAX_TEXT:
-                raise BadRequest(f"{where}: at most {MAX_TEXT} characters")
             return text
         if self.type == "boolean":
             if isinstance(value, bool):

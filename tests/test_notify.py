@@ -39,6 +39,7 @@ from localui.cli import main
 from localui.notify import events as ev
 from localui.notify import formats
 from localui.notify.sender import ROUND_SIZE
+from localui.notify.targets import fingerprint
 from localui.policy import parse_policy
 from localui.records import APPROVAL, Decision, Pending, RunFacts
 from localui.settings import Notifications, Settings
@@ -837,7 +838,13 @@ async def test_a_policy_rule_s_notify_urls_are_told_of_the_pauses_it_governs(whe
         assert receiver.requests("/nobody") == []
         told = " ".join(m.json()["message"] for m in receiver.requests("/refunds"))
         assert all(execution_id in told for execution_id in where.seed.ids("paused"))
-        targets = {t["label"].rsplit("/", 1)[-1]: t for t in page["targets"]}
+        # Each target shows scheme, host and fingerprint: told apart by the fingerprint.
+        urls = {
+            fingerprint("webhook", receiver.url + "/hook"): "hook",
+            fingerprint("chat", f"json://127.0.0.1:{port}/refunds"): "refunds",
+            fingerprint("chat", f"json://127.0.0.1:{port}/nobody"): "nobody",
+        }
+        targets = {urls[t["label"].rpartition("#")[2]]: t for t in page["targets"]}
         refunds = [a for a in page["recent"] if a["target"] == targets["refunds"]["id"]]
         assert sorted(a["event_type"] for a in refunds) == sorted(
             a["event_type"] for a in page["recent"] if a["target"] == targets["hook"]["id"]
@@ -886,10 +893,11 @@ async def test_the_notifications_page_lists_targets_and_announcements(where: Whe
                 html = (await client.get("/notifications")).text
     (target,) = page["targets"]
     assert target["kind"] == "webhook" and target["sent"] == SEEDED_PAUSES
-    assert target["label"] == f"http://127.0.0.1:{receiver.port}/hook"
+    digest = fingerprint("webhook", receiver.url + "/hook")
+    assert target["label"] == f"http://127.0.0.1:{receiver.port}/…#{digest}"
     assert len(page["recent"]) == SEEDED_PAUSES
     assert {r["state"] for r in page["recent"]} == {"sent"}
-    assert "run.paused" in html and f"127.0.0.1:{receiver.port}/hook" in html
+    assert "run.paused" in html and f"127.0.0.1:{receiver.port}/…#{digest}" in html
 
 
 # --- served processes -----------------------------------------------------------------

@@ -392,6 +392,12 @@ class Outbox(Protocol):
         """Make given-up rows due again (all, or one target's); how many."""
         ...
 
+    def rename_target(self, old: str, new: str) -> int:
+        """Move ``old``'s rows to ``new`` (and ``old``'s text in their errors), but an
+        event ``new`` has already; how many. A target keeps its rows when the form of
+        its id changes."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -151,12 +151,17 @@ def listing_key(entry: DecisionEntry) -> tuple[str, str]:
     return (d.decided_at, f"{prefix}{d.id}")
 
 
+#: The largest id either database keeps (a signed 64-bit integer).
+MAX_ID = 2**63 - 1
+
+
 def cursor_id(text: str) -> int:
-    """The id half of a listing cursor; anything else is a 400."""
-    try:
-        return int(text)
-    except ValueError:
-        raise BadRequest(f"after: {text!r} is not a cursor this server gave out") from None
+    """The id half of a listing cursor: an id either database can compare, in ASCII
+    digits; anything else (a sign, ``²``, past 64 bits) is a 400."""
+    digits = len(str(MAX_ID))
+    if not (0 < len(text) <= digits and text.isascii() and text.isdigit()) or int(text) > MAX_ID:
+        raise BadRequest(f"after: {text[:40]!r} is not a cursor this server gave out")
+    return int(text)
 
 
 def cursor_position(text: str) -> tuple[int, int]:

@@ -27,6 +27,24 @@ PENDING = "pending"
 SENT = "sent"
 FAILED = "failed"
 
+#: ``rename_target`` (its condition on every state lets it use the ``(state, target,
+#: next_at)`` index): ``{table}`` and, in order, the new id, the old id's text and the new
+#: one's (in the errors), the old id, the new id again. A row whose event the new id
+#: already has (a process of the same store that renamed it first, or recorded it anew)
+#: stays under the old id: moving it would break the unique key.
+RENAME_SQL = (
+    "UPDATE {table} AS o SET target = {mark}, last_error = REPLACE(last_error, {mark}, {mark})"
+    f" WHERE state IN ('{PENDING}', '{SENT}', '{FAILED}') AND target = {{mark}}"
+    " AND NOT EXISTS (SELECT 1 FROM {table} AS n WHERE n.event_key = o.event_key"
+    " AND n.target = {mark})"
+)
+
+
+def shown_part(target_id: str) -> str:
+    """The text of a target id before its fingerprint, as errors quote it."""
+    return target_id.rpartition("#")[0] or target_id
+
+
 #: The outbox's columns, in the order every SELECT and RETURNING lists them.
 COLUMN_NAMES = (
     "id",

@@ -28,12 +28,11 @@ from typing import Any
 
 from localui.backends.shared import NamedRow
 from localui.errors import BadRequest, Conflict
+from localui.names import MAX_NAME
 from localui.records import User
 from localui.roles import ROLES
 
 TABLE = "localui_users"
-#: The longest name accepted: enough for any real name or e-mail address.
-MAX_NAME = 120
 
 #: The table's columns, in the order every SELECT and RETURNING lists them.
 COLUMN_NAMES = ("name", "role", "token_sha256", "created_at", "user_groups")

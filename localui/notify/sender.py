@@ -25,7 +25,7 @@ from localui.backends.base import Outbox
 from localui.backends.notifications import Notification
 from localui.notify import formats
 from localui.notify.outbox import event_of
-from localui.notify.targets import CHAT, Target
+from localui.notify.targets import CHAT, Target, mask_urls, webhook_address
 from localui.settings import Notifications
 
 logger = logging.getLogger(__name__)
@@ -107,9 +107,13 @@ class Deliverer:
             "webhook-timestamp": str(int(stamp.timestamp())),
             "webhook-signature": self._signer.sign(msg_id, stamp, body),
         }
+        address = webhook_address(target.url)
         request = urllib.request.Request(
-            target.url, data=body.encode(), headers=headers, method="POST"
+            address.url, data=body.encode(), headers=headers, method="POST"
         )
+        if address.authorization is not None:
+            # Unredirected: a redirect to another host never carries the password on.
+            request.add_unredirected_header("Authorization", address.authorization)
         try:
             with urllib.request.urlopen(request, timeout=self.settings.timeout) as answer:
                 answer.read()
@@ -185,7 +189,8 @@ class Sender:
             else:
                 self.deliverer.webhook(target, group[0])
         except Exception as exc:
-            error = _one_line(exc)
+            # What a target answered may quote its URL back: never a secret in the outbox.
+            error = mask_urls(_one_line(exc))
             now = self._clock()
             for row in group:
                 next_at = now + self._backoff(row.attempts + 1)

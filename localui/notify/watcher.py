@@ -134,6 +134,8 @@ class Watcher:
         #: newest the last sweep read (recorded once that sweep's events are).
         self._decided_after: tuple[str, int] | None = None
         self._decided_read: tuple[str, int] | None = None
+        #: Whether this process has moved the rows of the targets' former ids.
+        self._adopted = False
 
     # --- what each poll does (blocking; run in a worker thread) ----------------
 
@@ -382,7 +384,20 @@ class Watcher:
     def on_changes(self, changes: Changes) -> int:
         return self.record(self.events_of_changes(changes))
 
+    def adopt_former_ids(self) -> int:
+        """Move the rows recorded under each target's former id (which showed its URL's
+        path) to its id, once, before anything is recorded: then they are sent, shown
+        masked, and no event already announced is recorded anew. How many moved."""
+        moved = 0
+        for target in self.targets:
+            if target.former_id and target.former_id != target.id:
+                moved += self.outbox.rename_target(target.former_id, target.id)
+        self._adopted = True
+        return moved
+
     def sweep(self) -> int:
+        if not self._adopted:
+            self.adopt_former_ids()
         found, keys = self.sweep_events()
         added = self.record(found)
         # Recorded (here, or before by any process: the outbox keeps each key once), so

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
+from localui import freetext
 from localui.auth import OPERATOR, require
 from localui.errors import BadRequest, Forbidden, Refused
 from localui.offloop import off_loop
@@ -66,9 +67,7 @@ async def fork_run(request: Request) -> Response:
     require(request, OPERATOR)
     execution_id = request.path_params["execution_id"]
     form = await request.form()
-    new_input = str(form.get("input") or "").strip()
-    if len(new_input) > MAX_FORK_INPUT:
-        raise BadRequest(f"input is longer than {MAX_FORK_INPUT:,} characters")
+    new_input = freetext.check("input", str(form.get("input") or ""), limit=MAX_FORK_INPUT)
     outcome = await actions_of(request).fork(
         execution_id,
         checkpoint_id=str(form.get("checkpoint_id") or "") or None,

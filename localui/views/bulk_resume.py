@@ -24,7 +24,7 @@ from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from localui import runs
+from localui import names, runs
 from localui.actions import RECENT_SECONDS, ActionService, seconds_since
 from localui.auth import OPERATOR, require, template_values
 from localui.errors import AlreadyDecided, BadRequest, LocalUIError, NeedsConfirmation, StaleCard
@@ -204,9 +204,10 @@ async def bulk_resume(request: Request) -> Response:
         )
     confirm = str(form.get("confirm") or "") in ("yes", "on", "true", "1")
     actor = actor_of(person, form, "actor", fallback=approver_of(request))
+    actor = names.typed_name("actor", actor) or "someone"
     urls = urls_of(request)
     checked = await off_loop(preflight_items, ctx.actions, picks, urls)
-    tasks = start_resumes(ctx, picks, actor=actor.strip() or "someone", confirm=confirm, urls=urls)
+    tasks = start_resumes(ctx, picks, actor=actor, confirm=confirm, urls=urls)
     repeating = sum(p.repeats is not None for p in checked)
     if wants_json(request):
         items = list(await asyncio.gather(*tasks))

@@ -10,7 +10,6 @@ command line, which writes the same columns as CSV or JSON lines).
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from starlette.concurrency import iterate_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from localui import csvsafe
 from localui.backends.base import DecisionLog
 from localui.backends.decisions import EXPORT_FIELDS
 from localui.errors import BadRequest
@@ -223,9 +223,9 @@ def export_chunks(
 def csv_chunks(chunks: Iterator[list[tuple[Any, ...]]]) -> Iterator[str]:
     """The rows as CSV with a header line, a chunk of lines per chunk read. ``approved``
     is ``true``/``false`` (empty for a resume) and a missing value an empty field (the
-    csv module writes None so)."""
+    csv module writes None so); text that a spreadsheet would run starts with ``'``."""
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    writer = csvsafe.Writer(buffer)
     writer.writerow(EXPORT_COLUMNS)
     # False and True are 0 and 1 as keys: SQLite's flags and PostgreSQL's read alike.
     flags = {None: "", 0: "false", 1: "true"}

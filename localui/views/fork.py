@@ -16,8 +16,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from localui import forks, runs
-from localui.errors import BadRequest
+from localui import forks, freetext, runs
 from localui.offloop import off_loop
 from localui.preflight import Preflight
 from localui.views.respond import html_only, nav_ahead, respond
@@ -155,9 +154,8 @@ def build_fork_preview(
 async def fork_preview(request: Request) -> Response:
     execution_id = request.path_params["execution_id"]
     checkpoint_id = request.query_params.get("checkpoint_id") or None
-    new_input = (request.query_params.get("input") or "").strip() or None
-    if new_input is not None and len(new_input) > MAX_FORK_INPUT:
-        raise BadRequest(f"input is longer than {MAX_FORK_INPUT:,} characters")
+    typed = request.query_params.get("input") or ""
+    new_input = freetext.check("input", typed, limit=MAX_FORK_INPUT) or None
     nav_ahead(request, partial=True)
     page = await off_loop(
         build_fork_preview,

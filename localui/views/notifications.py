@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from localui.auth import OPERATOR, require
 from localui.backends.notifications import Notification, TargetStatus
+from localui.notify.targets import mask_urls
 from localui.notify.watcher import Watcher
 from localui.offloop import off_loop
 from localui.views.respond import html_only, nav_ahead, respond
@@ -74,13 +75,15 @@ def _row(n: Notification, urls: Urls) -> AnnouncementRow:
     return AnnouncementRow(
         event_type=n.event_type,
         execution_id=n.execution_id,
-        target=n.target,
+        # Rows recorded before targets were masked, for a target no longer configured,
+        # still hold the path: shown masked all the same.
+        target=mask_urls(n.target),
         state=n.state,
         attempts=n.attempts,
         recorded_at=_instant(n.created_at) or "",
         sent_at=_instant(n.sent_at),
         next_at=_instant(n.next_at) if n.state == "pending" else None,
-        last_error=n.last_error,
+        last_error=mask_urls(n.last_error) if n.last_error else None,
         run_url=urls.run(n.execution_id),
     )
 
@@ -103,7 +106,7 @@ def build_notifications_page(watcher: Watcher | None, urls: Urls) -> Notificatio
                 pending=status.pending if status else 0,
                 failed=status.failed if status else 0,
                 last_sent_at=_instant(status.last_sent_at) if status else None,
-                last_error=status.last_error if status else None,
+                last_error=mask_urls(status.last_error) if status and status.last_error else None,
                 gets=watcher.gets(target.id),
             )
         )

@@ -8,6 +8,7 @@ zone is applied) is a 400 that says which forms are accepted, never a 500.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -70,23 +71,59 @@ def parse_instant(name: str, text: str) -> datetime:
     return instant
 
 
-def encode_cursor(key: tuple[str, str]) -> str:
-    raw = json.dumps(list(key), separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+#: The longest JSON pair taken (a bulk pick, a cursor's content): room for two long
+#: ids, and a bound on the text before JSON reads it, so no nesting goes deep.
+MAX_PAIR_CHARS = 4096
+#: The longest cursor text taken (base64 of its pair).
+MAX_CURSOR_CHARS = 1024
+
+
+def storable(name: str, text: str) -> str:
+    """``text`` if every store can hold and compare it; a 400 for a NUL (PostgreSQL
+    text never holds one) or a lone surrogate (``"\\ud800"`` in JSON: not text)."""
+    if "\x00" in text:
+        raise BadRequest(f"{name} holds a NUL character, which no id or text here has")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(
+            f"{name} holds a lone surrogate (U+D800 to U+DFFF), which is not text"
+        ) from None
+    return text
+
+
+def parse_pair(name: str, text: str, what: str) -> tuple[str, str]:
+    """``["a", "b"]``, two strings in JSON as a page wrote them; anything else is a 400
+    saying that ``name`` is not ``what``. Bounded before JSON reads it, and each string
+    :func:`storable`."""
+    if len(text) > MAX_PAIR_CHARS:
+        raise BadRequest(f"{name} is longer than {what} ever is ({MAX_PAIR_CHARS:,} characters)")
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        raise BadRequest(f"{name}={text[:80]!r} is not {what}") from None
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)):
+        raise BadRequest(f"{name}={text[:80]!r} is not {what}")
+    return storable(name, value[0]), storable(name, value[1])
 
 
 def decode_cursor(text: str, name: str = "after") -> tuple[str, str]:
-    """A cursor from ``next``; anything else is a 400 that says what was wrong."""
-    if len(text) > 1024:
+    """A cursor from a page's ``next`` (base64 of a JSON pair); anything else is a 400
+    that says what was wrong."""
+    what = "a cursor this server gave out"
+    if len(text) > MAX_CURSOR_CHARS:
         raise BadRequest(f"{name} is longer than any cursor this server gives out")
     try:
         padded = text + "=" * (-len(text) % 4)
-        value = json.loads(base64.urlsafe_b64decode(padded.encode()))
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise BadRequest(f"{name}={text!r} is not a cursor this server gave out") from exc
-    if not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, str) for v in value):
-        raise BadRequest(f"{name}={text!r} is not a cursor this server gave out")
-    return value[0], value[1]
+        decoded = base64.urlsafe_b64decode(padded.encode()).decode("utf-8")
+    except (ValueError, binascii.Error):
+        raise BadRequest(f"{name}={text!r} is not {what}") from None
+    return parse_pair(name, decoded, what)
+
+
+def encode_cursor(key: tuple[str, str]) -> str:
+    raw = json.dumps(list(key), separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
 FIELD_PREFIX = "field."
@@ -106,14 +143,7 @@ def picked_cards(values: list[str]) -> list[tuple[str, str]]:
     each card's decision is bound to the paused row that card showed."""
     cards: list[tuple[str, str]] = []
     for value in values:
-        try:
-            pair = json.loads(value)
-        except ValueError:
-            raise BadRequest(f"pick={value!r} is not a card's [run, paused row] pair") from None
-        if not (
-            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
-        ):
-            raise BadRequest(f"pick={value!r} is not a card's [run, paused row] pair")
-        if (pair[0], pair[1]) not in cards:
-            cards.append((pair[0], pair[1]))
+        pair = parse_pair("pick", value, "a card's [run, paused row] pair")
+        if pair not in cards:
+            cards.append(pair)
     return cards

@@ -18,6 +18,7 @@ from localui.backends.notifications import (
     COLUMN_NAMES,
     FAILED,
     PENDING,
+    RENAME_SQL,
     SENT,
     SUMMARY_SQL,
     TABLE,
@@ -25,6 +26,7 @@ from localui.backends.notifications import (
     Notification,
     TargetStatus,
     notification_from_row,
+    shown_part,
     status_from_row,
 )
 from localui.backends.postgres.pool import Pool, identifier
@@ -215,6 +217,14 @@ class PostgresOutbox:
                     " lease_until = NULL WHERE state = %s AND (%s::text IS NULL OR target = %s)"
                 ),
                 (PENDING, now, give_up_at, FAILED, target, target),
+            )
+            return int(cur.rowcount)
+
+    def rename_target(self, old: str, new: str) -> int:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            cur.execute(
+                sql.SQL(RENAME_SQL.replace("{mark}", "%s")).format(table=self._table),
+                (new, shown_part(old), shown_part(new), old, new),
             )
             return int(cur.rowcount)
 

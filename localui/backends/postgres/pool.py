@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from localui.backends.urls import redact
-from localui.errors import StoreMissing, Unavailable
+from localui.errors import BadRequest, StoreMissing, Unavailable
 
 #: The SDK's own rule for its ``schema=``: a plain identifier.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -238,6 +238,14 @@ class Pool:
             ) from exc
         except PoolClosed as exc:
             raise Unavailable(f"the connection to PostgreSQL at {self.server} is closed") from exc
+        except psycopg.DataError as exc:
+            if "NUL" not in str(exc):
+                raise
+            # psycopg refuses to send one, as PostgreSQL text never holds it: an id or a
+            # filter with a NUL is the asker's mistake, not the server's.
+            raise BadRequest(
+                "a value given holds a NUL character, which no id or text in PostgreSQL has"
+            ) from exc
         except psycopg.errors.QueryCanceled as exc:
             raise Unavailable(
                 f"PostgreSQL at {self.server} did not answer within "

@@ -12,6 +12,7 @@ from localui.backends.notifications import (
     COLUMNS,
     FAILED,
     PENDING,
+    RENAME_SQL,
     SENT,
     SUMMARY_SQL,
     TABLE,
@@ -19,6 +20,7 @@ from localui.backends.notifications import (
     Notification,
     TargetStatus,
     notification_from_row,
+    shown_part,
     status_from_row,
 )
 from localui.backends.sqlite.connect import connect, transaction, with_retry
@@ -212,6 +214,17 @@ class SQLiteOutbox:
                     f"UPDATE {TABLE} SET state = ?, next_at = ?, give_up_at = ?, attempts = 0,"
                     " lease_until = NULL WHERE state = ? AND (? IS NULL OR target = ?)",
                     (PENDING, now, give_up_at, FAILED, target, target),
+                )
+                return cursor.rowcount
+
+        return self._with_retry(attempt)
+
+    def rename_target(self, old: str, new: str) -> int:
+        def attempt() -> int:
+            with transaction(self._conn) as conn:
+                cursor = conn.execute(
+                    RENAME_SQL.format(table=TABLE, mark="?"),
+                    (new, shown_part(old), shown_part(new), old, new),
                 )
                 return cursor.rowcount
 
