@@ -23,9 +23,10 @@ import pytest
 from conftest import backup
 from helpers import JSON, card, decide, sign_in_settings
 
-from bench.receiver import Receiver
+from bench.receiver import Received, Receiver
 from localui.backends.users import new_token, token_hash
 from localui.bundle import load_bundles, read_bundle
+from localui.notify import targets
 from localui.settings import Notifications
 
 if TYPE_CHECKING:
@@ -50,6 +51,11 @@ def ground_truth(store: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tu
     """Rows read straight from the file, by a plain path (no URI)."""
     with closing(sqlite3.connect(store)) as conn:
         return [tuple(r) for r in conn.execute(sql, params)]
+
+
+def announced(requests: list[Received], event_type: str) -> list[str]:
+    """The execution ids of the events of one type the webhook received."""
+    return [r.json()["data"]["execution_id"] for r in requests if r.json()["type"] == event_type]
 
 
 def test_a_store_at_an_odd_path_is_served_and_an_approval_goes_through(
@@ -98,6 +104,10 @@ def test_a_store_at_an_odd_path_is_served_and_an_approval_goes_through(
         assert "Done: refunded 40.00 on A-1001." in page_text(run_page.text, "trace")
         assert client.get(f"/runs/{completed}.json").json()["state"] == "completed"
 
+        # Each waiting pause announced (from the outbox in the store) before one is decided.
+        got = receiver.wait_for(lambda got: len(announced(got, "run.paused")) >= SEEDED_PAUSES)
+        assert set(announced(got, "run.paused")) == seeded.ids("paused")
+
         run = seeded.id("paused-1")
         shown = card(client, run)
         response = decide(client, run, shown["checkpoint_id"])
@@ -123,19 +133,15 @@ def test_a_store_at_an_odd_path_is_served_and_an_approval_goes_through(
             (run, "ann", True)
         ]
 
-        def announced(got: list[Any]) -> Counter[str]:
-            return Counter(r.json()["type"] for r in got)
-
-        got = receiver.wait_for(
-            lambda got: (
-                announced(got)["run.paused"] >= SEEDED_PAUSES and announced(got)["run.decided"] >= 1
-            )
-        )
-        assert announced(got)["run.decided"] == 1
+        got = receiver.wait_for(lambda got: len(announced(got, "run.decided")) >= 1)
+        assert announced(got, "run.decided") == [run]
         notes = client.get("/notifications.json")
         assert notes.status_code == 200, notes.text
         (target,) = notes.json()["targets"]
-        assert target["sent"] >= SEEDED_PAUSES + 1
+        url = receiver.url + "/hook"
+        assert target["label"] == targets.masked(url) + "#" + targets.fingerprint("webhook", url)
+        recent = {(a["event_type"], a["execution_id"]) for a in notes.json()["recent"]}
+        assert ("run.decided", run) in recent and ("run.paused", run) in recent
 
     # The paused run had charged before it paused: the approval took it from the cache.
     assert ledger.count() == 0
