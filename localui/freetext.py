@@ -43,7 +43,7 @@ def check(name: str, text: str, *, limit: int | None) -> str:
     control other than newline and tab."""
     text = text.replace("\r\n", "\n").strip()
     if limit is not None and len(text) > limit:
-        raise BadRequest(f"{name} is {len(text):,} characters long: at most {limit:,} are taken")
+        raise BadRequest(f"{name} is longer than {limit:,} characters ({len(text):,})")
     for at, char in enumerate(text):
         if _refused(char):
             kind = "a bidirectional override" if char in BIDI_CONTROLS else "a control character"

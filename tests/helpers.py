@@ -46,6 +46,17 @@ def sign_in_settings(**changes: Any) -> SignIn:
     return SignIn(**values)
 
 
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``localui ARGS`` in a process of its own, as a person runs it; its output as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "localui", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def free_port() -> int:
     """A loopback port nothing listens on right now."""
     with socket.socket() as sock:

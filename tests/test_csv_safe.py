@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import csv
 import io
-import subprocess
-import sys
 from collections.abc import Callable
 
-from helpers import JSON, TEST_TOKEN
+from helpers import JSON, TEST_TOKEN, run_cli
 from test_approval_policy import OTHER_TOOL, Desk, open_desk
 
 __all__ = ["open_desk"]  # the fixture, used by name below
@@ -71,13 +69,7 @@ def test_decisions_csv_and_the_export_never_start_a_cell_with_a_formula(
 
     served = desk.client.get("/decisions.csv", headers=OWNER)
     assert served.status_code == 200
-    exported = subprocess.run(
-        [sys.executable, "-m", "localui", "decisions", "export", *desk.export_args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    exported = run_cli("decisions", "export", *desk.export_args)
     assert exported.returncode == 0, exported.stderr
     for text in (served.text, exported.stdout):
         rows = list(csv.DictReader(io.StringIO(text, newline="")))

@@ -83,7 +83,7 @@ def test_a_reason_is_at_most_2000_characters_and_keeps_its_lines(
     too_long = {"checkpoint_id": checkpoint_id, "reason": "x" * 2001}
     refused = desk.client.post(f"/approvals/{run}/reject", data=too_long, headers=OWNER)
     assert refused.status_code == 400
-    assert message(refused) == "reason is 2,001 characters long: at most 2,000 are taken"
+    assert message(refused) == "reason is longer than 2,000 characters (2,001)"
     assert desk.decisions(run) == []
 
     # A browser sends a textarea's lines with CR LF; tabs stay.

@@ -9,11 +9,10 @@ the SDK wrote.
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 
 import pytest
-from helpers import JSON
+from helpers import JSON, run_cli
 from test_approval_policy import TWO_FROM_FINANCE, Desk, approve, message, open_desk
 
 from localui.backends.users import token_hash
@@ -53,13 +52,7 @@ def users_cli(desk: Desk, *args: str) -> subprocess.CompletedProcess[str]:
     if "--pg-schema" in where:
         at = where.index("--pg-schema")
         del where[at : at + 2]
-    return subprocess.run(
-        [sys.executable, "-m", "localui", "users", *args, *where],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_cli("users", *args, *where)
 
 
 def test_users_add_refuses_a_name_that_looks_like_someone_elses(

@@ -10,14 +10,13 @@ receiver, on SQLite and on PostgreSQL.
 from __future__ import annotations
 
 import base64
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import pytest
+from helpers import run_cli
 from test_notify import (
     BASE_URL,
     SECRET,
@@ -63,13 +62,7 @@ def outbox_sql(where: Where, sql: str, params: tuple[Any, ...] = ()) -> int:
 
 
 def listed(where: Where) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "localui", "notifications", "list", *cli_store(where)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_cli("notifications", "list", *cli_store(where))
     assert done.returncode == 0, done.stderr
     return done.stdout
 
