@@ -759,7 +759,10 @@ def test_every_page_connects_its_own_stream(client: TestClient, seeded: Seeded) 
     # The runs table's own htmx swap (the filter form) brings its stream along.
     fragment = client.get("/?state=failed", headers={"HX-Request": "true"}).text
     assert fragment.startswith('<section id="runs-table">')
-    assert 'sse-connect="/live/runs?state=failed"' in fragment and "hx-preserve" not in fragment
+    assert (
+        'sse-connect="/live/runs?state=failed"' in fragment
+        and 'id="runs-live" hidden hx-preserve' not in fragment
+    )
 
 
 # --- a real server --------------------------------------------------------------
