@@ -10,6 +10,7 @@ Passwords never leave this module: :func:`redact` is what a person sees.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -99,6 +100,13 @@ def parse_instant(text: str) -> datetime | None:
     return parsed
 
 
+#: How long the pool keeps retrying one connection before it lets the next borrow start a
+#: fresh attempt (its own back-off would grow with the outage and delay recovery).
+RECONNECT_TIMEOUT = 2.0
+#: How long after an outage a borrow also waits out a reconnect attempt's back-off.
+REFILL_WINDOW = 10.0
+
+
 class StaleConnection(Unavailable):
     """A pooled connection was dead (the server restarted) though the server answers:
     the same work on a fresh connection may well succeed."""
@@ -144,6 +152,8 @@ class Pool:
         self._kwargs: dict[str, Any] = {}
         #: Set when the server stopped answering; cleared when it answers again.
         self._down = False
+        #: When (monotonic seconds) the server answered again after an outage.
+        self._back_at: float | None = None
         try:
             params = conninfo_to_dict(dsn)
         except Exception as exc:
@@ -169,7 +179,7 @@ class Pool:
             timeout=wait_timeout,
             # Back off briefly, then let the next request start a fresh attempt:
             # the pool's own backoff would grow with the outage and delay recovery.
-            reconnect_timeout=2.0,
+            reconnect_timeout=RECONNECT_TIMEOUT,
         )
         self._pool.open(wait=False)
 
@@ -220,8 +230,10 @@ class Pool:
             if cause is not None:
                 raise Unavailable(self.not_answering(cause))
             self._down = False
+            self._back_at = time.monotonic()
+        wait = self._borrow_timeout()
         try:
-            with self._pool.connection() as conn:
+            with self._pool.connection(timeout=wait) as conn:
                 yield conn
         except psycopg.errors.InsufficientPrivilege as exc:
             hint = f" ({self._privileges})" if self._privileges else ""
@@ -232,9 +244,7 @@ class Pool:
             cause = self._cause()
             self._down = cause is not None
             raise Unavailable(
-                self.not_answering(
-                    cause or f"no connection became free within {self._wait_timeout:g} s"
-                )
+                self.not_answering(cause or f"no connection became free within {wait:g} s")
             ) from exc
         except PoolClosed as exc:
             raise Unavailable(f"the connection to PostgreSQL at {self.server} is closed") from exc
@@ -262,6 +272,15 @@ class Pool:
                 raise StaleConnection(self.not_answering(exc)) from exc
             self._down = True
             raise Unavailable(self.not_answering(cause)) from exc
+
+    def _borrow_timeout(self) -> float:
+        """How long to wait for a pooled connection. Just after an outage the pool may
+        still be waiting out the back-off of a reconnect attempt begun while the server
+        was away (up to :data:`RECONNECT_TIMEOUT`); a borrow then waits that out too,
+        so a pool that is refilling is not reported as a second outage."""
+        if self._back_at is not None and time.monotonic() - self._back_at < REFILL_WINDOW:
+            return self._wait_timeout + RECONNECT_TIMEOUT
+        return self._wait_timeout
 
     def close(self) -> None:
         self._pool.close()
