@@ -341,6 +341,11 @@ def test_two_processes_given_the_same_picks_resume_each_run_once(
 
         resumed = [i for a in answers for i in a["items"] if i["result"] == "resumed"]
         assert sorted(i["execution_id"] for i in resumed) == sorted(ids)
+        logs = "\n".join(
+            f"--- {name}.log\n" + (tmp_path / f"{name}.log").read_text(errors="replace")[-4000:]
+            for name in ("server-a", "server-b")
+        )
+        assert all(i["status"] == "completed" for i in resumed), (resumed, logs)
         for execution_id in ids:
             ends = [
                 r.status
@@ -348,7 +353,7 @@ def test_two_processes_given_the_same_picks_resume_each_run_once(
                 if r.step_type == "run_end"
             ]
             # The failed run had one end marker before; each run gains exactly one.
-            assert len(ends) == (2 if execution_id == report.run_id("failed") else 1), ends
+            assert len(ends) == (2 if execution_id == report.run_id("failed") else 1), (ends, logs)
         assert ledger.count("charge_back") == 2, ledger.effects()
 
 
