@@ -45,6 +45,7 @@ from localui.views import cache as cache_views
 from localui.views import compare as compare_views
 from localui.views import decisions as decision_views
 from localui.views import diff as diff_views
+from localui.views import edit as edit_views
 from localui.views import fork as fork_views
 from localui.views import live as live_views
 from localui.views import metrics as metrics_views
@@ -100,6 +101,7 @@ def build_routes() -> list[Route | Mount]:
         *page_routes(
             "/runs/{execution_id:localui_id}/fork", fork_views.fork_preview, "fork_preview"
         ),
+        *page_routes("/runs/{execution_id:localui_id}/edit", edit_views.edit_page, "edit_row"),
         *page_routes("/runs/{execution_id:localui_id}", run_views.run_page, "run"),
         Route(
             "/runs/bulk-resume",

@@ -399,6 +399,9 @@ APPROVAL = "approval"
 RESUME = "resume"
 #: An operator re-armed an orphaned pause no decision explains (``ActionService.reopen``).
 REOPEN = "reopen"
+#: A branch that went on from a row whose conversation or state a person edited
+#: (recorded on the branch, with the source row and what changed).
+EDIT = "edit"
 #: A listing entry of the decision record that is a vote (``localui_votes``): one
 #: approval a two-person rule counted, not the one that completed the count.
 VOTE = "vote"
@@ -442,6 +445,8 @@ class Decision:
             return "resumed"
         if self.kind == REOPEN:
             return "re-opened"
+        if self.kind == EDIT:
+            return "edited and went on"
         if self.kind == VOTE:
             return "voted to approve"
         return "approved" if self.approved else "rejected"

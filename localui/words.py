@@ -349,3 +349,40 @@ def fork_words(plan: forks.ForkPlan, new_input: str | None) -> tuple[str, ...]:
             " there pauses too, and waits for a person."
         )
     return tuple(said)
+
+
+#: What each kind of edited message is called.
+_EDITED = {"text": "text", "arguments": "arguments", "result": "result"}
+
+
+def edit_lines(metadata: Any) -> tuple[str, ...]:
+    """What an edit changed, a line per change, from its decision record's metadata
+    (``localui.actions._edit_metadata``): ``message 3 (tool) result: "…" → "…"``, or
+    ``state.order_id: "B-7" → "Z-9"``."""
+    if not isinstance(metadata, dict):
+        return ()
+    lines: list[str] = []
+    for change in metadata.get("changes") or ():
+        if not isinstance(change, dict):
+            continue
+        before, after = short_json(change.get("before")), short_json(change.get("after"))
+        if "key" in change:
+            if change.get("added"):
+                lines.append(f"state.{change['key']} added: {after}")
+            else:
+                lines.append(f"state.{change['key']}: {before} → {after}")
+            continue
+        where = f"message {int(change.get('index', 0)) + 1} ({change.get('role')})"
+        what = change.get("what")
+        if what == "added":
+            lines.append(f"{where} added: {after}")
+        elif what == "removed":
+            lines.append(f"{where} removed: {before}")
+        elif what == "arguments":
+            lines.append(f"{where} arguments of {change.get('tool')}: {before} → {after}")
+        else:
+            lines.append(f"{where} {_EDITED.get(str(what), 'text')}: {before} → {after}")
+    more = int(metadata.get("changed") or 0) - len(lines)
+    if more > 0:
+        lines.append(f"and {more} more")
+    return tuple(lines)

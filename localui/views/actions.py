@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
-from localui import freetext
+from localui import edits, freetext
 from localui.auth import OPERATOR, require
-from localui.errors import BadRequest, Forbidden, Refused
+from localui.errors import BadRequest, Forbidden, NotFound, Refused
 from localui.offloop import off_loop
 from localui.records import PruneRun
 from localui.signing import Signer
@@ -64,15 +64,40 @@ async def reopen_pause(request: Request) -> Response:
 
 
 async def fork_run(request: Request) -> Response:
-    require(request, OPERATOR)
+    """A fork; with ``messages`` (an agent's) or ``state`` (a chain's), or the editor's
+    fields, a branch that goes on from the row as edited."""
+    person = require(request, OPERATOR)
     execution_id = request.path_params["execution_id"]
-    form = await request.form()
-    new_input = freetext.check("input", str(form.get("input") or ""), limit=MAX_FORK_INPUT)
-    outcome = await actions_of(request).fork(
-        execution_id,
-        checkpoint_id=str(form.get("checkpoint_id") or "") or None,
-        new_input=new_input or None,
-    )
+    form = await request.form(max_fields=edits.MAX_MESSAGES * 2 + 16)
+    checkpoint_id = str(form.get("checkpoint_id") or "")
+    fields = {k: str(v) for k, v in form.items()}
+    actions = actions_of(request)
+    if "messages" in form or "state" in form or fields.get("edit") == "fields":
+        if "messages" in form and "state" in form:
+            raise BadRequest("send messages (an agent's row) or state (a chain's), not both")
+        messages = state = None
+        if "messages" in form:
+            messages = edits.parse_messages(fields["messages"])
+        elif "state" in form:
+            state = edits.parse_state(fields["state"])
+        else:
+            detail = await off_loop(actions.store.get_row, checkpoint_id)
+            if detail is None or detail.header.execution_id != execution_id:
+                raise NotFound(f"run {execution_id!r} has no row {checkpoint_id!r}")
+            source = list(detail.state_snapshot.get("messages") or ())
+            messages = edits.apply_fields(source, fields)
+        outcome = await actions.fork_edited(
+            execution_id,
+            checkpoint_id=checkpoint_id,
+            messages=messages,
+            state=state,
+            actor=actor_of(person, form, "actor", fallback=approver_of(request)),
+        )
+    else:
+        new_input = freetext.check("input", str(form.get("input") or ""), limit=MAX_FORK_INPUT)
+        outcome = await actions.fork(
+            execution_id, checkpoint_id=checkpoint_id or None, new_input=new_input or None
+        )
     urls = urls_of(request)
     view = outcome_view(outcome, urls)
     if outcome.new_execution_id is None:

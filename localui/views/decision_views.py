@@ -8,11 +8,13 @@ from localui.actions import ActionService
 from localui.records import (
     ALREADY_RESUMED,
     APPROVAL,
+    EDIT,
     Decision,
     Vote,
 )
 from localui.shortids import shortest_unique
 from localui.views.respond import html_only
+from localui.words import edit_lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +31,24 @@ class DecisionView:
     words: str = html_only("")
     #: The row's id as the page's decisions show it (``localui.shortids``).
     short_checkpoint_id: str = html_only("")
+    #: An edit's changes, a line each (``words.edit_lines``).
+    changes: tuple[str, ...] = ()
+    #: For an edit: the run and row it went on from.
+    source_execution_id: str | None = None
 
 
 def decision_view(d: Decision, short_checkpoint_id: str | None = None) -> DecisionView:
-    if d.outcome is None:
+    source = None
+    if d.kind == EDIT:
+        source = str((d.metadata or {}).get("source_execution_id") or "") or None
+        words = (
+            f"{d.actor} edited row {d.checkpoint_id} of run {source} and went on from it "
+            f"at {d.decided_at}"
+        )
+        words += (
+            ": the branch is still going." if d.outcome is None else f": the branch {d.outcome}."
+        )
+    elif d.outcome is None:
         words = f"{d.actor} {d.verb} it at {d.decided_at}; the run is still going."
     elif d.outcome == ALREADY_RESUMED:
         words = f"{d.actor} {d.verb} it at {d.decided_at}, but it was resumed elsewhere first."
@@ -57,6 +73,8 @@ def decision_view(d: Decision, short_checkpoint_id: str | None = None) -> Decisi
         words=words,
         short_checkpoint_id=short_checkpoint_id
         or shortest_unique([d.checkpoint_id])[d.checkpoint_id],
+        changes=edit_lines(d.metadata) if d.kind == EDIT else (),
+        source_execution_id=source,
     )
 
 

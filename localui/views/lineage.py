@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from localui.backends.base import Store
 from localui.records import (
+    Decision,
     ForkLink,
 )
 from localui.shortids import shortest_unique
@@ -33,6 +35,8 @@ class ForkView:
     source_short_id: str = html_only("")
     #: This fork beside its source run, step by step (``/compare``).
     compare_url: str | None = html_only(None)
+    #: Who edited the row this fork went on from ("edited by Ada"), when one was.
+    edited: str | None = html_only(None)
 
 
 def fork_view(link: ForkLink, urls: Urls, children: tuple[ForkView, ...] = ()) -> ForkView:
@@ -61,7 +65,11 @@ def fork_view(link: ForkLink, urls: Urls, children: tuple[ForkView, ...] = ()) -
 
 
 def lineage(
-    store: Store, execution_id: str, urls: Urls, forks: tuple[ForkLink, ...]
+    store: Store,
+    execution_id: str,
+    urls: Urls,
+    forks: tuple[ForkLink, ...],
+    edits: Mapping[str, Decision] | None = None,
 ) -> tuple[ForkView, ...]:
     """This run's ``forks``, and theirs, depth first, at most ``MAX_LINEAGE`` in all;
     their ids shortened so that each reads apart from every other run of the lineage."""
@@ -86,8 +94,16 @@ def lineage(
                 short_id=shown[view.execution_id],
                 source_short_id=shown.get(view.source_execution_id or "", ""),
                 forks=shorten(view.forks),
+                edited=edited_words(edits or {}, view.execution_id),
             )
             for view in views
         )
 
     return shorten(tree)
+
+
+def edited_words(edits: Mapping[str, Decision], execution_id: str) -> str | None:
+    decision = edits.get(execution_id)
+    if decision is None:
+        return None
+    return f"edited by {decision.actor} at {decision.decided_at}"

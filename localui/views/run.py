@@ -22,6 +22,7 @@ from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, NotFound
 from localui.offloop import off_loop
 from localui.records import (
+    EDIT,
     RowDetail,
 )
 from localui.views.cards import ApprovalItem
@@ -164,6 +165,9 @@ def build_run_page(
         reentries(trace, headers),
     )
     origin, forks = store.fork_family(execution_id)
+    edited = (
+        actions.decisions.latest_for_runs(EDIT, [f.execution_id for f in forks]) if forks else {}
+    )
     acting = actions_section(actions, execution_id, owner, plan, pending, now, urls, person)
     orphan = None
     if state == runs.ORPHANED and last.status == "interrupted":
@@ -183,7 +187,7 @@ def build_run_page(
         pending=pending_view(pending),
         idempotency=tuple(cache_view(e, headers) for e in cache),
         fork_of=fork_view(origin, urls) if origin is not None else None,
-        forks=lineage(store, execution_id, urls, forks),
+        forks=lineage(store, execution_id, urls, forks, edited),
         window=timeline.window,
         decisions=acting.decisions,
         outbox=outbox_summary(headers),

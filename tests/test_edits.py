@@ -1,0 +1,287 @@
+# ruff: noqa: F811
+"""Edit a row and go on: the branch goes on from the edit, as the SDK carries it.
+
+Each test edits a copy of a store the real SDK wrote (both backends) through the app's
+``POST /runs/{id}/fork``, then reads what the branch did: the demo's model answers from
+the conversation it was sent (its final answer repeats the last tool results; its tool
+call repeats the amount the user asked for), and its tools note each call. The source
+run's rows must stay byte for byte as they were.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from conftest import BASE_URL, LOOPBACK_CLIENT
+from starlette.testclient import TestClient
+
+# The store copies (both backends, fixtures ``seeds`` and ``copy``) and the runners the
+# fork predictions use; the tests take ``copy`` by name, as pytest hands fixtures.
+from test_predictions import Copy, copy, every_row, runners, seeds  # noqa: F401
+
+from localui.app import create_app
+from localui.demo import teams
+from localui.records import EDIT
+
+JSON = {"Accept": "application/json"}
+
+
+def edits_of(copy: Copy, branch: str) -> list[Any]:
+    log = copy.backend.decision_log(writable=False)
+    try:
+        return [d for d in log.list_for_run(branch) if d.kind == EDIT]
+    finally:
+        log.close()
+
+
+def rows_with_tool_result(copy: Copy, execution_id: str) -> Any:
+    """The first row whose conversation ends with a tool's result (the model is next)."""
+    for row in copy.store.list_rows(execution_id):
+        detail = copy.store.get_row(row.checkpoint_id)
+        messages = (detail.state_snapshot.get("messages") if detail else None) or []
+        if messages and messages[-1].get("role") == "tool" and row.step_type != "run_end":
+            return row, detail
+    raise AssertionError("the run has no row after a tool's result")
+
+
+@pytest.mark.postgres
+def test_an_edited_tool_result_is_what_the_model_sees(copy: Copy) -> None:
+    execution_id = copy.report.run_id("completed")
+    row, detail = rows_with_tool_result(copy, execution_id)
+    messages = json.loads(json.dumps(detail.state_snapshot["messages"]))
+    messages[-1]["content"] = "refunded 1.00 on A-1003 (edited)"
+    events: list[str] = []
+    app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
+    before = every_row(copy.store, execution_id)
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        answer = client.post(
+            f"/runs/{execution_id}/fork",
+            data={
+                "checkpoint_id": row.checkpoint_id,
+                "messages": json.dumps(messages),
+                "actor": "Ada",
+            },
+            headers=JSON,
+        )
+        assert answer.status_code == 200, answer.text
+        branch = answer.json()["new_execution_id"]
+        page = client.get(f"/runs/{branch}")
+        source_page = client.get(f"/runs/{execution_id}")
+    assert every_row(copy.store, execution_id) == before, "the source run changed"
+    # The model was called again, saw the edited result, and answered from it.
+    assert answer.json()["output"] == "Done: refunded 1.00 on A-1003 (edited).", answer.json()
+    assert [e for e in events if e.startswith("tool:")] == [], "no tool ran again"
+    assert events.count("model:refund-bot") == 1
+    branch_rows = copy.store.list_rows(branch)
+    origin = branch_rows[0]
+    assert origin.node_id == "__fork_origin__" and origin.parent_checkpoint_id == row.checkpoint_id
+    assert [r.status for r in branch_rows if r.step_type == "run_end"] == ["completed"]
+    # Who edited what is kept with the branch.
+    (decision,) = edits_of(copy, branch)
+    assert decision.actor == "Ada" and decision.outcome == "completed"
+    assert decision.metadata is not None
+    assert decision.metadata["source_execution_id"] == execution_id
+    assert decision.metadata["changes"][0]["what"] == "result"
+    assert decision.metadata["changes"][0]["after"] == "refunded 1.00 on A-1003 (edited)"
+    # Both pages say so.
+    assert page.status_code == 200 and "refunded 1.00 on A-1003 (edited)" in page.text
+    assert "edited" in page.text and "Ada" in page.text
+    assert source_page.status_code == 200 and f"/runs/{branch}" in source_page.text
+    assert "edited by Ada" in source_page.text
+
+
+@pytest.mark.postgres
+def test_an_edited_request_makes_the_model_call_the_tool_with_the_new_amount(
+    copy: Copy,
+) -> None:
+    execution_id = copy.report.run_id("completed")
+    first = copy.store.list_rows(execution_id)[0]
+    detail = copy.store.get_row(first.checkpoint_id)
+    assert detail is not None
+    messages = json.loads(json.dumps(detail.state_snapshot["messages"]))
+    user = next(m for m in messages if m["role"] == "user")
+    user["content"] = "Refund order A-1003 for 12.50"
+    events: list[str] = []
+    app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        answer = client.post(
+            f"/runs/{execution_id}/fork",
+            data={"checkpoint_id": first.checkpoint_id, "messages": json.dumps(messages)},
+            headers=JSON,
+        )
+    assert answer.status_code == 200, answer.text
+    branch = answer.json()["new_execution_id"]
+    refunds = [
+        copy.store.get_row(r.checkpoint_id)
+        for r in copy.store.list_rows(branch)
+        if r.node_id.endswith("/tool:refund")
+    ]
+    assert refunds and refunds[0] is not None
+    assert refunds[0].node_input == {"order_id": "A-1003", "amount": 12.5}
+    assert "tool:refund-bot:refund" in events
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("edit", "status", "said"),
+    [
+        ("not json", 400, "messages is not JSON"),
+        ('{"role": "user"}', 400, "JSON list of messages"),
+        ('[{"role": "robot", "content": "x"}]', 400, "role must be one of"),
+        ('[{"role": "tool", "content": "x", "tool_call_id": "c9"}]', 400, "no earlier"),
+        (
+            '[{"role": "user", "content": "Refund order A-1 for 5.00"}, {"role": "assistant", '
+            '"tool_calls": [{"id": "c1", "name": "launch_rockets", "arguments": {}}]}]',
+            422,
+            "calls 'launch_rockets'",
+        ),
+        ("SAME", 400, "nothing was edited"),
+    ],
+)
+def test_a_bad_edit_is_refused_and_changes_nothing(
+    copy: Copy, edit: str, status: int, said: str
+) -> None:
+    execution_id = copy.report.run_id("completed")
+    row, detail = rows_with_tool_result(copy, execution_id)
+    if edit == "SAME":
+        edit = json.dumps(detail.state_snapshot["messages"])
+    events: list[str] = []
+    app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
+    runs_before = copy.store.count_runs() if hasattr(copy.store, "count_runs") else None
+    before = every_row(copy.store, execution_id)
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        answer = client.post(
+            f"/runs/{execution_id}/fork",
+            data={"checkpoint_id": row.checkpoint_id, "messages": edit},
+            headers=JSON,
+        )
+    assert answer.status_code == status, answer.text
+    assert said in answer.json()["error"]["message"]
+    assert events == []
+    assert every_row(copy.store, execution_id) == before
+    if runs_before is not None:
+        assert copy.store.count_runs() == runs_before
+
+
+@pytest.mark.postgres
+def test_a_chain_s_edited_state_is_what_its_next_nodes_read(copy: Copy) -> None:
+    execution_id = copy.report.run_id("chain-paused")
+    rows = copy.store.list_rows(execution_id)
+    row = next(r for r in rows if r.node_id == "step_1_lookup")
+    detail = copy.store.get_row(row.checkpoint_id)
+    assert detail is not None
+    state = dict(detail.state_snapshot)
+    events: list[str] = []
+    app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
+    # The nodes after the row read ``state.order_id`` (their input mapping).
+    key = "order_id"
+    assert isinstance(state.get(key), str), state
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        typed = client.post(
+            f"/runs/{execution_id}/fork",
+            data={"checkpoint_id": row.checkpoint_id, "state": json.dumps({**state, key: 3})},
+            headers=JSON,
+        )
+        assert typed.status_code == 400 and "stays text" in typed.json()["error"]["message"]
+        answer = client.post(
+            f"/runs/{execution_id}/fork",
+            data={
+                "checkpoint_id": row.checkpoint_id,
+                "state": json.dumps({**state, key: "Z-9"}),
+            },
+            headers=JSON,
+        )
+    assert answer.status_code == 200, answer.text
+    branch = answer.json()["new_execution_id"]
+    origin = copy.store.list_rows(branch)[0]
+    after = copy.store.get_row(origin.checkpoint_id)
+    assert after is not None
+    (decision,) = edits_of(copy, branch)
+    assert decision.metadata is not None and decision.metadata["changes"][0]["key"] == key
+    later = [copy.store.get_row(r.checkpoint_id) for r in copy.store.list_rows(branch)]
+    seen = [(d.header.node_id, d.state_snapshot.get(key)) for d in later if d is not None]
+    assert seen[0][0] == "__fork_origin__", seen
+    assert seen[0][1] == "Z-9", seen
+    outputs = [d.state_snapshot.get("output") for d in later[1:] if d is not None]
+    assert "refund 300.00 on Z-9" in outputs, outputs
+    assert f"tool:{teams.CHAIN_NAME}:plan_refund" in events
+
+
+@pytest.mark.postgres
+def test_the_editor_shows_the_row_and_its_fields_go_on_from_the_edit(copy: Copy) -> None:
+    execution_id = copy.report.run_id("completed")
+    row, detail = rows_with_tool_result(copy, execution_id)
+    last = len(detail.state_snapshot["messages"]) - 1
+    events: list[str] = []
+    app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
+    before = every_row(copy.store, execution_id)
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        run_page = client.get(f"/runs/{execution_id}")
+        editor = client.get(
+            f"/runs/{execution_id}/edit", params={"checkpoint_id": row.checkpoint_id}
+        )
+        missing = client.get(f"/runs/{execution_id}/edit", params={"checkpoint_id": "nope"})
+        assert every_row(copy.store, execution_id) == before, "a GET changed the run"
+        answer = client.post(
+            f"/runs/{execution_id}/fork",
+            data={
+                "checkpoint_id": row.checkpoint_id,
+                "edit": "fields",
+                f"content.{last}": "refunded 2.00 on A-1003 (typed)",
+                "actor": "Grace",
+            },
+            follow_redirects=False,
+        )
+    assert "Edit the row and go on" in run_page.text
+    assert editor.status_code == 200, editor.text
+    assert f'name="content.{last}"' in editor.text and "Go on from here" in editor.text
+    assert missing.status_code == 404
+    assert answer.status_code == 303, answer.text
+    branch = answer.headers["location"].rsplit("/", 1)[1]
+    (decision,) = edits_of(copy, branch)
+    assert decision.actor == "Grace"
+    assert decision.detail == "Done: refunded 2.00 on A-1003 (typed)."
+    assert every_row(copy.store, execution_id) == before
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("role", ["viewer", "approver"])
+def test_only_operators_edit_and_no_other_site_can(copy: Copy, role: str) -> None:
+    from helpers import sign_in_settings
+
+    from localui.backends import open_users
+    from localui.backends.users import new_token, token_hash
+
+    execution_id = copy.report.run_id("completed")
+    row, detail = rows_with_tool_result(copy, execution_id)
+    messages = json.loads(json.dumps(detail.state_snapshot["messages"]))
+    messages[-1]["content"] = "refunded 3.00 (edited)"
+    settings = dataclasses.replace(copy.settings, sign_in=sign_in_settings())
+    users = open_users(settings, writable=True)
+    token = new_token()
+    users.add(f"a-{role}", role, token_hash(token))
+    users.close()
+    events: list[str] = []
+    app = create_app(settings, agents=list(runners(copy.checkpointer, events).values()))
+    before = every_row(copy.store, execution_id)
+    runs_before = copy.store.list_forks(execution_id)
+    data = {"checkpoint_id": row.checkpoint_id, "messages": json.dumps(messages)}
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        refused = client.post(
+            f"/runs/{execution_id}/fork",
+            data=data,
+            headers={**JSON, "Authorization": f"Bearer {token}"},
+        )
+        cross_site = client.post(
+            f"/runs/{execution_id}/fork",
+            data=data,
+            headers={"Sec-Fetch-Site": "cross-site", "Origin": "https://elsewhere.example"},
+        )
+    assert refused.status_code == 403, refused.text
+    assert cross_site.status_code == 403
+    assert events == []
+    assert every_row(copy.store, execution_id) == before
+    assert copy.store.list_forks(execution_id) == runs_before
