@@ -2,9 +2,10 @@
 
 Every action checks, before it asks the SDK for anything, that it can finish:
 the run's agent is registered here, it has the tool the run stopped in, and
-the row the person saw is still the one the action would act on. That order
-matters because ``Agent.aresume`` claims the pending row *first* and looks the
-tool up *after*: a resume that fails its lookup has already lost the pause.
+the row the person saw is still the one the action would act on, and the run
+context its tools need (``localui.contexts``) can be made. That order matters
+because ``Agent.aresume`` claims the pending row *first* and looks the tool up
+*after*: a resume that fails its lookup has already lost the pause.
 
 Exactly-once comes from the decision record (``localui.backends.decisions``): a claim on
 ``(kind, execution_id, checkpoint_id)`` that one request in one process wins,
@@ -28,6 +29,7 @@ from localui.auth import Person
 from localui.backends import is_busy
 from localui.backends.base import DecisionLog, Store
 from localui.backends.decisions import ABANDONED_AFTER_SECONDS, HEARTBEATS_PER_LEASE
+from localui.contexts import RunContexts
 from localui.errors import (
     AlreadyDecided,
     BadRequest,
@@ -122,10 +124,13 @@ class ActionService:
         registry: Registry,
         decisions: DecisionLog,
         make_checkpointer: Callable[[], Any],
+        contexts: RunContexts | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.registry = registry
+        #: The ``RunContext`` factories (``--context``) resumes and forks hand the tools.
+        self.contexts = contexts if contexts is not None else RunContexts()
         self.decisions = decisions
         #: Writes a pause again, for a re-open.
         self.pauses = PauseWriter(store, registry)
@@ -159,7 +164,8 @@ class ActionService:
         Every check that can refuse comes before anything is recorded: who may decide
         (403), the reason and the fields (400), whether this process can resume (422).
         The metadata is recorded with the claim and handed to the SDK as recorded, so a
-        recovery of a crashed approval carries out the same decision.
+        recovery of a crashed approval carries out the same decision. The run context is
+        made before any vote or claim: a factory that fails leaves the pause waiting.
         """
         self.preflight.ensure_writable()
         approver, reason = decision_text(approver, reason, approved=approved)
@@ -208,6 +214,7 @@ class ActionService:
                 # died: that decision is being carried out, and no other may be.
                 raise AlreadyDecided(f"This pause was {_decided_words(taken)}.", taken)
         owner = runs.run_owner(rows)
+        context = await self.context_of(owner, "aresume", execution_id)
 
         # Exactly what the tool receives, built once: recorded with the claim below.
         resume_metadata: dict[str, Any] = {"approver": approver, "reason": reason}
@@ -303,7 +310,12 @@ class ActionService:
             approved=approved, metadata=dict(recorded) if recorded is not None else resume_metadata
         )
         return await self.run_resume(
-            execution_id, claim.decision, "approve" if approved else "reject", resume_value, owner
+            execution_id,
+            claim.decision,
+            "approve" if approved else "reject",
+            resume_value,
+            owner,
+            context=context,
         )
 
     async def _raise_decided(self, execution_id: str, checkpoint_id: str, kind: str) -> None:
@@ -352,6 +364,7 @@ class ActionService:
         problem = await off_loop(self.preflight.plan_problem, plan)
         if problem is not None:
             raise Refused(problem)
+        context = await self.context_of(plan.owner, "aresume", execution_id)
         claim = await off_loop(
             lambda: self.decisions.claim(
                 kind=RESUME,
@@ -366,9 +379,22 @@ class ActionService:
         )
         if not claim.won:
             raise AlreadyDecided(f"This run was {_decided_words(claim.decision)}.", claim.decision)
-        return await self.run_resume(execution_id, claim.decision, "resume", None, plan.owner)
+        return await self.run_resume(
+            execution_id, claim.decision, "resume", None, plan.owner, context=context
+        )
 
     # --- the SDK call, shared ----------------------------------------
+
+    async def context_of(self, owner: runs.Owner, method: str, execution_id: str) -> Any | None:
+        """The ``RunContext`` for the owner's ``method`` (``aresume``/``afork``) on this
+        run, made by its ``--context`` factory; None when there is none to pass.
+        :class:`Refused` when the factory fails: call it before claiming anything."""
+        runner = self.registry.get(owner.name)
+        if runner is None:
+            return None  # the preflight checks refuse this run on their own
+        return await self.contexts.context_for(
+            runner, method, execution_id=execution_id, name=owner.name
+        )
 
     async def run_resume(
         self,
@@ -377,7 +403,11 @@ class ActionService:
         action: str,
         resume_value: Any,
         owner: runs.Owner,
+        *,
+        context: Any | None = None,
     ) -> Outcome:
+        """Carry out the claimed ``decision`` through the owner's ``aresume``, handing
+        it ``context`` (from :meth:`context_of`, made before the claim) when there is one."""
         from fastaiagent.chain.interrupt import AlreadyResumed
 
         # The owner's resume, never its member's: a team resumes as a team.
@@ -386,12 +416,14 @@ class ActionService:
             await off_loop(self.decisions.release, decision.id)
             raise Refused(f"no agent is registered for run {execution_id!r}")
         project = await off_loop(self.store.get_project_id, execution_id)
+        # Only a runner whose ``aresume`` takes a context gets one (``context_of``).
+        given = {"context": context} if context is not None else {}
         deadline = asyncio.get_running_loop().time() + CLAIM_RETRY_SECONDS
         delay = 0.05
         while True:
             try:
                 with project_scope(project), self.keep_alive(decision.id):
-                    result = await agent.aresume(execution_id, resume_value=resume_value)
+                    result = await agent.aresume(execution_id, resume_value=resume_value, **given)
                 break
             except AlreadyResumed as exc:
                 finished = await off_loop(
@@ -523,11 +555,16 @@ class ActionService:
         agent = self.registry.get(owner.name)
         if agent is None:
             raise Refused(f"no runner named {owner.name!r} is registered here")
+        context = await self.context_of(owner, "afork", execution_id)
+        given = {"context": context} if context is not None else {}
         project = await off_loop(self.store.get_project_id, execution_id)
         try:
             with project_scope(project):
                 result = await agent.afork(
-                    execution_id, checkpoint_id=checkpoint_id or None, input=new_input or None
+                    execution_id,
+                    checkpoint_id=checkpoint_id or None,
+                    input=new_input or None,
+                    **given,
                 )
         except Exception as exc:
             return Outcome(

@@ -25,6 +25,7 @@ from localui.backends import open_backend
 from localui.backends.base import Backend, Changes
 from localui.backends.traces import SpanIndex
 from localui.backends.users import new_token
+from localui.contexts import RunContexts
 from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed, LiveRenders
 from localui.metrics import RequestTiming, app_metrics
@@ -252,12 +253,14 @@ def create_app(
     settings: Settings,
     *,
     agents: Iterable[Any] = (),
+    contexts: RunContexts | None = None,
     backend: Backend | None = None,
     seeding: Seeding | None = None,
 ) -> Starlette:
     """The app for one store: ``backend``, or the one ``settings.store`` names, opened
     by the lifespan (and then closed by it too). ``agents`` are those this process
-    may resume; they must already be bound to the store (``localui.registry``).
+    may resume; they must already be bound to the store (``localui.registry``), and
+    ``contexts`` makes the ``RunContext`` each resume and fork hands their tools.
     ``seeding`` writes runs into the store while it is served (``localui demo``): the
     lifespan starts it and cancels it on shutdown."""
     templates = Jinja2Templates(
@@ -298,6 +301,7 @@ def create_app(
             registry=registry,
             decisions=decisions,
             make_checkpointer=opened.checkpointer,
+            contexts=contexts,
         )
         feed = ChangeFeed(opened.change_source(), interval=settings.poll_interval)
         watcher: Watcher | None = None

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localui.contexts import ContextFactory, RunContexts
 from localui.errors import LocalUIError
 from localui.policy import Policy, PolicyError, load_policy
 from localui.registry import Registry, RegistryError, load_spec
@@ -264,6 +265,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="Agents this process may resume: MODULE:ATTR or FILE.py:ATTR (an Agent, a "
         "list of them, or a function returning either).",
     )
+    serve.add_argument(
+        "--context",
+        action="append",
+        default=[],
+        metavar="[RUNNER=]SPEC",
+        help="The RunContext that resumes and forks hand the tools: MODULE:FACTORY or "
+        "FILE.py:FACTORY, a function called as FACTORY(execution_id=RUN_ID, runner=NAME) "
+        "before each resume or fork that returns a fastaiagent RunContext. Unqualified it "
+        "serves every runner; RUNNER=SPEC serves that runner instead. Repeatable. A factory "
+        "that raises refuses the action before the pause is claimed.",
+    )
     _add_server_options(serve)
     _add_policy_option(serve)
     _add_notify_options(serve)
@@ -415,10 +427,12 @@ def serve(
     agents: Sequence[Any] = (),
     *,
     specs: Sequence[str] = (),
+    context_specs: Sequence[str] = (),
     seeding: AppSeeding | None = None,
 ) -> int:
     """Open the store, load the agents ``specs`` name, bind them and ``agents`` to it,
-    and serve until interrupted (while ``seeding`` writes runs into it)."""
+    match the ``context_specs`` factories to them, and serve until interrupted (while
+    ``seeding`` writes runs into it)."""
     import uvicorn
     from starlette.types import ASGIApp
 
@@ -464,6 +478,7 @@ def serve(
     try:
         for spec in specs:
             loaded.extend(load_spec(spec))
+        factories = [ContextFactory.load(spec) for spec in context_specs]
     except RegistryError as exc:
         return fail(str(exc))
     # A server stays up for days: have malloc give back what its pages free (see
@@ -477,6 +492,7 @@ def serve(
         # Made here once so a missing privilege is one line, not a failed lifespan.
         backend.decision_log(writable=not settings.read_only).close()
         registry = Registry.build(loaded, backend.target)
+        contexts = RunContexts.build(factories, registry)
         if settings.notifies:
             targets_of(settings.notifications)
             routes_of(settings.policy)
@@ -484,7 +500,11 @@ def serve(
         backend.close()
         return fail(str(exc))
     app: ASGIApp = create_app(
-        settings, agents=registry.agents.values(), backend=backend, seeding=seeding
+        settings,
+        agents=registry.agents.values(),
+        contexts=contexts,
+        backend=backend,
+        seeding=seeding,
     )
     if releasing:
         app = ReleaseFreedMemory(app)
@@ -497,6 +517,8 @@ def serve(
         print(f"localui: links point under {settings.root_path}/, where the proxy serves it")
     if registry.agents:
         print(f"localui: agents that can be resumed here: {', '.join(registry.names())}")
+    for line in contexts.describe():
+        print(f"localui: run context for {line}", flush=True)
     if settings.policy is not None:
         names = ", ".join(repr(r.name) for r in settings.policy.rules) or "none"
         print(f"localui: approval policy {settings.policy.source}: rules {names}", flush=True)
@@ -682,7 +704,7 @@ def run_serve(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(_settings(args, store), policy=policy)
     except NotifyOptionError as exc:
         return fail(str(exc))
-    return serve(settings, specs=args.agents)
+    return serve(settings, specs=args.agents, context_specs=args.context)
 
 
 def _exit_quietly(signum: int, frame: object) -> None:

@@ -133,7 +133,10 @@ class RecoverySweep:
             return await self._close_moved_on(decision, newest)
         owner = runs.run_owner(rows)
         if decision.kind == RESUME:
-            return await self.actions.run_resume(execution_id, decision, "resume", None, owner)
+            context = await self.actions.context_of(owner, "aresume", execution_id)
+            return await self.actions.run_resume(
+                execution_id, decision, "resume", None, owner, context=context
+            )
         if pending is not None and pending.checkpoint_id != bound:
             return await self._close_moved_on(decision, newest)
         plan = self.actions.preflight.plan(runs.PAUSED, rows)
@@ -145,6 +148,8 @@ class RecoverySweep:
         if problem is not None:
             # Left for a process that can: the lease runs out again and it takes over.
             raise Refused(problem)
+        # Made before a pause is re-armed: a factory that fails leaves all as it was.
+        context = await self.actions.context_of(owner, "aresume", execution_id)
         if pending is None:
             if newest.status != "interrupted":
                 return await self._close_moved_on(decision, newest)
@@ -159,7 +164,9 @@ class RecoverySweep:
             metadata = {"approver": decision.actor, "reason": decision.reason}
         resume_value = Resume(approved=bool(decision.approved), metadata=dict(metadata))
         action = "approve" if decision.approved else "reject"
-        return await self.actions.run_resume(execution_id, decision, action, resume_value, owner)
+        return await self.actions.run_resume(
+            execution_id, decision, action, resume_value, owner, context=context
+        )
 
     async def _close_moved_on(self, decision: Decision, newest: RowHeader | None) -> Outcome:
         """Record how a decision ended whose run went on past its row before its process

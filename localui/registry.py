@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from localui.backends.base import StoreTarget
@@ -43,40 +44,9 @@ def import_sdk() -> None:
 
 def load_spec(spec: str) -> list[Any]:
     """The agents named by one ``--agents`` value."""
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not target or not attr:
-        raise RegistryError(f"--agents {spec!r}: expected MODULE:ATTR or FILE.py:ATTR")
-    import_sdk()
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise RegistryError(f"--agents {spec!r}: no file {path}")
-        name = f"localui_agents_{abs(hash(path.resolve()))}"
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise RegistryError(f"--agents {spec!r}: cannot import {path}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as exc:
-            raise RegistryError(
-                f"--agents {spec!r}: importing {path} failed: "
-                f"{type(exc).__name__}: {_one_line(exc)}"
-            ) from exc
-    else:
-        try:
-            module = importlib.import_module(target)
-        except Exception as exc:
-            raise RegistryError(
-                f"--agents {spec!r}: cannot import {target}: {type(exc).__name__}: {_one_line(exc)}"
-            ) from exc
-    try:
-        value = getattr(module, attr)
-    except AttributeError as exc:
-        raise RegistryError(f"--agents {spec!r}: {target} has no attribute {attr!r}") from exc
+    value = load_attribute("--agents", spec)
     if callable(value) and not _is_agent(value):
-        value = _call_factory(spec, attr, value)
+        value = _call_factory(spec, spec.rpartition(":")[2], value)
     agents = list(value) if isinstance(value, list | tuple) else [value]
     for agent in agents:
         if not _is_agent(agent):
@@ -85,6 +55,51 @@ def load_spec(spec: str) -> list[Any]:
                 "Chain, Supervisor or Swarm"
             )
     return agents
+
+
+def load_attribute(option: str, spec: str) -> Any:
+    """The attribute ``spec`` (``MODULE:ATTR`` or ``FILE.py:ATTR``) names, imported as
+    the runners' own code would be; errors name ``option`` and the spec. A file is
+    imported once, so the agents and the ``--context`` factories of one file share it."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise RegistryError(f"{option} {spec!r}: expected MODULE:ATTR or FILE.py:ATTR")
+    import_sdk()
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise RegistryError(f"{option} {spec!r}: no file {path}")
+        name = f"localui_agents_{abs(hash(path.resolve()))}"
+        module = sys.modules.get(name)
+        if module is None:
+            module = _import_file(option, spec, path, name)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as exc:
+            raise RegistryError(
+                f"{option} {spec!r}: cannot import {target}: {type(exc).__name__}: {one_line(exc)}"
+            ) from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise RegistryError(f"{option} {spec!r}: {target} has no attribute {attr!r}") from exc
+
+
+def _import_file(option: str, spec: str, path: Path, name: str) -> ModuleType:
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise RegistryError(f"{option} {spec!r}: cannot import {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise RegistryError(
+            f"{option} {spec!r}: importing {path} failed: {type(exc).__name__}: {one_line(exc)}"
+        ) from exc
+    return module
 
 
 def _call_factory(spec: str, attr: str, factory: Any) -> Any:
@@ -109,11 +124,11 @@ def _call_factory(spec: str, attr: str, factory: Any) -> Any:
         return factory()
     except Exception as exc:
         raise RegistryError(
-            f"--agents {spec!r}: calling {attr}() raised {type(exc).__name__}: {_one_line(exc)}"
+            f"--agents {spec!r}: calling {attr}() raised {type(exc).__name__}: {one_line(exc)}"
         ) from exc
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     """An exception's message as one line: the error is printed as one."""
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
