@@ -625,8 +625,9 @@ class ActionService:
             if state is None:
                 raise BadRequest("a chain's row is edited as its state: send state, not messages")
             found_state = edits.state_changes(dict(detail.state_snapshot), state)
+            context = await self.context_of(owner, "afork", execution_id)
             return await self._fork_chain_edited(
-                runner, execution_id, checkpoint_id, state, found_state, actor, project
+                runner, execution_id, checkpoint_id, state, found_state, actor, project, context
             )
         if messages is None:
             raise BadRequest("an agent's row is edited as its conversation: send messages")
@@ -645,6 +646,7 @@ class ActionService:
                     f"not have (it has: {', '.join(has) or 'none'}): the branch could not run it"
                 )
         loaded = await off_loop(_loaded_messages, messages)
+        context = await self.context_of(owner, "aresume", execution_id)
         branch_id = str(uuid.uuid4())
         claim = await off_loop(
             lambda: self.decisions.claim(
@@ -671,7 +673,10 @@ class ActionService:
                     branch_id,
                     loaded,
                 )
-                result = await runner.aresume(branch_id)
+                if context is None:
+                    result = await runner.aresume(branch_id)
+                else:
+                    result = await runner.aresume(branch_id, context=context)
         except LocalUIError:
             await off_loop(self.decisions.release, claim.decision.id)
             raise
@@ -720,12 +725,14 @@ class ActionService:
         found: tuple[edits.StateChange, ...],
         actor: str,
         project: str | None,
+        context: Any | None,
     ) -> Outcome:
         # ``Chain.afork`` names the branch itself, so the record follows the fork.
+        extra = {} if context is None else {"context": context}
         try:
             with project_scope(project):
                 result = await chain.afork(
-                    execution_id, checkpoint_id=checkpoint_id, modified_state=state
+                    execution_id, checkpoint_id=checkpoint_id, modified_state=state, **extra
                 )
         except Exception as exc:
             return Outcome(
