@@ -49,13 +49,46 @@ class MessageChange:
     tool: str | None = None
 
 
+#: The longest JSON an edit's field may hold.
+MAX_JSON = 5_000_000
+
+
+def load_json(name: str, text: str) -> Any:
+    """A JSON field, or a :class:`BadRequest` that names it (nesting too deep for the
+    parser and numbers too long for Python's are not JSON this app takes either)."""
+    if len(text) > MAX_JSON:
+        raise BadRequest(f"{name} is longer than {MAX_JSON:,} characters")
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise BadRequest(f"{name} is not JSON this app reads: it nests too deep") from exc
+    except ValueError as exc:
+        raise BadRequest(f"{name} is not JSON: {str(exc)[:200]}") from exc
+
+
+def storable(name: str, value: Any) -> None:
+    """A :class:`BadRequest` when ``value`` holds text no store keeps: a NUL character
+    (PostgreSQL text has none) or half of a UTF-16 pair."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                raise BadRequest(f"{name} holds a NUL character, which no store keeps")
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise BadRequest(f"{name} holds text that is not Unicode (half a pair)") from exc
+
+
 def parse_messages(text: str) -> list[dict[str, Any]]:
     """The ``messages`` field of a form or API call: a JSON list of messages."""
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"messages is not JSON: {exc}") from exc
-    return check_messages(raw)
+    return check_messages(load_json("messages", text))
 
 
 def check_messages(raw: Any) -> list[dict[str, Any]]:
@@ -91,6 +124,7 @@ def check_messages(raw: Any) -> list[dict[str, Any]]:
                     f"{where}: it answers tool call {call_id!r}, which no earlier "
                     "assistant message makes"
                 )
+    storable("messages", raw)
     return [dict(m) for m in raw]
 
 
@@ -226,13 +260,9 @@ def apply_fields(
             typed_args = fields.get(f"arguments.{index}.{k}")
             if typed_args is None:
                 continue
-            try:
-                arguments = json.loads(typed_args)
-            except json.JSONDecodeError as exc:
-                raise BadRequest(
-                    f"message {index + 1}: the arguments of {call.get('name')} are not JSON: {exc}"
-                ) from exc
-            call["arguments"] = arguments
+            call["arguments"] = load_json(
+                f"message {index + 1}: the arguments of {call.get('name')}", typed_args
+            )
     remove_from = (fields.get("remove_from") or "").strip()
     if remove_from:
         if not remove_from.isdigit() or not 0 < int(remove_from) <= len(edited):
@@ -268,10 +298,8 @@ class StateChange:
 
 def parse_state(text: str) -> dict[str, Any]:
     """The ``state`` field of a form or API call: a JSON object."""
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"state is not JSON: {exc}") from exc
+    raw = load_json("state", text)
+    storable("state", raw)
     if not isinstance(raw, dict):
         raise BadRequest(f"state must be a JSON object (name: value), not {type(raw).__name__}")
     return raw
