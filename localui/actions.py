@@ -342,8 +342,17 @@ class ActionService:
         return state, plan, rows[-1]
 
     async def resume(
-        self, execution_id: str, *, checkpoint_id: str, actor: str, confirm: bool
+        self,
+        execution_id: str,
+        *,
+        checkpoint_id: str,
+        actor: str,
+        confirm: bool,
+        state: dict[str, Any] | None = None,
     ) -> Outcome:
+        """Resume a crashed or failed run from the row the person saw; a chain's with its
+        ``state`` edited (``Chain.aresume(modified_state=)``: merged into the row's state
+        before the next node runs), recorded with the resume."""
         self.preflight.ensure_writable()
         actor = names.typed_name("actor", actor) or "someone"
         if not checkpoint_id:
@@ -364,6 +373,19 @@ class ActionService:
         problem = await off_loop(self.preflight.plan_problem, plan)
         if problem is not None:
             raise Refused(problem)
+        metadata = None
+        if state is not None:
+            if plan.owner.kind != runs.CHAIN:
+                raise BadRequest(
+                    "only a chain resumes with an edited state (the SDK's modified_state); "
+                    "an agent's conversation is edited as a branch: edit the row and go on"
+                )
+            reentry = await off_loop(self.store.get_row, plan.checkpoint_id)
+            source = dict(reentry.state_snapshot) if reentry is not None else {}
+            found = edits.state_changes(source, state)
+            if not found:
+                raise BadRequest("the state is the row's own: nothing was edited")
+            metadata = {**_edit_metadata(execution_id, checkpoint_id, found), "state": state}
         context = await self.context_of(plan.owner, "aresume", execution_id)
         claim = await off_loop(
             lambda: self.decisions.claim(
@@ -374,13 +396,20 @@ class ActionService:
                 actor=actor,
                 reason="",
                 still_pending=lambda: False,
+                metadata=metadata,
                 agent=plan.owner.name,
             )
         )
         if not claim.won:
             raise AlreadyDecided(f"This run was {_decided_words(claim.decision)}.", claim.decision)
         return await self.run_resume(
-            execution_id, claim.decision, "resume", None, plan.owner, context=context
+            execution_id,
+            claim.decision,
+            "resume",
+            None,
+            plan.owner,
+            context=context,
+            modified_state=state,
         )
 
     # --- the SDK call, shared ----------------------------------------
@@ -405,9 +434,11 @@ class ActionService:
         owner: runs.Owner,
         *,
         context: Any | None = None,
+        modified_state: dict[str, Any] | None = None,
     ) -> Outcome:
         """Carry out the claimed ``decision`` through the owner's ``aresume``, handing
-        it ``context`` (from :meth:`context_of`, made before the claim) when there is one."""
+        it ``context`` (from :meth:`context_of`, made before the claim) when there is one,
+        and a chain's ``modified_state`` when the resume edits its state."""
         from fastaiagent.chain.interrupt import AlreadyResumed
 
         # The owner's resume, never its member's: a team resumes as a team.
@@ -417,7 +448,9 @@ class ActionService:
             raise Refused(f"no agent is registered for run {execution_id!r}")
         project = await off_loop(self.store.get_project_id, execution_id)
         # Only a runner whose ``aresume`` takes a context gets one (``context_of``).
-        given = {"context": context} if context is not None else {}
+        given: dict[str, Any] = {"context": context} if context is not None else {}
+        if modified_state is not None:
+            given["modified_state"] = modified_state
         deadline = asyncio.get_running_loop().time() + CLAIM_RETRY_SECONDS
         delay = 0.05
         while True:

@@ -134,8 +134,16 @@ class RecoverySweep:
         owner = runs.run_owner(rows)
         if decision.kind == RESUME:
             context = await self.actions.context_of(owner, "aresume", execution_id)
+            # A chain's resume with an edited state is carried out with that state.
+            edited = (decision.metadata or {}).get("state")
             return await self.actions.run_resume(
-                execution_id, decision, "resume", None, owner, context=context
+                execution_id,
+                decision,
+                "resume",
+                None,
+                owner,
+                context=context,
+                modified_state=edited if isinstance(edited, dict) else None,
             )
         if pending is not None and pending.checkpoint_id != bound:
             return await self._close_moved_on(decision, newest)

@@ -285,3 +285,53 @@ def test_only_operators_edit_and_no_other_site_can(copy: Copy, role: str) -> Non
     assert events == []
     assert every_row(copy.store, execution_id) == before
     assert copy.store.list_forks(execution_id) == runs_before
+
+
+@pytest.mark.postgres
+def test_a_crashed_chain_resumes_with_its_state_edited(copy: Copy) -> None:
+    execution_id = copy.report.run_id("chain-crashed")
+    events: list[str] = []
+    app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        plan = client.get(f"/runs/{execution_id}.json").json()["resume"]
+        reentry = copy.store.get_row(plan["checkpoint_id"])
+        assert reentry is not None
+        state = {**reentry.state_snapshot, "order_id": "Z-9"}
+        editor = client.get(
+            f"/runs/{execution_id}/edit", params={"checkpoint_id": plan["checkpoint_id"]}
+        )
+        crashed_agent = copy.report.run_id("crashed-in-tool")
+        agent_plan = client.get(f"/runs/{crashed_agent}.json").json()["resume"]
+        agent_state = client.post(
+            f"/runs/{crashed_agent}/resume",
+            data={
+                "checkpoint_id": agent_plan["checkpoint_id"],
+                "state": '{"x": 1}',
+                "confirm": "yes",
+            },
+            headers=JSON,
+        )
+        answer = client.post(
+            f"/runs/{execution_id}/resume",
+            data={
+                "checkpoint_id": plan["checkpoint_id"],
+                "state": json.dumps(state),
+                "confirm": "yes",
+                "actor": "Ada",
+            },
+            headers=JSON,
+        )
+        page = client.get(f"/runs/{execution_id}")
+    assert "Resume this run with this state" in editor.text
+    assert agent_state.status_code == 400, agent_state.text
+    assert "only a chain" in agent_state.json()["error"]["message"]
+    assert answer.status_code == 200, answer.text
+    # The refund node ran again, on the edited order, and asked a manager again.
+    assert f"tool:{teams.CHAIN_NAME}:refund" in events
+    refunds = [
+        copy.store.get_row(r.checkpoint_id)
+        for r in copy.store.list_rows(execution_id)
+        if r.node_id == "step_3_refund" and r.created_at >= reentry.header.created_at
+    ]
+    assert any(d is not None and d.state_snapshot.get("order_id") == "Z-9" for d in refunds)
+    assert "state.order_id" in page.text and "Z-9" in page.text

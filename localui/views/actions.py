@@ -38,11 +38,13 @@ async def resume_run(request: Request) -> Response:
     person = require(request, OPERATOR)
     execution_id = request.path_params["execution_id"]
     form = await request.form()
+    state = form.get("state")
     outcome = await actions_of(request).resume(
         execution_id,
         checkpoint_id=str(form.get("checkpoint_id") or ""),
         actor=actor_of(person, form, "actor", fallback=approver_of(request)),
         confirm=str(form.get("confirm") or "") in ("yes", "on", "true", "1"),
+        state=edits.parse_state(str(state)) if state is not None else None,
     )
     urls = urls_of(request)
     return _answer(request, outcome_view(outcome, urls), urls.run(execution_id, fragment="outcome"))

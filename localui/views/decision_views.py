@@ -9,6 +9,7 @@ from localui.records import (
     ALREADY_RESUMED,
     APPROVAL,
     EDIT,
+    RESUME,
     Decision,
     Vote,
 )
@@ -73,7 +74,7 @@ def decision_view(d: Decision, short_checkpoint_id: str | None = None) -> Decisi
         words=words,
         short_checkpoint_id=short_checkpoint_id
         or shortest_unique([d.checkpoint_id])[d.checkpoint_id],
-        changes=edit_lines(d.metadata) if d.kind == EDIT else (),
+        changes=edit_lines(d.metadata) if d.kind in (EDIT, RESUME) else (),
         source_execution_id=source,
     )
 

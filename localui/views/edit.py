@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from localui import runs
 from localui.actions import ActionService
-from localui.errors import BadRequest, NotFound
+from localui.errors import BadRequest, LocalUIError, NotFound
 from localui.offloop import off_loop
 from localui.views.respond import html_only, nav_ahead, respond
 from localui.views.state import actions_of
@@ -58,10 +58,14 @@ class EditPage:
     state: str | None
     #: Why this row cannot be edited and gone on from here, or None.
     problem: str | None = None
+    #: A chain's row its crashed or failed run would re-enter at: the run itself can be
+    #: resumed from it with the state edited (``POST /runs/{id}/resume`` with ``state``).
+    resumable: bool = False
     run_url: str = html_only("")
     fork_url: str = html_only("")
     row_url: str = html_only("")
     preview_url: str = html_only("")
+    resume_url: str = html_only("")
 
 
 def _message_field(index: int, message: Any) -> MessageField:
@@ -95,6 +99,14 @@ def build_edit_page(
     problem = refusal.reason if refusal is not None else actions.preflight.fork_problem(owner)
     snapshot = detail.state_snapshot if isinstance(detail.state_snapshot, dict) else {}
     chain = owner.kind == runs.CHAIN
+    resumable = False
+    if chain:
+        try:
+            _, plan, _ = actions.resume_target(execution_id)
+        except LocalUIError:
+            pass  # not resumable: the editor offers the fork alone
+        else:
+            resumable = plan.checkpoint_id == checkpoint_id
     messages = (
         ()
         if chain
@@ -108,7 +120,9 @@ def build_edit_page(
         messages=messages,
         state=json.dumps(snapshot, indent=2, sort_keys=True, default=str) if chain else None,
         problem=problem,
+        resumable=resumable,
         run_url=urls.run(execution_id),
+        resume_url=urls.path("resume_run", execution_id=execution_id),
         fork_url=urls.path("fork_run", execution_id=execution_id),
         row_url=urls.row(execution_id, checkpoint_id),
         preview_url=urls.path("fork_preview", execution_id=execution_id),
