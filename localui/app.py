@@ -123,6 +123,12 @@ def build_routes() -> list[Route | Mount]:
             name="reopen_pause",
         ),
         Route(
+            "/runs/{execution_id:localui_id}/edit/preview",
+            edit_views.edit_preview,
+            methods=["POST"],
+            name="edit_preview",
+        ),
+        Route(
             "/runs/{execution_id:localui_id}/fork",
             action_views.fork_run,
             methods=["POST"],

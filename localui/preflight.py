@@ -10,7 +10,9 @@ the resume needs, read exactly as the SDK will read it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from localui import forks, runs
 from localui.auth import Person
@@ -210,11 +212,16 @@ class Preflight:
         return rule.allows(person.name, person.role, person.groups)
 
     def fork_plan(
-        self, execution_id: str, checkpoint_id: str | None, new_input: str | None
+        self,
+        execution_id: str,
+        checkpoint_id: str | None,
+        new_input: str | None,
+        messages: list[dict[str, Any]] | None = None,
     ) -> forks.ForkPlan:
         """What a fork of the run from ``checkpoint_id`` (else its newest step) would do,
         as the SDK does it; refused (422) where the fork would be. Reads the run's row
-        headers, the chosen row, the tool rows the preview names and the run's cache."""
+        headers, the chosen row, the tool rows the preview names and the run's cache.
+        With ``messages``, an agent's branch from the row's conversation as edited."""
         rows = self.store.list_rows(execution_id)
         if not rows:
             raise NotFound(f"no run with execution id {execution_id!r} in this store")
@@ -250,6 +257,9 @@ class Preflight:
                     "an earlier step."
                 )
             return forks.chain_plan(base, rows, cache, order, kinds, tools)
+        if messages is not None:
+            snapshot = base.state_snapshot if isinstance(base.state_snapshot, dict) else {}
+            base = dataclasses.replace(base, state_snapshot={**snapshot, "messages": messages})
         to_read, _ = forks.calls_to_read(rows, header, fresh=bool(new_input))
         calls = self.store.get_rows([r.checkpoint_id for r in to_read]) if to_read else {}
         return forks.agent_plan(base, rows, calls, cache, new_input=new_input)

@@ -335,3 +335,34 @@ def test_a_crashed_chain_resumes_with_its_state_edited(copy: Copy) -> None:
     ]
     assert any(d is not None and d.state_snapshot.get("order_id") == "Z-9" for d in refunds)
     assert "state.order_id" in page.text and "Z-9" in page.text
+
+
+@pytest.mark.postgres
+def test_the_editor_s_preview_says_what_the_edited_branch_does(copy: Copy) -> None:
+    execution_id = copy.report.run_id("completed")
+    row, detail = rows_with_tool_result(copy, execution_id)
+    count = len(detail.state_snapshot["messages"])
+    events: list[str] = []
+    app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
+    before = every_row(copy.store, execution_id)
+    # Drop the tool's result: the call is left unanswered, so the branch does not run it.
+    fields = {"checkpoint_id": row.checkpoint_id, "edit": "fields", "remove_from": str(count)}
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        preview = client.post(f"/runs/{execution_id}/edit/preview", data=fields, headers=JSON)
+        html = client.post(f"/runs/{execution_id}/edit/preview", data=fields)
+        assert every_row(copy.store, execution_id) == before, "a preview changed the run"
+        assert events == []
+        went = client.post(f"/runs/{execution_id}/fork", data=fields, headers=JSON)
+    assert preview.status_code == 200, preview.text
+    said = preview.json()
+    assert said["conversation"] == "continued" and said["model_called_again"] is True
+    assert [c.split("(")[0] for c in said["not_run"]] == ["refund"], said
+    assert "From the edited conversation" in html.text
+    assert went.status_code == 200, went.text
+    # As previewed: the model was called again and no tool ran.
+    assert events == ["model:refund-bot"], events
+    branch = went.json()["new_execution_id"]
+    origin = copy.store.get_row(copy.store.list_rows(branch)[0].checkpoint_id)
+    assert origin is not None
+    notes = origin.state_snapshot["messages"][count - 1 :]
+    assert len(notes) == 1 and "branched before its result" in str(notes[0]["content"])

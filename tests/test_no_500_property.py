@@ -110,6 +110,10 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ),
     ),
     "edit_row": (("checkpoint_id",), ()),
+    "edit_preview": (
+        (),
+        ("checkpoint_id", "messages", "content.0", "arguments.0.0", "remove_from", "add_role"),
+    ),
     "edit_row_json": (("checkpoint_id",), ()),
     "fork_preview": (("checkpoint_id", "input"), ()),
     "fork_preview_json": (("checkpoint_id", "input"), ()),

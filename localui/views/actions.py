@@ -14,10 +14,11 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui import edits, freetext
 from localui.auth import OPERATOR, require
-from localui.errors import BadRequest, Forbidden, NotFound, Refused
+from localui.errors import BadRequest, Forbidden, Refused
 from localui.offloop import off_loop
 from localui.records import PruneRun
 from localui.signing import Signer
+from localui.views.edit import edited_messages
 from localui.views.fork import MAX_FORK_INPUT
 from localui.views.outcome import outcome_view
 from localui.views.params import parse_age, parse_instant
@@ -78,16 +79,10 @@ async def fork_run(request: Request) -> Response:
         if "messages" in form and "state" in form:
             raise BadRequest("send messages (an agent's row) or state (a chain's), not both")
         messages = state = None
-        if "messages" in form:
-            messages = edits.parse_messages(fields["messages"])
-        elif "state" in form:
+        if "state" in form:
             state = edits.parse_state(fields["state"])
         else:
-            detail = await off_loop(actions.store.get_row, checkpoint_id)
-            if detail is None or detail.header.execution_id != execution_id:
-                raise NotFound(f"run {execution_id!r} has no row {checkpoint_id!r}")
-            source = list(detail.state_snapshot.get("messages") or ())
-            messages = edits.apply_fields(source, fields)
+            messages = await edited_messages(actions, execution_id, checkpoint_id, fields)
         outcome = await actions.fork_edited(
             execution_id,
             checkpoint_id=checkpoint_id,

@@ -17,10 +17,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from localui import runs
+from localui import edits, runs
 from localui.actions import ActionService
 from localui.errors import BadRequest, LocalUIError, NotFound
 from localui.offloop import off_loop
+from localui.views.fork import build_fork_preview
 from localui.views.respond import html_only, nav_ahead, respond
 from localui.views.state import actions_of
 from localui.views.urls import Urls, urls_of
@@ -66,6 +67,7 @@ class EditPage:
     row_url: str = html_only("")
     preview_url: str = html_only("")
     resume_url: str = html_only("")
+    edit_preview_url: str = html_only("")
 
 
 def _message_field(index: int, message: Any) -> MessageField:
@@ -123,10 +125,48 @@ def build_edit_page(
         resumable=resumable,
         run_url=urls.run(execution_id),
         resume_url=urls.path("resume_run", execution_id=execution_id),
+        edit_preview_url=urls.path("edit_preview", execution_id=execution_id),
         fork_url=urls.path("fork_run", execution_id=execution_id),
         row_url=urls.row(execution_id, checkpoint_id),
         preview_url=urls.path("fork_preview", execution_id=execution_id),
     )
+
+
+async def edited_messages(
+    actions: ActionService, execution_id: str, checkpoint_id: str, fields: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The edited conversation a form sends: ``messages`` (JSON, from a script), or the
+    editor's fields applied to the row's own conversation."""
+    if "messages" in fields:
+        return edits.parse_messages(fields["messages"])
+    detail = await off_loop(actions.store.get_row, checkpoint_id)
+    if detail is None or detail.header.execution_id != execution_id:
+        raise NotFound(f"run {execution_id!r} has no row {checkpoint_id!r}")
+    snapshot = detail.state_snapshot if isinstance(detail.state_snapshot, dict) else {}
+    return edits.apply_fields(list(snapshot.get("messages") or ()), fields)
+
+
+async def edit_preview(request: Request) -> Response:
+    """``POST /runs/{id}/edit/preview``: what a branch from the edited conversation would
+    do, before it runs (the editor's "What would it do?"). It writes nothing; a POST
+    only because an edited conversation is too long for a URL."""
+    execution_id = request.path_params["execution_id"]
+    form = await request.form(max_fields=edits.MAX_MESSAGES * 2 + 16)
+    fields = {k: str(v) for k, v in form.items()}
+    checkpoint_id = fields.get("checkpoint_id") or ""
+    actions = actions_of(request)
+    messages = await edited_messages(actions, execution_id, checkpoint_id, fields)
+    nav_ahead(request, partial=True)
+    page = await off_loop(
+        build_fork_preview,
+        actions.preflight,
+        execution_id,
+        checkpoint_id or None,
+        None,
+        urls_of(request),
+        messages,
+    )
+    return await respond(request, "pages/fork.html", page, partial="partials/_fork_preview.html")
 
 
 async def edit_page(request: Request) -> Response:

@@ -118,13 +118,17 @@ def build_fork_preview(
     checkpoint_id: str | None,
     new_input: str | None,
     urls: Urls,
+    messages: list[dict[str, Any]] | None = None,
 ) -> ForkPreviewPage:
-    asked = preflight.fork_plan(execution_id, checkpoint_id, new_input)
-    choice = choice_of(
-        asked, new_input, "With the new input" if new_input else "Without a new input"
-    )
+    """The preview; with ``messages``, of a branch from the row's conversation as edited
+    (the editor's preview), that one choice alone."""
+    asked = preflight.fork_plan(execution_id, checkpoint_id, new_input, messages)
+    title = "With the new input" if new_input else "Without a new input"
+    if messages is not None:
+        title = "From the edited conversation"
+    choice = choice_of(asked, new_input, title)
     choices = [choice]
-    if asked.kind == runs.AGENT:
+    if asked.kind == runs.AGENT and messages is None:
         # The other choice, so the page shows what an input changes.
         other_input = None if new_input else "a new request"
         other = preflight.fork_plan(execution_id, asked.checkpoint_id, other_input)
