@@ -350,7 +350,7 @@ def create_app(
                 # line moves) without waiting for the feed's next poll.
                 feed.publish(Changes(runs=frozenset({run})))
 
-            seeder = asyncio.create_task(seeding.run(landed), name="localui seeding")
+            seeder = asyncio.create_task(seeding.run(landed, actions), name="localui seeding")
         if recovery is not None:
             await recovery.start()
         try:

@@ -30,8 +30,9 @@ from localui.settings import (
 )
 
 if TYPE_CHECKING:
+    from localui.actions import ActionService
     from localui.demo.scenarios import Seeding
-    from localui.records import SeedProgress
+    from localui.records import SeedFailure, SeedProgress
     from localui.views.state import Seeding as AppSeeding
 
 DEFAULT_PORT = 8765
@@ -776,15 +777,30 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 class ReportedSeeding:
-    """The demo's seeding, saying in the terminal where it begins and how it ended."""
+    """The demo's seeding, saying in the terminal where it begins and how it ended; then
+    the edited branches the app makes of two of its runs (``localui.demo.edits``),
+    counted among the runs it seeds."""
 
     def __init__(self, seeding: Seeding) -> None:
         self._seeding = seeding
+        self._branches: list[str] = []
+        self._branch_failures: list[SeedFailure] = []
 
     def progress(self) -> SeedProgress:
-        return self._seeding.progress()
+        from localui.demo.edits import EDITED
+        from localui.records import SeedProgress
 
-    async def run(self, landed: Callable[[str], None]) -> object:
+        seeded = self._seeding.progress()
+        return SeedProgress(
+            landed=seeded.landed + len(self._branches),
+            total=seeded.total + len(EDITED),
+            failures=(*seeded.failures, *self._branch_failures),
+        )
+
+    async def run(self, landed: Callable[[str], None], actions: ActionService) -> object:
+        from localui.demo.edits import EDITED, edit_demo_runs
+        from localui.records import SeedFailure
+
         total = len(self._seeding.scenarios)
         print(f"localui: seeding {total} demo runs into {self._seeding.target}", flush=True)
         try:
@@ -792,12 +808,30 @@ class ReportedSeeding:
         except Exception as exc:
             # The server goes on showing what landed; the terminal says why the rest did not.
             print(f"localui: seeding the demo stopped: {type(exc).__name__}: {exc}", flush=True)
+            self._branch_failures.extend(
+                SeedFailure(f"edited branch of {name}", "the seeding stopped") for name in EDITED
+            )
             return None
         failed = self._seeding.progress().failures
         words = f"{len(report.runs)} of {total} runs seeded in {report.seconds:.1f} s"
         if failed:
             words += f"; failed: {', '.join(f.scenario for f in failed)} (reasons above)"
         print(f"localui: {words}", flush=True)
+
+        def branched(execution_id: str) -> None:
+            self._branches.append(execution_id)
+            landed(execution_id)
+
+        def not_branched(failure: SeedFailure) -> None:
+            print(f"  {failure.scenario} was not made: {failure.reason}", flush=True)
+            self._branch_failures.append(failure)
+
+        if actions.settings.read_only:
+            for name in EDITED:
+                not_branched(SeedFailure(f"edited branch of {name}", "the server is read-only"))
+        else:
+            await edit_demo_runs(actions, report, branched, not_branched)
+            print(f"localui: {len(self._branches)} edited branches made", flush=True)
         return report
 
 

@@ -13,11 +13,13 @@ from conftest import STOP_TIMEOUT_S, wait_until_seeded
 from helpers import start_localui
 from playwright.sync_api import Page, expect
 
+from localui.demo.edits import EDITED
 from localui.demo.scenarios import ALL_SCENARIOS
 from localui.shortids import shortest_unique
 
 #: The demo's runs: the refund-bot's and the other runner shapes'.
-DEMO_RUNS = len(ALL_SCENARIOS)
+#: The demo's runs: its scenarios and the branches it edits of two of them.
+DEMO_RUNS = len(ALL_SCENARIOS) + len(EDITED)
 
 
 def test_find_the_run_that_died_in_its_tool_and_read_why(

@@ -19,12 +19,14 @@ import pytest
 from conftest import STOP_TIMEOUT_S, DemoServer, start_demo
 from playwright.sync_api import Browser, Page, expect
 
+from localui.demo.edits import EDITED
 from localui.demo.scenarios import ALL_SCENARIOS
 
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
 #: A change shows up within about a second; this only bounds a broken page's wait.
 LIVE_TIMEOUT_MS = 10_000
-SEEDED_RUNS = len(ALL_SCENARIOS)
+#: The demo's runs: its scenarios and the branches it edits of two of them.
+SEEDED_RUNS = len(ALL_SCENARIOS) + len(EDITED)
 SEEDED_PAUSES = sum(s.ends == "paused" for s in ALL_SCENARIOS)
 
 #: Counts the live streams a page asks for (its tabs share one EventSource in a

@@ -18,6 +18,7 @@ import pytest
 from helpers import LocalServer, start_localui
 
 from localui.backends.sqlite.store import SQLiteStore
+from localui.demo.edits import EDITED
 from localui.demo.scenarios import ALL_SCENARIOS
 from localui.records import RunQuery
 
@@ -225,6 +226,10 @@ def test_serve_stops_quietly_on_ctrl_c_and_sigterm(
         assert "Traceback" not in said and "KeyboardInterrupt" not in said
 
 
+#: What ``localui demo`` serves: its scenarios' runs, then the branches it edits of two.
+DEMO_RUNS = len(ALL_SCENARIOS) + len(EDITED)
+
+
 def seeded_demo(url: str, within: float = 120) -> dict[str, Any]:
     """The demo's runs list once its seeding has finished."""
     deadline = time.monotonic() + within
@@ -248,10 +253,10 @@ def test_demo_serves_at_once_and_its_runs_arrive_while_it_serves(cwd: Path, tmp_
         auth = {"Authorization": f"Bearer {token}"}
         early = httpx.get(f"{server.url}/runs.json", headers=auth, timeout=10).json()
         assert early["seeding"] is not None and not early["seeding"]["finished"]
-        assert early["seeding"]["total"] == len(ALL_SCENARIOS)
-        assert len(early["runs"]) == early["seeding"]["landed"] < len(ALL_SCENARIOS)
+        assert early["seeding"]["total"] == DEMO_RUNS
+        assert len(early["runs"]) == early["seeding"]["landed"] < DEMO_RUNS
         page = httpx.get(f"{server.url}/", headers=auth, timeout=10).text
-        assert re.search(rf"seeding the demo: \d+ of {len(ALL_SCENARIOS)}", page), page
+        assert re.search(rf"seeding the demo: \d+ of {DEMO_RUNS}", page), page
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             listing = httpx.get(f"{server.url}/runs.json", headers=auth, timeout=10).json()
@@ -259,7 +264,13 @@ def test_demo_serves_at_once_and_its_runs_arrive_while_it_serves(cwd: Path, tmp_
                 break
             time.sleep(0.2)
         assert listing["seeding"] is None
-        assert len(listing["runs"]) == len(ALL_SCENARIOS)
+        assert len(listing["runs"]) == DEMO_RUNS
+        # Two of them are branches the demo edited, recorded as such.
+        edited = httpx.get(
+            f"{server.url}/decisions.json", params={"kind": "edit"}, headers=auth, timeout=10
+        ).json()["decisions"]
+        assert sorted(d["approver"] for d in edited) == ["demo", "demo"], edited
+        assert all(d["outcome"] == "completed" for d in edited), edited
         assert "seeding the demo" not in httpx.get(f"{server.url}/", headers=auth).text
         assert f"{len(ALL_SCENARIOS)} of {len(ALL_SCENARIOS)} runs seeded" in server.output()
 
@@ -267,7 +278,7 @@ def test_demo_serves_at_once_and_its_runs_arrive_while_it_serves(cwd: Path, tmp_
 def test_demo_removes_its_temporary_store_when_stopped(cwd: Path, tmp_path: Path) -> None:
     with serving(["demo", "--no-auth"], cwd, tmp_path / "demo.log") as server:
         runs = seeded_demo(server.url)["runs"]
-        assert len(runs) == len(ALL_SCENARIOS)
+        assert len(runs) == DEMO_RUNS
         server.process.send_signal(signal.SIGTERM)
         code = server.process.wait(timeout=15)
         out = server.output()

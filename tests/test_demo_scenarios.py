@@ -313,5 +313,5 @@ class _Finished:
     def progress(self) -> SeedProgress:
         return self._seeding.progress()
 
-    async def run(self, landed: Callable[[str], None]) -> object:
+    async def run(self, landed: Callable[[str], None], actions: object) -> object:
         return None

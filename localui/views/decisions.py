@@ -54,7 +54,7 @@ FILTERS = ("approver", "agent", "outcome", "kind", "since", "until")
 class DecisionRow:
     #: Unique with ``kind``: a vote's id counts votes, the other kinds' count decisions.
     id: int
-    #: ``approval``, ``resume``, ``reopen``, or ``vote``.
+    #: ``approval``, ``resume``, ``reopen``, ``edit`` (on the branch an edit made), or ``vote``.
     kind: str
     execution_id: str
     checkpoint_id: str

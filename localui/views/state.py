@@ -42,12 +42,13 @@ class Seeding(Protocol):
 
     The app's lifespan runs it beside the server and cancels it on shutdown; it calls
     ``landed`` with each run's execution id as that run is in the store, and the runs
-    list shows ``progress`` until it is finished.
+    list shows ``progress`` until it is finished. ``actions`` is the app's own, for
+    what the seeding does through the app once the runs are in (the demo's edits).
     """
 
     def progress(self) -> SeedProgress: ...
 
-    async def run(self, landed: Callable[[str], None]) -> object: ...
+    async def run(self, landed: Callable[[str], None], actions: ActionService) -> object: ...
 
 
 @dataclass(slots=True)
