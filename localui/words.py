@@ -336,7 +336,8 @@ def fork_words(plan: forks.ForkPlan, new_input: str | None) -> tuple[str, ...]:
     elif plan.cached_results:
         n = plan.cached_results
         said.append(
-            f"This run's {n} @idempotent result{'' if n == 1 else 's'} stay with it: a"
+            f"This run's {n} @idempotent result{'s' if n != 1 else ''} "
+            f"{'stays' if n == 1 else 'stay'} with it: a"
             " branch is a new execution and reuses none."
         )
     else:

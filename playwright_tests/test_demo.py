@@ -17,7 +17,6 @@ from localui.demo.edits import EDITED
 from localui.demo.scenarios import ALL_SCENARIOS
 from localui.shortids import shortest_unique
 
-#: The demo's runs: the refund-bot's and the other runner shapes'.
 #: The demo's runs: its scenarios and the branches it edits of two of them.
 DEMO_RUNS = len(ALL_SCENARIOS) + len(EDITED)
 

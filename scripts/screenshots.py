@@ -3,8 +3,9 @@
 ``bash scripts/screenshots.sh`` runs this: it starts the demo on a store of its own
 (sign-in off, in an empty directory), waits until every run has landed, and writes
 ``docs/*.png``: the runs list, a run page (the run that died in its tool), a diff
-of two of its rows, the approvals queue, the runs list in the dark theme, and a run
-page on a phone. Debian's Chromium is used, as in the browser tests.
+of two of its rows, the approvals queue, the editor of a row and a comparison of the
+branch it made with its source, the runs list in the dark theme, and a run page on a
+phone. Debian's Chromium is used, as in the browser tests.
 """
 
 from __future__ import annotations
@@ -116,6 +117,20 @@ def take_all(browser: Browser, url: str, runs: list[dict[str, object]]) -> None:
     page.goto(f"{url}/approvals")
     page.wait_for_selector("article.approval")
     page.screenshot(path=str(DOCS / "approvals.png"))
+
+    # Time travel: the demo's refund edited at its tool's result, and that branch beside it.
+    edits = httpx.get(f"{url}/decisions.json", params={"kind": "edit"}, timeout=10).json()
+    for decision in edits["decisions"]:
+        branch = httpx.get(f"{url}/runs/{decision['execution_id']}.json", timeout=10).json()
+        if branch["agent"] != "refund-bot":
+            continue
+        source = branch["fork_of"]["source_execution_id"]
+        page.goto(f"{url}/runs/{source}/edit?checkpoint_id={decision['checkpoint_id']}")
+        page.wait_for_selector("form.edit-row")
+        page.screenshot(path=str(DOCS / "editor.png"))
+        page.goto(f"{url}/compare?a={source}&b={decision['execution_id']}")
+        page.wait_for_selector("details.compare-pair[open]")
+        page.screenshot(path=str(DOCS / "compare.png"))
     page.close()
 
     dark = browser.new_page(viewport=DESKTOP, color_scheme="dark")

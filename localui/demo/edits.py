@@ -23,7 +23,7 @@ from localui.records import SeedFailure
 
 #: Who the decision record says edited the demo's branches.
 DEMO_EDITOR = "demo"
-PARTIAL_REFUND = "refunded 45.00 on A-1003 (a partial refund: what if the tool had said so?)"
+PARTIAL_REFUND = "refunded 15.00 (a partial refund: what if the tool had said so?)"
 OTHER_ORDER = "B-8"
 
 

@@ -282,8 +282,9 @@ def _stretches(views: Sequence[PairView], first: int | None) -> tuple[Stretch, .
         shown = views[start:end]
         count = len(shown)
         inherited = all(v.kind == compare.INHERITED for v in shown)
-        what = "step before the branch point" if inherited else "identical step"
-        words = f"{count} {what}" + ("" if count == 1 else "s")
+        step = "step" if count == 1 else "steps"
+        what = f"{step} before the branch point" if inherited else f"identical {step}"
+        words = f"{count} {what}"
         ends = shown[0].title if count == 1 else f"{shown[0].title} … {shown[-1].title}"
         found.append(Stretch(False, tuple(shown), f"{words}: {ends}", False))
     return tuple(found)

@@ -22,7 +22,7 @@ from localui.actions import ActionService
 from localui.errors import BadRequest, LocalUIError, NotFound
 from localui.offloop import off_loop
 from localui.views.fork import build_fork_preview
-from localui.views.respond import html_only, nav_ahead, respond
+from localui.views.respond import html_only, is_htmx, nav_ahead, respond
 from localui.views.state import actions_of
 from localui.views.urls import Urls, urls_of
 
@@ -170,6 +170,11 @@ async def edit_preview(request: Request) -> Response:
 
 
 async def edit_page(request: Request) -> Response:
+    if is_htmx(request):
+        # Asked for from the run page's fork form: the editor is a page of its own (a
+        # live push re-renders that form, and would take an editor inside it away).
+        here = urls_of(request).path("edit_row", execution_id=request.path_params["execution_id"])
+        return Response(status_code=204, headers={"HX-Redirect": f"{here}?{request.url.query}"})
     execution_id = request.path_params["execution_id"]
     checkpoint_id = request.query_params.get("checkpoint_id") or ""
     nav_ahead(request)

@@ -83,6 +83,8 @@ class ForkPreviewPage:
     run_url: str = html_only("")
     fork_url: str = html_only("")
     row_url: str = html_only("")
+    #: A preview of an edited conversation (the editor's): its own form goes on from it.
+    edited: bool = html_only(False)
 
 
 def choice_of(plan: forks.ForkPlan, new_input: str | None, title: str) -> ForkChoice:
@@ -152,6 +154,7 @@ def build_fork_preview(
         run_url=urls.run(execution_id),
         fork_url=urls.path("fork_run", execution_id=execution_id),
         row_url=urls.row(execution_id, asked.checkpoint_id),
+        edited=messages is not None,
     )
 
 
