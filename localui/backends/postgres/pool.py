@@ -9,7 +9,9 @@ Passwords never leave this module: :func:`redact` is what a person sees.
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -107,6 +109,47 @@ RECONNECT_TIMEOUT = 2.0
 REFILL_WINDOW = 10.0
 
 
+class PoolLogQuieter(logging.Filter):
+    """psycopg's pool logs each failed reconnect attempt and each dead connection it
+    drops: during an outage, a line a second per pool. localui says the outage itself
+    ("not answering", then "can be read again"), so of psycopg's lines one per pool
+    and outage is kept: the first "error connecting", with its cause. The next is let
+    through once that pool has worked again (:meth:`worked`), or after
+    :data:`QUIET_FOR` seconds, so a long outage is still said now and then."""
+
+    def __init__(self) -> None:
+        super().__init__("psycopg.pool")
+        self._said: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("discarding closed connection"):
+            return False
+        match = _POOL_NAMED.match(message)
+        if match is None:
+            return True
+        name, now = match.group(1), time.monotonic()
+        with self._lock:
+            said = self._said.get(name)
+            if said is not None and now - said < QUIET_FOR:
+                return False
+            self._said[name] = now
+        return True
+
+    def worked(self, name: str) -> None:
+        with self._lock:
+            self._said.pop(name, None)
+
+
+#: How long psycopg's pool lines of one outage stay quiet after the first.
+QUIET_FOR = 300.0
+_POOL_NAMED = re.compile(r"error connecting in '([^']*)'")
+#: The one filter on psycopg's pool logger, shared by every pool of the process.
+QUIETER = PoolLogQuieter()
+logging.getLogger("psycopg.pool").addFilter(QUIETER)
+
+
 class StaleConnection(Unavailable):
     """A pooled connection was dead (the server restarted) though the server answers:
     the same work on a fresh connection may well succeed."""
@@ -143,6 +186,7 @@ class Pool:
         from psycopg_pool import ConnectionPool
 
         self.server = server_of(dsn)
+        self._name = name
         self._dsn = dsn
         self._read_only = read_only
         self._statement_timeout_ms = int(statement_timeout * 1000)
@@ -231,10 +275,25 @@ class Pool:
                 raise Unavailable(self.not_answering(cause))
             self._down = False
             self._back_at = time.monotonic()
+            QUIETER.worked(self._name)
         wait = self._borrow_timeout()
+        lent = False
         try:
-            with self._pool.connection(timeout=wait) as conn:
-                yield conn
+            try:
+                with self._pool.connection(timeout=wait) as conn:
+                    lent = True
+                    yield conn
+            except PoolTimeout:
+                if lent or self._cause() is not None:
+                    raise
+                # No connection came, yet the server answers: the pool is refilling
+                # (its connections died in a restart or an outage this process never
+                # saw, and a reconnect attempt is in its back-off) or it is busy. One
+                # more wait covers that back-off, so a refill is not said as an outage.
+                wait += RECONNECT_TIMEOUT
+                with self._pool.connection(timeout=RECONNECT_TIMEOUT) as conn:
+                    QUIETER.worked(self._name)
+                    yield conn
         except psycopg.errors.InsufficientPrivilege as exc:
             hint = f" ({self._privileges})" if self._privileges else ""
             raise Unavailable(
