@@ -366,3 +366,43 @@ def test_the_editor_s_preview_says_what_the_edited_branch_does(copy: Copy) -> No
     assert origin is not None
     notes = origin.state_snapshot["messages"][count - 1 :]
     assert len(notes) == 1 and "branched before its result" in str(notes[0]["content"])
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("case", ["run-end row", "no runner", "read-only", "supervisor"])
+def test_an_edit_the_app_cannot_carry_out_is_refused_before_anything_runs(
+    copy: Copy, case: str
+) -> None:
+    name = "supervisor-paused" if case == "supervisor" else "completed"
+    execution_id = copy.report.run_id(name)
+    rows = copy.store.list_rows(execution_id)
+    row = rows[-1] if case == "run-end row" else rows[0]
+    detail = copy.store.get_row(row.checkpoint_id)
+    assert detail is not None
+    messages = json.loads(json.dumps(detail.state_snapshot.get("messages") or []))
+    messages.append({"role": "user", "content": "and notify the customer"})
+    events: list[str] = []
+    settings = copy.settings
+    if case == "read-only":
+        settings = dataclasses.replace(settings, read_only=True)
+    agents = [] if case == "no runner" else list(runners(copy.checkpointer, events).values())
+    app = create_app(settings, agents=agents)
+    before = every_row(copy.store, execution_id)
+    forks = copy.store.list_forks(execution_id)
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        answer = client.post(
+            f"/runs/{execution_id}/fork",
+            data={"checkpoint_id": row.checkpoint_id, "messages": json.dumps(messages)},
+            headers=JSON,
+        )
+    expected = {
+        "run-end row": (422, "run-end marker"),
+        "no runner": (422, "refund-bot"),
+        "read-only": (403, "read-only"),
+        "supervisor": (422, "no fork for a supervisor"),
+    }[case]
+    assert answer.status_code == expected[0], answer.text
+    assert expected[1] in answer.json()["error"]["message"].lower()
+    assert events == []
+    assert every_row(copy.store, execution_id) == before
+    assert copy.store.list_forks(execution_id) == forks
