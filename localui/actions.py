@@ -696,7 +696,7 @@ class ActionService:
         )
         store = self.pauses.checkpointer_of(owner)
         try:
-            with project_scope(project):
+            with project_scope(project), self.keep_alive(claim.decision.id):
                 await off_loop(
                     _write_edited_origin,
                     store,

@@ -30,7 +30,7 @@ from localui.actions import ActionService, Outcome
 from localui.backends.decisions import HEARTBEATS_PER_LEASE
 from localui.errors import Conflict, LocalUIError, NotFound, Refused
 from localui.offloop import off_loop
-from localui.records import REOPEN, RESUME, Decision, RowHeader
+from localui.records import EDIT, REOPEN, RESUME, Decision, RowHeader
 
 log = logging.getLogger("localui.recovery")
 
@@ -124,6 +124,10 @@ class RecoverySweep:
             return await self._finish_reopen(decision)
         execution_id = decision.execution_id
         rows = await off_loop(self.actions.store.list_rows, execution_id)
+        if decision.kind == EDIT:
+            # A branch is never run a second time: its page says where it stands and
+            # how to resume it, as for any run whose process died.
+            return await self._close_moved_on(decision, rows[-1] if rows else None)
         pending = await off_loop(self.actions.store.get_pending, execution_id)
         bound = decision.checkpoint_id
         if any(r.checkpoint_id == decision.rearmed_checkpoint_id for r in rows):

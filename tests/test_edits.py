@@ -406,3 +406,54 @@ def test_an_edit_the_app_cannot_carry_out_is_refused_before_anything_runs(
     assert events == []
     assert every_row(copy.store, execution_id) == before
     assert copy.store.list_forks(execution_id) == forks
+
+
+@pytest.mark.postgres
+def test_an_edit_whose_process_died_is_closed_not_run_again(copy: Copy) -> None:
+    import time
+
+    execution_id = copy.report.run_id("completed")
+    row, detail = rows_with_tool_result(copy, execution_id)
+    messages = json.loads(json.dumps(detail.state_snapshot["messages"]))
+    messages[-1]["content"] = "refunded 4.00 (edited)"
+    events: list[str] = []
+    app = create_app(copy.settings, agents=list(runners(copy.checkpointer, events).values()))
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        branch = client.post(
+            f"/runs/{execution_id}/fork",
+            data={"checkpoint_id": row.checkpoint_id, "messages": json.dumps(messages)},
+            headers=JSON,
+        ).json()["new_execution_id"]
+    # What a process killed while its branch ran leaves behind: a claim nobody finishes.
+    log = copy.backend.decision_log(writable=True)
+    try:
+        claim = log.claim(
+            kind=EDIT,
+            execution_id=branch,
+            checkpoint_id="a-second-edit",
+            approved=None,
+            actor="Dee",
+            reason="",
+            still_pending=lambda: False,
+            metadata={"source_execution_id": execution_id, "changes": []},
+        )
+        assert claim.won
+    finally:
+        log.close()
+    events.clear()
+    quick = dataclasses.replace(copy.settings, claim_lease_seconds=1.0)
+    app = create_app(quick, agents=list(runners(copy.checkpointer, events).values()))
+    deadline = time.monotonic() + 30
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT):
+        while time.monotonic() < deadline:
+            found = [d for d in edits_of(copy, branch) if d.actor == "Dee"]
+            if found and found[0].outcome is not None:
+                break
+            time.sleep(0.2)
+    (closed,) = [d for d in edits_of(copy, branch) if d.actor == "Dee"]
+    assert closed.outcome == "completed", closed
+    assert "ended" in (closed.detail or "")
+    assert events == [], "the branch was run a second time"
+    assert [r.status for r in copy.store.list_rows(branch) if r.step_type == "run_end"] == [
+        "completed"
+    ]
