@@ -6,8 +6,8 @@ written by the real SDK: the demo's ``cancelled`` and ``timed-out`` agent runs (
 refund-bot cancelled by ``Agent.cancel`` from a thread while its refund waits, and
 stopped by a ``timeout_seconds`` of 0.5 s), a plain ``failed`` run and a pause beside
 them, and on SDKs that stop chains (1.93 on) a chain cancelled inside a node and one
-whose agent node ran out of time. Nothing here is marked ``floor``: the chains need
-1.93, and the agents are checked on the floor by the demo's own tests.
+whose agent node ran out of time. The agents' tests also run on the lowest SDK the
+project declares (``floor``, 1.91, where agents can be stopped); the chains' do not.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ from localui.demo.scenarios import get_scenario, seed
 from localui.demo.teams import record
 from localui.notify import events as ev
 from localui.settings import CANCELLED_FAILURES, Notifications, Settings
+
+#: Every test reads the same runs on SQLite and on PostgreSQL.
+pytestmark = pytest.mark.postgres
 
 #: Chains (and swarms) are stopped by cancel and a node's timeout from SDK 1.93 on.
 CHAINS = sdk_version() >= (1, 93)
@@ -284,6 +287,7 @@ def ids_in(stopped: Stopped, state: str) -> set[str]:
 # --- the runs list ------------------------------------------------------------------------
 
 
+@pytest.mark.floor
 def test_each_stopped_run_is_listed_in_its_own_state_with_its_own_chip(stopped: Stopped) -> None:
     client = stopped.client()
     body = client.get("/runs.json").json()
@@ -319,6 +323,7 @@ def test_each_stopped_run_is_listed_in_its_own_state_with_its_own_chip(stopped: 
 # --- the run page -------------------------------------------------------------------------
 
 
+@pytest.mark.floor
 def test_the_run_page_says_what_stopped_the_run_and_gives_no_crash_advice(
     stopped: Stopped,
 ) -> None:
@@ -334,7 +339,8 @@ def test_the_run_page_says_what_stopped_the_run_and_gives_no_crash_advice(
     assert "Nothing crashed." in said["headline"]
     assert "Resume steps back past the stop marker" in said["resume"]
     assert "re-invokes `refund` with the saved arguments" in said["resume"]
-    assert cancelled["run_error"].startswith("RunCancelled")
+    # "_RunCancelled" before SDK 1.93.
+    assert "RunCancelled: run " in cancelled["run_error"]
 
     said = timed_out["verdict"]
     assert timed_out["state"] == "timed_out"
@@ -365,6 +371,7 @@ def test_a_stopped_chain_s_page_names_the_node_it_stopped_in(stopped: Stopped) -
 # --- /attention ---------------------------------------------------------------------------
 
 
+@pytest.mark.floor
 def test_attention_leaves_out_a_cancelled_run_and_keeps_a_timed_out_one(stopped: Stopped) -> None:
     body = stopped.client().get("/attention.json").json()
     listed = {r["execution_id"]: r["why"] for r in body["runs"]}
@@ -376,6 +383,7 @@ def test_attention_leaves_out_a_cancelled_run_and_keeps_a_timed_out_one(stopped:
     assert body["counts"]["failed"] == 1 + len(ids_in(stopped, runs.TIMED_OUT))
 
 
+@pytest.mark.floor
 def test_a_run_cancelled_while_its_pause_still_waits_needs_a_person(stopped: Stopped) -> None:
     from fastaiagent.chain.checkpoint import write_run_end
 
@@ -399,6 +407,7 @@ def test_a_run_cancelled_while_its_pause_still_waits_needs_a_person(stopped: Sto
 # --- /metrics -----------------------------------------------------------------------------
 
 
+@pytest.mark.floor
 def test_metrics_count_the_cancelled_and_timed_out_runs(stopped: Stopped) -> None:
     text = stopped.client().get("/metrics").text
     lines = text.splitlines()
@@ -411,7 +420,10 @@ def test_metrics_count_the_cancelled_and_timed_out_runs(stopped: Stopped) -> Non
 # --- a resume and a fork of a stopped copy ------------------------------------------------
 
 
-@pytest.mark.parametrize("name", (*AGENT_RUNS, *CHAIN_RUNS))
+@pytest.mark.parametrize(
+    "name",
+    (*(pytest.param(n, marks=pytest.mark.floor) for n in AGENT_RUNS), *CHAIN_RUNS),
+)
 def test_a_resume_of_a_stopped_run_does_what_the_page_said(stopped: Stopped, name: str) -> None:
     execution_id = stopped.id(name)
     client = stopped.client()
@@ -440,6 +452,7 @@ def test_a_resume_of_a_stopped_run_does_what_the_page_said(stopped: Stopped, nam
     assert client.get(f"/runs/{execution_id}.json").json()["state"] == "completed"
 
 
+@pytest.mark.floor
 def test_a_fork_of_a_stopped_run_is_a_new_run_and_leaves_it_stopped(stopped: Stopped) -> None:
     source = stopped.id("cancelled")
     client = stopped.client()
@@ -464,6 +477,7 @@ def test_a_fork_of_a_stopped_run_is_a_new_run_and_leaves_it_stopped(stopped: Sto
 # --- bundles ------------------------------------------------------------------------------
 
 
+@pytest.mark.floor
 def test_a_bundle_says_why_its_run_was_stopped_and_opens_as_it_was(
     stopped: Stopped, tmp_path: Path
 ) -> None:
@@ -494,6 +508,7 @@ def test_a_bundle_says_why_its_run_was_stopped_and_opens_as_it_was(
 # --- an index of the previous version -----------------------------------------------------
 
 
+@pytest.mark.floor
 def test_an_index_built_before_run_reasons_is_rebuilt_with_them(stopped: Stopped) -> None:
     """An index from before this version holds every stopped run as ``failed``: opening
     it again rebuilds it, as every change of what a row holds does."""
@@ -586,6 +601,7 @@ def watching(stopped: Stopped, receiver: Receiver, events: tuple[str, ...]) -> T
     return stopped.app_client(notifications=notifications, poll_interval=0.1)
 
 
+@pytest.mark.floor
 def test_run_failed_carries_the_reason_and_notify_on_can_leave_cancellations_out(
     stopped: Stopped, tmp_path: Path
 ) -> None:
