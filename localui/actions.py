@@ -333,7 +333,7 @@ class ActionService:
         if facts is None:
             raise NotFound(f"no run with execution id {execution_id!r} in this store")
         rows = self.store.list_rows(execution_id)
-        state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+        state = runs.state_of(facts)
         plan = self.preflight.plan(state, rows)
         if isinstance(plan, runs.Refusal):
             raise Refused(plan.reason)

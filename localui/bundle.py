@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from localui import runs
 from localui.backends.base import DecisionLog, Store
 from localui.backends.sqlite.connect import connect
 from localui.backends.traces import SpanIndex
@@ -93,8 +94,13 @@ def run_record(
                     "events": span.raw_events,
                 }
             )
+    facts = store.get_run(execution_id)
     return {
         "execution_id": execution_id,
+        # How the run ended as this store reads it, and why when the SDK stopped it on
+        # purpose (its run-end row's ``run_reason``: ``cancelled``, ``timeout``).
+        "state": runs.state_of(facts) if facts is not None else None,
+        "run_reason": facts.run_reason if facts is not None else None,
         "checkpoints": [_checkpoint(store, h.checkpoint_id) for h in headers],
         "pending": None
         if pending is None

@@ -22,7 +22,7 @@ from localui.roles import ROLES
 from localui.settings import (
     APP_HOST,
     CLAIM_LEASE_SECONDS,
-    EVENT_TYPES,
+    EVENT_CHOICES,
     LOOPBACK_NAMES,
     Notifications,
     Settings,
@@ -193,9 +193,12 @@ def _add_notify_options(parser: argparse.ArgumentParser) -> None:
     )
     notify.add_argument(
         "--notify-on",
-        default="paused,decided,failed,stalled,overdue",
+        default="paused,decided,failed,cancelled,stalled,overdue",
         metavar="EVENTS",
-        help="Which events to announce (default: paused,decided,failed,stalled,overdue).",
+        help="Which events to announce (default: paused,decided,failed,cancelled,stalled,"
+        "overdue). 'failed' is a run that failed or ran out of its timeout_seconds;"
+        " 'cancelled' is the run.failed of a run someone cancelled on purpose (leave it out"
+        " to hear of failures only).",
     )
     notify.add_argument(
         "--notify-redact",
@@ -639,7 +642,7 @@ def _notifications(args: argparse.Namespace) -> Notifications:
         webhooks=tuple(args.webhook),
         webhook_secret=secret,
         public_url=args.public_url,
-        events=tuple(t for t in EVENT_TYPES if t in events),
+        events=tuple(t for t in EVENT_CHOICES if t in events),
         redact=tuple(args.notify_redact),
         remind_times=args.remind_times,
         lease=args.notify_lease,

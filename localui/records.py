@@ -105,6 +105,9 @@ class RunFacts:
     fork_parent_checkpoint_id: str | None
     rows_waiting: int
     rows_quarantined: int
+    #: Why a run that ended ``failed`` was stopped on purpose: the SDK's ``run_reason``
+    #: on its run-end row (``"cancelled"``, ``"timeout"``), else None.
+    run_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from localui.records import (
     FORK_ORIGIN_STEP,
     RUN_END_STEP,
     RowHeader,
+    RunFacts,
 )
 
 COMPLETED = "completed"
@@ -26,6 +27,17 @@ FAILED = "failed"
 PAUSED = "paused"
 ORPHANED = "orphaned"
 UNFINISHED = "unfinished"
+#: A failed run stopped on purpose (SDK 1.91 agents, 1.93 chains and swarms): its
+#: run-end row is ``failed`` with ``state_snapshot["run_reason"]`` saying why.
+CANCELLED = "cancelled"
+TIMED_OUT = "timed_out"
+
+#: The SDK's ``run_reason`` (``fastaiagent.agent.run_control``) -> the state it makes.
+_STOPPED_BY = {"cancelled": CANCELLED, "timeout": TIMED_OUT}
+
+#: The states of a run that ended ``failed``: where a total of failures is asked,
+#: a cancelled or timed-out run is one of them.
+FAILURES = (FAILED, CANCELLED, TIMED_OUT)
 
 _TURN = re.compile(r"^turn:(\d+)(?:/tool:(.+))?$")
 
@@ -56,13 +68,26 @@ def is_fork_origin(row: RowHeader) -> bool:
     return row.step_type == FORK_ORIGIN_STEP or row.node_id == FORK_ORIGIN_NODE
 
 
-def run_state(last_step_type: str | None, last_status: str, has_pending: bool) -> str:
-    """A run's state from its newest row and whether its pending row is still there."""
+def run_state(
+    last_step_type: str | None,
+    last_status: str,
+    has_pending: bool,
+    run_reason: str | None = None,
+) -> str:
+    """A run's state from its newest row (and, on a run-end row, its ``run_reason``)
+    and whether its pending row is still there."""
     if is_run_end(last_step_type):
-        return FAILED if last_status == "failed" else COMPLETED
+        if last_status != "failed":
+            return COMPLETED
+        return _STOPPED_BY.get(run_reason or "", FAILED)
     if last_status == "interrupted":
         return PAUSED if has_pending else ORPHANED
     return UNFINISHED
+
+
+def state_of(facts: RunFacts) -> str:
+    """A run's state from what the runs index keeps of it."""
+    return run_state(facts.last_step_type, facts.last_status, facts.has_pending, facts.run_reason)
 
 
 #: Why a run needs a person (``/attention``), in the order the page explains them.
@@ -90,6 +115,15 @@ def is_overdue(state: str, last_at: str, now: datetime, remind_after: float) -> 
     return then is not None and (now - then).total_seconds() > remind_after
 
 
+def needs_a_person_as_failed(state: str, has_pending: bool) -> bool:
+    """Whether a run that ended ``failed`` needs a person. A cancelled run does not:
+    someone stopped it on purpose, unless it was cancelled while a pause of it still
+    waited for an answer. A run that ran out of time failed at its work."""
+    if state == CANCELLED:
+        return has_pending
+    return state in (FAILED, TIMED_OUT)
+
+
 def attention_reasons(
     state: str,
     last_at: str,
@@ -98,12 +132,15 @@ def attention_reasons(
     *,
     stale_after: float,
     remind_after: float,
+    has_pending: bool = False,
 ) -> tuple[str, ...]:
     """Every reason a run needs a person, in :data:`ATTENTION_REASONS` order."""
     found = []
     if is_stalled(state, last_at, now, stale_after):
         found.append(STALLED)
-    if state in (FAILED, ORPHANED):
+    if needs_a_person_as_failed(state, has_pending):
+        found.append(FAILED)
+    if state == ORPHANED:
         found.append(state)
     if is_overdue(state, last_at, now, remind_after):
         found.append(OVERDUE)
@@ -439,7 +476,7 @@ def resume_plan(
         return _approval_plan(owner, newest, rows, history)
     # A failed run re-enters where ``latest_resumable`` says, in the SDK's own order
     # and within its first 500 rows; one that just stopped, at its newest row.
-    failed = state == FAILED
+    failed = state in FAILURES
     row = _latest_step(history) if failed else newest
     if row is None:
         return Refusal("resume", "The run holds no step the SDK would re-enter at.")

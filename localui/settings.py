@@ -61,6 +61,11 @@ CLAIM_LEASE_SECONDS = 30.0
 
 #: Every event a watcher announces (``localui.notify.events``).
 EVENT_TYPES = ("run.paused", "run.decided", "run.failed", "run.stalled", "pause.overdue")
+#: Not an event of its own: the ``run.failed`` of a run someone cancelled on purpose,
+#: which ``--notify-on`` chooses apart from other failures (``cancelled``).
+CANCELLED_FAILURES = "run.failed.cancelled"
+#: What ``--notify-on`` chooses from, as the watcher holds it.
+EVENT_CHOICES = (*EVENT_TYPES, CANCELLED_FAILURES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +81,9 @@ class Notifications:
     webhook_secret: str = ""
     #: The absolute base of deep links; empty: built from host, port and root path.
     public_url: str = ""
-    #: The event types announced.
-    events: tuple[str, ...] = EVENT_TYPES
+    #: The event types announced (and :data:`CANCELLED_FAILURES` when a cancelled
+    #: run's ``run.failed`` is announced too).
+    events: tuple[str, ...] = EVENT_CHOICES
     #: Keys whose values never leave in a message (anywhere in a pause's context).
     redact: tuple[str, ...] = ()
     #: How many overdue reminders a pause gets at most.

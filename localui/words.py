@@ -16,6 +16,7 @@ from localui import forks
 from localui.records import ALREADY_RESUMED, FORK_ORIGIN_NODE, Decision, RowHeader, Unreadable
 from localui.runs import (
     AGENT,
+    CANCELLED,
     CHAIN,
     COMPLETED,
     FAILED,
@@ -24,6 +25,7 @@ from localui.runs import (
     PRUNED_REFUSAL,
     SUPERVISOR,
     SWARM,
+    TIMED_OUT,
     Refusal,
     ResumePlan,
     parse_node,
@@ -149,6 +151,8 @@ def verdict(
     if state == FAILED:
         error = f": {run_error}" if run_error else ""
         return Verdict("bad", f"Failed {when}{error}.", resume, fork)
+    if state in (CANCELLED, TIMED_OUT):
+        return _stopped_on_purpose(state, plan, when, run_error, resume, fork)
     if state == PAUSED:
         reason = f" for `{last.interrupt_reason}`" if last.interrupt_reason else ""
         return Verdict(
@@ -180,6 +184,63 @@ def verdict(
         resume,
         fork,
     )
+
+
+def state_label(state: str) -> str:
+    """A state as a filter chip names it: ``Timed out``."""
+    return state.replace("_", " ").capitalize()
+
+
+def _stopped_on_purpose(
+    state: str,
+    plan: ResumePlan | Refusal,
+    when: str,
+    run_error: str | None,
+    resume: str,
+    fork: str,
+) -> Verdict:
+    """The verdict of a run the SDK stopped on purpose: its run-end row is ``failed``
+    with ``run_reason`` ``cancelled`` or ``timeout``. Nothing crashed, so no crash
+    advice; a resume steps back past the marker, as for any failed run."""
+    where = f" {_stopped_in(plan)}" if isinstance(plan, ResumePlan) else ""
+    if state == CANCELLED:
+        headline = (
+            f"Cancelled {when}{where}: someone stopped it on purpose with the SDK's"
+            " cancel(execution_id), from the process that ran it (the SDK does not record"
+            " who). Nothing crashed."
+        )
+        after = (
+            " The cancel does not carry over: the resumed run goes on until it ends, pauses,"
+            " or is cancelled again."
+        )
+    else:
+        error = f" ({run_error})" if run_error else ""
+        headline = (
+            f"Timed out {when}{where}: the run passed its timeout_seconds and the SDK"
+            f" stopped it{error}. Nothing crashed."
+        )
+        after = (
+            " The resumed run has the runner's timeout_seconds afresh, counted from the"
+            " resume: a step as slow as this one times out again."
+        )
+    if isinstance(plan, ResumePlan):
+        resume = (
+            "Resume steps back past the stop marker (the SDK's latest_resumable), as for any"
+            f" failed run: {resume[0].lower()}{resume[1:]}{after}"
+        )
+    return Verdict("warn", headline, resume, fork)
+
+
+def _stopped_in(plan: ResumePlan) -> str:
+    """Where a run stopped on purpose was, from the row a resume re-enters at: an
+    agent writes its row before each call, a chain its node's row once it is done."""
+    if plan.owner.kind == CHAIN:
+        if plan.start_node is not None:
+            return f"in node `{plan.start_node}`, after `{plan.node_id}`"
+        return f"in the node after `{plan.node_id}`"
+    if plan.tool is not None:
+        return f"inside tool `{plan.tool}`"
+    return f"waiting on the model at `{plan.node_id}`"
 
 
 def _resume_words(plan: ResumePlan, saved_args: Any) -> str:

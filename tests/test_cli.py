@@ -200,8 +200,16 @@ def test_demo_seed_only_leaves_the_cwd_clean(cwd: Path, tmp_path: Path) -> None:
     finally:
         seeded.close()
     assert len(page.runs) == len(ALL_SCENARIOS)
-    # The refund-bot's ten runs, then the chain, team, long-run and failed-fork shapes.
-    assert dict(page.counts) == {"completed": 3, "paused": 8, "failed": 3, "unfinished": 5}
+    # The refund-bot's ten runs, then the chain, team, long-run and failed-fork shapes,
+    # and a run cancelled and one timed out.
+    assert dict(page.counts) == {
+        "completed": 3,
+        "paused": 8,
+        "failed": 3,
+        "cancelled": 1,
+        "timed_out": 1,
+        "unfinished": 5,
+    }
 
 
 def test_demo_refuses_an_existing_store(cwd: Path, store_copy: Path) -> None:

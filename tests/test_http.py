@@ -20,7 +20,15 @@ if TYPE_CHECKING:
 ROW_KEYS = {"checkpoint_id", "node_id", "step_type", "status", "created_at", "agent_path"}
 RUN_KEYS = {"execution_id", "state", "agent", "resume", "rows", "idempotency", "fork_of", "forks"}
 LIST_RUN_KEYS = {"execution_id", "state", "agent", "rows", "first_at", "last_at", "pending_reason"}
-COUNTS = {"completed": 3, "failed": 1, "paused": 4, "orphaned": 0, "unfinished": 2}
+COUNTS = {
+    "completed": 3,
+    "failed": 1,
+    "cancelled": 0,
+    "timed_out": 0,
+    "paused": 4,
+    "orphaned": 0,
+    "unfinished": 2,
+}
 
 
 def is_full_page(html: str) -> bool:

@@ -164,7 +164,7 @@ def expected_first_event(first: runs.FirstAct) -> str:
 def state_of(store: Store, execution_id: str) -> str:
     facts = store.get_run(execution_id)
     assert facts is not None
-    return runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+    return runs.state_of(facts)
 
 
 @pytest.mark.postgres

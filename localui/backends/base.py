@@ -51,7 +51,7 @@ from localui.records import (
 
 #: The vocabulary of run states (DESIGN.md); the rules that derive them live in
 #: ``localui.runs`` and the PostgreSQL store's SQL mirrors them for filtering.
-STATES = ("completed", "failed", "paused", "orphaned", "unfinished")
+STATES = ("completed", "failed", "cancelled", "timed_out", "paused", "orphaned", "unfinished")
 
 
 class Store(Protocol):

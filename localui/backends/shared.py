@@ -33,9 +33,14 @@ T = TypeVar("T")
 #: A database's time value as the ISO text records carry (SQLite's is text already).
 Instant = Callable[[Any], str]
 
-#: Run state in SQL over the newest row ``l`` and the pending row ``p``: the same
-#: rules as ``localui.runs.run_state`` (a test holds the two together, on both backends).
+#: Run state in SQL over the newest row ``l`` (with its ``run_reason``) and the pending
+#: row ``p``: the same rules as ``localui.runs.run_state`` (a test holds the two
+#: together, on both backends).
 STATE_SQL = """CASE
+    WHEN l.step_type = 'run_end' AND l.status = 'failed' AND l.run_reason = 'cancelled'
+        THEN 'cancelled'
+    WHEN l.step_type = 'run_end' AND l.status = 'failed' AND l.run_reason = 'timeout'
+        THEN 'timed_out'
     WHEN l.step_type = 'run_end' AND l.status = 'failed' THEN 'failed'
     WHEN l.step_type = 'run_end' THEN 'completed'
     WHEN l.status = 'interrupted' AND p.execution_id IS NOT NULL THEN 'paused'

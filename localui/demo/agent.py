@@ -8,14 +8,17 @@ that exist to seed failure cases; the agent registered for serving has them off.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fastaiagent import Agent, idempotent, interrupt, tool
+from fastaiagent.agent.agent import AgentConfig
 from fastaiagent.checkpointers import Checkpointer
 from fastaiagent.llm.message import Message, MessageRole
 from fastaiagent.testing import FunctionModel
@@ -44,7 +47,13 @@ CUSTOMERS: Mapping[str, str] = {
     "A-1007": "Donald Knuth",
     "A-1008": "Frances Allen",
     "A-1009": "Margaret Hamilton",
+    "A-1011": "John Backus",
+    "A-1012": "Ada Yonath",
 }
+
+#: How long a held refund waits on the payment provider: far past anything that stops
+#: it (a cancel, a ``timeout_seconds``), which comes within a second.
+HELD_REFUND_S = 60.0
 
 
 def _policy() -> dict[str, Any]:
@@ -74,6 +83,8 @@ def build_agent(
     die_in_tool: bool = False,
     die_waiting_on_model: bool = False,
     events: list[str] | None = None,
+    hold_refund: threading.Event | None = None,
+    timeout_seconds: float | None = None,
 ) -> Agent:
     """The refund-bot, checkpointing into ``checkpointer``.
 
@@ -82,7 +93,9 @@ def build_agent(
     ``model_fails_once`` makes the first model call of this instance raise,
     ``die_in_tool`` kills the process as ``refund`` starts, and
     ``die_waiting_on_model`` kills it when the model is asked for the turn
-    after a tool result.
+    after a tool result. ``hold_refund``: ``refund`` sets it, then waits on a slow
+    payment provider (``HELD_REFUND_S``, an await the SDK can stop), so a seeder can
+    cancel the run from another thread, or let ``timeout_seconds`` stop it.
     """
 
     # Defined per agent for the ledger path, but the cache key is built from the
@@ -94,10 +107,7 @@ def build_agent(
 
     # ``register=False``: the SDK's tool registry is process-global and
     # last-write-wins; several agents built in one process must not collide.
-    @tool(name="refund", register=False)
-    def refund(order_id: str, amount: float) -> str:
-        """Refund an order. Refunds over 100.00 wait for a manager's approval."""
-        record(events, f"tool:{AGENT_NAME}:refund")
+    def refund_now(order_id: str, amount: float) -> str:
         if die_in_tool:
             os._exit(EXIT_DIED_IN_TOOL)
         charge_back(order_id, amount)
@@ -125,6 +135,21 @@ def build_agent(
                 return f"refunded {amount:.2f} on {order_id}, approved by {names}"
         return f"refunded {amount:.2f} on {order_id}"
 
+    @tool(name="refund", register=False)
+    def refund(order_id: str, amount: float) -> str:
+        """Refund an order. Refunds over 100.00 wait for a manager's approval."""
+        record(events, f"tool:{AGENT_NAME}:refund")
+        return refund_now(order_id, amount)
+
+    @tool(name="refund", register=False)
+    async def held_refund(order_id: str, amount: float) -> str:
+        """Refund an order. Refunds over 100.00 wait for a manager's approval."""
+        record(events, f"tool:{AGENT_NAME}:refund")
+        assert hold_refund is not None
+        hold_refund.set()
+        await asyncio.sleep(HELD_REFUND_S)
+        return refund_now(order_id, amount)
+
     @tool(name="notify_customer", register=False)
     def notify_customer(order_id: str, message: str) -> str:
         """Send the customer of an order a message."""
@@ -139,8 +164,9 @@ def build_agent(
         name=AGENT_NAME,
         system_prompt=SYSTEM_PROMPT,
         llm=FunctionModel(responder, model="refund-bot-demo"),
-        tools=[refund, notify_customer],
+        tools=[held_refund if hold_refund is not None else refund, notify_customer],
         checkpointer=checkpointer,
+        config=AgentConfig(timeout_seconds=timeout_seconds),
     )
 
 

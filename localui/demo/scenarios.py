@@ -33,6 +33,10 @@ from localui.records import SeedFailure, SeedProgress
 #: How a scenario's run is left: the run's own outcome, or the process died.
 Ending = Literal["completed", "paused", "failed", "died"]
 
+#: What stops a run on purpose (SDK 1.91): ``Agent.cancel`` from another thread, or the
+#: run's ``timeout_seconds``; either way its run-end row is ``failed`` with a reason.
+Stop = Literal["cancel", "timeout"]
+
 #: Which runner a scenario runs: the refund-bot agent, or one of ``localui.demo.teams``.
 Runner = Literal["refund-bot", "chain", "supervisor", "swarm", "long"]
 
@@ -69,6 +73,8 @@ class Scenario:
     runner: Runner = "refund-bot"
     #: For a fork: the node id of the source row it branches from (default: the last step).
     fork_from: str | None = None
+    #: Stopped on purpose while its refund waits on the payment provider.
+    stop: Stop | None = None
 
     @property
     def exit_code(self) -> int:
@@ -134,6 +140,11 @@ SHAPE_SCENARIOS: tuple[Scenario, ...] = (
         after="completed",
         fork_from="turn:1",
     ),
+    # Stopped on purpose inside the refund (agents since SDK 1.91; the demo seeds on
+    # the lowest SDK the project supports, so both are agent runs): someone cancelled
+    # it, or it ran out of its timeout_seconds.
+    Scenario("cancelled", "Refund order A-1011 for 60.00", "failed", stop="cancel"),
+    Scenario("timed-out", "Refund order A-1012 for 75.00", "failed", stop="timeout"),
 )
 
 ALL_SCENARIOS: tuple[Scenario, ...] = SCENARIOS + SHAPE_SCENARIOS

@@ -208,6 +208,11 @@ async def _run(
             return await _run_other(scenario, checkpointer)
         finally:
             checkpointer.close()
+    if scenario.stop is not None:
+        try:
+            return await _run_stopped(scenario, checkpointer)
+        finally:
+            checkpointer.close()
     agent = build_agent(
         checkpointer,
         ledger=ledger,
@@ -252,6 +257,58 @@ async def _run(
         return result.status
     finally:
         checkpointer.close()
+
+
+#: A run stopped by its ``timeout_seconds`` is stopped this long after it starts.
+STOP_TIMEOUT_S = 0.5
+
+
+async def _run_stopped(
+    scenario: Scenario, checkpointer: SQLiteCheckpointer | PostgresCheckpointer
+) -> str:
+    """Run the refund-bot until something stops it inside its refund, as people do:
+    ``Agent.cancel`` from another thread, or the run's own ``timeout_seconds``.
+    The SDK ends the run ``failed`` with ``run_reason`` ``cancelled`` or ``timeout``."""
+    import threading
+
+    from fastaiagent._internal.errors import AgentTimeoutError
+
+    from localui.demo.agent import build_agent
+
+    assert scenario.prompt is not None
+    held = threading.Event()
+    agent = build_agent(
+        checkpointer,
+        hold_refund=held,
+        timeout_seconds=STOP_TIMEOUT_S if scenario.stop == "timeout" else None,
+    )
+    execution_id = str(uuid.uuid4())
+    _announce(execution_id)
+    canceller = None
+    if scenario.stop == "cancel":
+
+        def cancel() -> None:
+            # Once the refund is under way, from a thread of its own (as an operator's
+            # request handler would): the SDK's cancel is safe from any thread.
+            if held.wait(_HOLD_WAIT_S):
+                agent.cancel(execution_id)
+
+        canceller = threading.Thread(target=cancel, name="demo-cancel", daemon=True)
+        canceller.start()
+    try:
+        result = await agent.arun(scenario.prompt, execution_id=execution_id)
+    except AgentTimeoutError:
+        # The SDK has written the run-end row (``run_reason="timeout"``) by now.
+        return "failed"
+    finally:
+        if canceller is not None:
+            canceller.join()
+    # A cancelled run returns ``status="cancelled"``; its run-end row says ``failed``.
+    return "failed" if result.status == "cancelled" else str(result.status)
+
+
+#: How long the cancelling thread waits for the refund to begin.
+_HOLD_WAIT_S = 30.0
 
 
 def _failed_fork_of(checkpointer: SQLiteCheckpointer | PostgresCheckpointer, source: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from localui import runs
 from localui.bundle import redact
 from localui.records import ALREADY_RESUMED, APPROVAL, Decision, PausedCall, Pending, RunFacts
+from localui.settings import CANCELLED_FAILURES
 from localui.words import call_text
 
 PAUSED = "run.paused"
@@ -26,8 +27,25 @@ FAILED = "run.failed"
 STALLED = "run.stalled"
 OVERDUE = "pause.overdue"
 EVENT_TYPES = (PAUSED, DECIDED, FAILED, STALLED, OVERDUE)
-#: ``--notify-on`` names: the part after the dot.
-SHORT_NAMES = {t.split(".", 1)[1]: t for t in EVENT_TYPES}
+#: ``--notify-on`` names: the part after the dot, and ``cancelled`` for the failures
+#: of runs someone cancelled on purpose (``failed`` alone leaves them out).
+SHORT_NAMES = {**{t.split(".", 1)[1]: t for t in EVENT_TYPES}, "cancelled": CANCELLED_FAILURES}
+
+#: The SDK's ``run_reason`` of a cancelled run, as a ``run.failed`` event carries it.
+CANCELLED_REASON = "cancelled"
+
+
+def announces_failures(chosen: frozenset[str]) -> bool:
+    """Whether any ``run.failed`` is to be announced."""
+    return FAILED in chosen or CANCELLED_FAILURES in chosen
+
+
+def wanted(event: Event, chosen: frozenset[str]) -> bool:
+    """Whether ``--notify-on`` chose this event: a cancelled run's failure only when
+    ``cancelled`` was chosen, every other failure only when ``failed`` was."""
+    if event.type == FAILED:
+        return (CANCELLED_FAILURES if event.reason == CANCELLED_REASON else FAILED) in chosen
+    return event.type in chosen
 
 
 class UnknownEvent(ValueError):
@@ -205,7 +223,7 @@ def decided(decision: Decision, agent: str = "") -> Event | None:
 
 
 def _run_state(facts: RunFacts) -> str:
-    return runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+    return runs.state_of(facts)
 
 
 def _run_event(event_type: str, facts: RunFacts, reason: str = "") -> Event:
@@ -222,10 +240,11 @@ def _run_event(event_type: str, facts: RunFacts, reason: str = "") -> Event:
 
 
 def failed(facts: RunFacts) -> Event | None:
-    """A run whose newest row is a failed ``run_end``."""
-    if _run_state(facts) != runs.FAILED:
+    """A run whose newest row is a failed ``run_end``; its reason is the SDK's
+    ``run_reason`` when the run was stopped on purpose (``cancelled``, ``timeout``)."""
+    if _run_state(facts) not in runs.FAILURES:
         return None
-    return _run_event(FAILED, facts)
+    return _run_event(FAILED, facts, facts.run_reason or "")
 
 
 def stalled(facts: RunFacts, now: datetime, stale_after: float) -> Event | None:

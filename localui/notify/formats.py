@@ -58,13 +58,21 @@ def line_of(event: Event, url: str, now: datetime) -> str:
             f" {event.actor}{why} (outcome: {event.outcome})."
         )
     elif event.type == ev.FAILED:
-        text = f"Run {event.execution_id} of {event.agent} failed at {event.node_id} {since}."
+        text = (
+            f"Run {event.execution_id} of {event.agent} {_failed_verb(event)} at"
+            f" {event.node_id} {since}."
+        )
     else:
         text = (
             f"Run {event.execution_id} of {event.agent} has written nothing since {since}"
             f" (stopped at a {event.reason}, {event.node_id}): its process may have died."
         )
     return f"{text}\n{url}"
+
+
+def _failed_verb(event: Event) -> str:
+    """How a run ended ``failed``: on its own, or stopped on purpose (the SDK's reason)."""
+    return {"cancelled": "was cancelled", "timeout": "timed out"}.get(event.reason, "failed")
 
 
 def _title(batch: Sequence[Event]) -> str:
@@ -75,7 +83,7 @@ def _title(batch: Sequence[Event]) -> str:
             ev.PAUSED: f"Waiting for approval: {_what(only)}",
             ev.OVERDUE: f"Still waiting: {_what(only)}",
             ev.DECIDED: f"Decided: run {only.execution_id}",
-            ev.FAILED: f"Run failed: {only.execution_id}",
+            ev.FAILED: f"Run {_failed_verb(only)}: {only.execution_id}",
             ev.STALLED: f"Run stalled: {only.execution_id}",
         }[only.type]
     if waiting == len(batch):

@@ -164,7 +164,7 @@ class Watcher:
         """Record the wanted events for each of their targets; how many rows are new."""
         by_targets: dict[tuple[str, ...], list[Event]] = {}
         for event in found:
-            if event.type in self._wanted:
+            if ev.wanted(event, self._wanted):
                 by_targets.setdefault(self._target_ids(event.rule), []).append(event)
         now = self._clock()
         added = 0
@@ -193,7 +193,7 @@ class Watcher:
                 event = ev.decided(decision, agent)
                 if event is not None:
                     found.append(event)
-        for execution_id in sorted(changes.runs) if ev.FAILED in self._wanted else []:
+        for execution_id in sorted(changes.runs) if ev.announces_failures(self._wanted) else []:
             facts = self.store.get_run(execution_id)
             event = ev.failed(facts) if facts is not None else None
             if event is not None:
@@ -305,7 +305,7 @@ class Watcher:
             keys.update(e.key for e in stalled)
             known = self._recorded({e.key for e in stalled if e.key not in self._offered})
             found.extend(e for e in stalled if e.key not in known)
-        if ev.FAILED in self._wanted:
+        if ev.announces_failures(self._wanted):
             failed = self._failed_since_start()
             keys.update(e.key for e in failed)
             known = self._recorded({e.key for e in failed if e.key not in self._offered})
@@ -335,17 +335,19 @@ class Watcher:
         """The runs that failed since :meth:`_since_start`, newest first, one page:
         from the runs index's failed runs, never a scan of ``checkpoints``."""
         since = self._since_start()
-        page = self.store.list_runs(RunQuery(state=runs.FAILED, limit=FAILED_PAGE))
         found: list[Event] = []
-        for facts in page.runs:
-            at = runs.parse_time(facts.last_at)
-            if at is None:
-                continue
-            if at < since:
-                break  # newest first: the rest failed before
-            event = ev.failed(facts)
-            if event is not None:
-                found.append(event)
+        # Each state that ended failed (a cancelled or timed-out run too), a page each.
+        for state in runs.FAILURES:
+            page = self.store.list_runs(RunQuery(state=state, limit=FAILED_PAGE))
+            for facts in page.runs:
+                at = runs.parse_time(facts.last_at)
+                if at is None:
+                    continue
+                if at < since:
+                    break  # newest first: the rest failed before
+                event = ev.failed(facts)
+                if event is not None and ev.wanted(event, self._wanted):
+                    found.append(event)
         return found
 
     def _decided_since_last_sweep(self) -> list[Event]:

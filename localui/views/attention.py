@@ -49,7 +49,8 @@ ATTENTION_PAGE = 25
 #: What each reason means, for the page's legend and each row's "why".
 REASON_WORDS = {
     runs.STALLED: "stalled: no end marker and no new row for longer than --stale-after",
-    runs.FAILED: "failed: the run wrote a failed end marker",
+    runs.FAILED: "failed: the run wrote a failed end marker (a run that ran out of time too;"
+    " a cancelled one only while a pause of it still waits for an answer)",
     runs.ORPHANED: "orphaned: its pause was claimed and the run never went on",
     runs.OVERDUE: "overdue: waiting for a person for longer than --remind-after",
     runs.QUARANTINED: "quarantined: the plane refused some of its rows",
@@ -158,11 +159,11 @@ class _Planned:
     @property
     def error_id(self) -> str | None:
         """A failed run's end marker, which holds its error."""
-        return self.rows[-1].checkpoint_id if self.state == runs.FAILED and self.rows else None
+        return self.rows[-1].checkpoint_id if self.state in runs.FAILURES and self.rows else None
 
 
 def _plan(actions: ActionService, facts: RunFacts, rows: tuple[RowHeader, ...]) -> _Planned:
-    state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+    state = runs.state_of(facts)
     return _Planned(facts, state, rows, actions.preflight.plan(state, rows))
 
 
@@ -187,6 +188,7 @@ def attention_row(
         now,
         stale_after=settings.stale_after,
         remind_after=settings.remind_after,
+        has_pending=facts.has_pending,
     )
     saved_args: Any = None
     skipped: tuple[str, ...] = ()

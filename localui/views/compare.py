@@ -162,7 +162,7 @@ def _run_side(
     calls = {cid: tuple(s.summary for s in steps) for cid, steps in steps_by_row(trace).items()}
     side = RunSide(
         execution_id=execution_id,
-        state=runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending),
+        state=runs.state_of(facts),
         agent=runs.run_owner(headers).name,
         rows=len(headers),
         fork_of=origin.source_execution_id if origin is not None else None,

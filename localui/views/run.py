@@ -129,7 +129,7 @@ def build_run_page(
     if facts is None or not headers:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
     now = datetime.now(UTC)
-    state = runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+    state = runs.state_of(facts)
     # The owner's plan on this backend, with the registered Chain's node order.
     plan = actions.preflight.plan(state, headers)
     last = headers[-1]
@@ -142,7 +142,7 @@ def build_run_page(
         if reentry is not None:
             saved_args = reentry.node_input
             skipped = runs.skipped_siblings(reentry.state_snapshot)
-    run_error = _run_error(store.get_row(last.checkpoint_id)) if state == runs.FAILED else None
+    run_error = _run_error(store.get_row(last.checkpoint_id)) if state in runs.FAILURES else None
     verdict = words.verdict(
         state,
         plan,

@@ -30,7 +30,7 @@ from localui.views.respond import html_only, nav_ahead, respond
 from localui.views.state import context
 from localui.views.trace import duration_words
 from localui.views.urls import Urls, urls_of
-from localui.words import age_words, decision_line
+from localui.words import age_words, decision_line, state_label
 
 OUTBOX_FILTERS = ("waiting", "quarantined")
 
@@ -180,7 +180,7 @@ def outcome_of(
     (from the decision record) followed by the answer's first line."""
     if state == runs.PAUSED and facts.pending_reason:
         return f"waiting for approval: {facts.pending_reason}"
-    if summary is not None and state == runs.FAILED and summary.error:
+    if summary is not None and state in runs.FAILURES and summary.error:
         return first_line(f"error: {summary.error}")
     answer = first_line(summary.answer) if summary is not None else None
     if state != runs.COMPLETED:
@@ -191,7 +191,7 @@ def outcome_of(
 
 
 def run_state(facts: RunFacts) -> str:
-    return runs.run_state(facts.last_step_type, facts.last_status, facts.has_pending)
+    return runs.state_of(facts)
 
 
 def run_row(
@@ -307,7 +307,7 @@ def build_runs_page(
     tabs.extend(
         StateTab(
             state=state,
-            label=state.capitalize(),
+            label=state_label(state),
             count=counts[state] if known else None,
             url=urls.runs(filters.params(state=state)),
             active=filters.state == state,

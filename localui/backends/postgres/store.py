@@ -46,6 +46,7 @@ from localui.backends.urls import redact
 from localui.errors import BadRequest, StoreMissing, Unavailable
 from localui.records import (
     FORK_ORIGIN_NODE,
+    RUN_END_STEP,
     AttentionCounts,
     AttentionPage,
     AttentionQuery,
@@ -106,6 +107,16 @@ class _Schema:
         """A checkpoint column as SQL, or NULL when this store predates it."""
         prefix = f"{alias}." if alias else ""
         return f"{prefix}{name}" if name in self.checkpoint_columns else "NULL"
+
+
+def _run_reason_sql(s: _Schema) -> str:
+    """A row's ``run_reason``: read from run-end rows only (one a run)."""
+    if "step_type" not in s.checkpoint_columns:
+        return "NULL::text"
+    return (
+        f"CASE WHEN step_type = '{RUN_END_STEP}' AND jsonb_typeof(state_snapshot) = 'object'"
+        " THEN state_snapshot->>'run_reason' END"
+    )
 
 
 def _key_instant(key: tuple[str, str], what: str) -> Any:
@@ -335,6 +346,8 @@ class PostgresStore:
             else ""
         )
 
+        reason = _run_reason_sql(s)
+
         # The newest row's fields in the same pass as the counts: a second pass over
         # the same rows (``DISTINCT ON``) cost a third of a build's facts.
         def newest(column: str) -> str:
@@ -357,7 +370,8 @@ class PostgresStore:
                        {
             newest(s.col("step_type")) if "step_type" in s.checkpoint_columns else "NULL::text"
         } AS step_type,
-                       {newest("status")} AS status
+                       {newest("status")} AS status,
+                       {newest(reason)} AS run_reason
                 FROM {cp}{top_of_path} {where}
                 GROUP BY execution_id
             ),
@@ -368,6 +382,7 @@ class PostgresStore:
                        l.step_type AS last_step_type,
                        COALESCE(l.status, 'completed') AS last_status,
                        p.execution_id IS NOT NULL AS has_pending, p.reason AS pending_reason,
+                       l.run_reason,
                        {STATE_SQL} AS state
                 FROM a l
                 {pending_join}
@@ -391,6 +406,7 @@ class PostgresStore:
             fork_parent_checkpoint_id=row["fork_parent"],
             rows_waiting=int(row["rows_waiting"] or 0),
             rows_quarantined=int(row["rows_quarantined"] or 0),
+            run_reason=row["run_reason"],
         )
 
     def _index_sql(self) -> StoreSql | None:
@@ -1020,12 +1036,14 @@ class PostgresStore:
                 )
                 SELECT k.execution_id, k.n FROM k
                 JOIN LATERAL (
-                    SELECT {s.col("step_type")} AS step_type, status
+                    SELECT {s.col("step_type")} AS step_type, status,
+                           {_run_reason_sql(s)} AS run_reason
                     FROM {self._t["checkpoints"]} c WHERE c.execution_id = k.execution_id
                     ORDER BY {NEWEST_FIRST} LIMIT 1
                 ) l ON true
                 {pending}
-                WHERE ({STATE_SQL}) IN ('paused', 'unfinished', 'failed')""",
+                WHERE ({STATE_SQL})
+                    IN ('paused', 'unfinished', 'failed', 'cancelled', 'timed_out')""",
             (instant,),
         )
         return {str(r["execution_id"]): int(r["n"]) for r in cur.fetchall()}

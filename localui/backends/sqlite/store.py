@@ -34,6 +34,7 @@ from localui.backends.sqlite.index import BACKGROUND_FROM_ROWS, RunIndex, StoreC
 from localui.errors import LocalUIError, StoreMissing, Unavailable
 from localui.records import (
     FORK_ORIGIN_NODE,
+    RUN_END_STEP,
     AttentionCounts,
     AttentionPage,
     AttentionQuery,
@@ -286,6 +287,11 @@ class SQLiteStore:
                 "tool_args": "CASE WHEN node_id LIKE '%/tool:%' THEN node_input END",
                 # Who owns the run (a team's rows nest their members' under it).
                 "agent_path": s.col("agent_path"),
+                # Why a run was stopped on purpose: read from run-end rows only (one a
+                # run), and only from a snapshot that parses.
+                "run_reason": f"CASE WHEN {s.col('step_type')} = '{RUN_END_STEP}'"
+                " AND json_valid(state_snapshot)"
+                " THEN json_extract(state_snapshot, '$.run_reason') END",
             },
             synced=s.col("synced"),
             sync_error=s.col("sync_error"),

@@ -45,6 +45,7 @@ def run_facts(row: dict[str, Any]) -> RunFacts:
         fork_parent_checkpoint_id=row["fork_parent"],
         rows_waiting=int(row["rows_waiting"]),
         rows_quarantined=int(row["rows_quarantined"]),
+        run_reason=row["run_reason"],
     )
 
 
@@ -139,7 +140,10 @@ def totals(cur: Any, t: Tables) -> tuple[int, int, int]:
 #: indexes answers in order (``_state``, or ``_quarantined``).
 _ATTENTION = (
     "state = 'unfinished' AND last_at < %(stale)s",
+    # Failed, as runs.needs_a_person_as_failed says.
     "state = 'failed'",
+    "state = 'timed_out'",
+    "state = 'cancelled' AND has_pending",
     "state = 'orphaned'",
     "state = 'paused' AND last_at < %(overdue)s",
     "rows_quarantined > 0",
@@ -190,7 +194,8 @@ def _attention_counts_sql(t: Tables) -> str:
         f" - (SELECT COUNT(*) FROM {t.runs} WHERE state = 'unfinished' AND last_at >= %(stale)s)"
         f" - (SELECT COUNT(*) FROM {t.runs} WHERE state = 'unfinished' AND last_at IS NULL)"
         " AS stalled,"
-        f" (SELECT COALESCE(SUM(n), 0) FROM {t.counts} WHERE state = 'failed') AS failed,"
+        f" (SELECT COALESCE(SUM(n), 0) FROM {t.counts} WHERE state IN ('failed', 'timed_out'))"
+        f" + (SELECT COUNT(*) FROM {t.runs} WHERE state = 'cancelled' AND has_pending) AS failed,"
         f" (SELECT COALESCE(SUM(n), 0) FROM {t.counts} WHERE state = 'orphaned') AS orphaned,"
         f" (SELECT COALESCE(SUM(n), 0) FROM {t.counts} WHERE state = 'paused')"
         f" - (SELECT COUNT(*) FROM {t.runs} WHERE state = 'paused' AND last_at >= %(overdue)s)"
@@ -200,7 +205,8 @@ def _attention_counts_sql(t: Tables) -> str:
         f" (SELECT MIN(last_at) FROM {t.runs} WHERE state = 'paused') AS oldest,"
         # Quarantined runs that no other reason counted: the total counts each run once.
         f" (SELECT COUNT(*) FROM {t.runs} WHERE rows_quarantined > 0 AND NOT ("
-        "   state IN ('failed', 'orphaned') OR (state = 'unfinished' AND last_at < %(stale)s)"
+        "   state IN ('failed', 'timed_out', 'orphaned') OR (state = 'cancelled' AND has_pending)"
+        "   OR (state = 'unfinished' AND last_at < %(stale)s)"
         "   OR (state = 'paused' AND last_at < %(overdue)s))) AS only_quarantined"
     )
 

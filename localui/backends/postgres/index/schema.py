@@ -28,7 +28,8 @@ from typing import Any
 #: 3: a build in chunks walks the SDK table's blocks (its cursor is a block number).
 #: 4: the owner of an agent-as-tool's own execution is that agent, not the one above it.
 #: 5: an index of the runs with quarantined rows (the attention page).
-VERSION = "5"
+#: 6: a run's end reason (``run_reason``: cancelled, timed out) and the states it makes.
+VERSION = "6"
 
 #: The columns of ``runs_<store>`` a fold fills, in the order a build inserts them.
 RUN_COLUMNS = (
@@ -48,6 +49,7 @@ RUN_COLUMNS = (
     "rows_quarantined",
     "state",
     "tool_args",
+    "run_reason",
 )
 COLUMNS = ", ".join(RUN_COLUMNS)
 
@@ -142,6 +144,8 @@ def ddl(t: Tables) -> list[str]:
             rows_quarantined   BIGINT NOT NULL,
             state              TEXT NOT NULL,
             tool_args          TEXT NOT NULL,
+            -- Why a run that ended failed was stopped on purpose (the SDK's run_reason).
+            run_reason         TEXT,
             search             TEXT GENERATED ALWAYS AS (
                 execution_id || E'\\n' || agent || E'\\n' || COALESCE(pending_reason, '')
                 || E'\\n' || tool_args) STORED

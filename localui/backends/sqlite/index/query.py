@@ -64,6 +64,7 @@ def run_facts(row: sqlite3.Row) -> RunFacts:
         fork_parent_checkpoint_id=row["fork_parent"],
         rows_waiting=int(row["rows_waiting"]),
         rows_quarantined=int(row["rows_quarantined"]),
+        run_reason=row["run_reason"],
     )
 
 
@@ -143,7 +144,10 @@ def list_runs(conn: sqlite3.Connection, query: RunQuery, *, has_text_index: bool
 #: indexes answers in order (``runs_state``, or ``runs_quarantined``).
 _ATTENTION = (
     "state = 'unfinished' AND last_at < :stale",
+    # Failed, as runs.needs_a_person_as_failed says.
     "state = 'failed'",
+    "state = 'timed_out'",
+    "state = 'cancelled' AND has_pending",
     "state = 'orphaned'",
     "state = 'paused' AND last_at < :overdue",
     "rows_quarantined > 0",
@@ -186,7 +190,8 @@ _ATTENTION_COUNTS = (
     "(SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state = 'unfinished')"
     " - (SELECT COUNT(*) FROM runs WHERE state = 'unfinished' AND last_at >= :stale)"
     " AS stalled,"
-    " (SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state = 'failed') AS failed,"
+    " (SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state IN ('failed', 'timed_out'))"
+    " + (SELECT COUNT(*) FROM runs WHERE state = 'cancelled' AND has_pending) AS failed,"
     " (SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state = 'orphaned') AS orphaned,"
     " (SELECT COALESCE(SUM(n), 0) FROM state_counts WHERE state = 'paused')"
     " - (SELECT COUNT(*) FROM runs WHERE state = 'paused' AND last_at >= :overdue)"
@@ -195,7 +200,8 @@ _ATTENTION_COUNTS = (
     " (SELECT MIN(last_at) FROM runs WHERE state = 'paused') AS oldest,"
     # Quarantined runs that no other reason counted: the total counts each run once.
     " (SELECT COUNT(*) FROM runs WHERE rows_quarantined > 0 AND NOT ("
-    "   state IN ('failed', 'orphaned') OR (state = 'unfinished' AND last_at < :stale)"
+    "   state IN ('failed', 'timed_out', 'orphaned') OR (state = 'cancelled' AND has_pending)"
+    "   OR (state = 'unfinished' AND last_at < :stale)"
     "   OR (state = 'paused' AND last_at < :overdue))) AS only_quarantined"
 )
 
@@ -262,7 +268,8 @@ def resumable_cache_before(conn: sqlite3.Connection, cutoff: str) -> dict[str, i
             conn,
             "SELECT c.execution_id AS execution_id, COUNT(*) AS n FROM s.idempotency_cache c"
             " JOIN runs r ON r.execution_id = c.execution_id"
-            " WHERE c.created_at < ? AND r.state IN ('paused', 'unfinished', 'failed')"
+            " WHERE c.created_at < ?"
+            " AND r.state IN ('paused', 'unfinished', 'failed', 'cancelled', 'timed_out')"
             " GROUP BY c.execution_id",
             (cutoff,),
         )

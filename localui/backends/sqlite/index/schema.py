@@ -39,7 +39,8 @@ from localui.paths import cache_dir
 #: 8: an index of the runs with quarantined rows (the attention page).
 #: 9: a run folded again with its searched text unchanged is updated in place (the
 #: counts kept by an update trigger).
-VERSION = "9"
+#: 10: a run's end reason (``run_reason``: cancelled, timed out) and the states it makes.
+VERSION = "10"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -61,7 +62,9 @@ CREATE TABLE IF NOT EXISTS runs (
     rows_quarantined   INTEGER NOT NULL,
     state              TEXT NOT NULL,
     -- The tools' arguments, for the runs list's text search.
-    tool_args          TEXT NOT NULL
+    tool_args          TEXT NOT NULL,
+    -- Why a run that ended failed was stopped on purpose (the SDK's run_reason).
+    run_reason         TEXT
 );
 CREATE TABLE IF NOT EXISTS state_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS totals (
@@ -175,6 +178,7 @@ RUN_COLUMNS = (
     "rows_quarantined",
     "state",
     "tool_args",
+    "run_reason",
 )
 COLUMNS = ", ".join(RUN_COLUMNS)
 #: What text search reads of a run (with its id): a run whose new fold leaves these as

@@ -81,6 +81,7 @@ FOLD_COLUMNS = (
     "sync_error",
     "tool_args",
     "agent_path",
+    "run_reason",
 )
 
 
@@ -130,12 +131,16 @@ class _Summary:
         "waiting",
         "quarantined",
         "args",
+        "reason",
     )
 
     def __init__(self, row: tuple[Any, ...]) -> None:
-        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args, path = row
+        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args, path, why = (
+            row
+        )
         self.agent, self.cid, self.node, self.step = agent or "", cid or "", node or "", step
         self.status, self.at, self.rowid = status or "completed", at or "", rowid
+        self.reason = _reason(why)
         self.count, self.first, self.first_rowid = 1, at or "", rowid
         # The owner, and the row it was read from: the shallowest (then earliest) whose
         # path names one.
@@ -155,7 +160,9 @@ class _Summary:
         return self.owner if self.owner_rowid >= 0 else self.agent
 
     def add(self, row: tuple[Any, ...]) -> None:
-        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args, path = row
+        rowid, _eid, agent, cid, node, step, status, at, parent, synced, error, args, path, why = (
+            row
+        )
         at = at or ""
         self.count += 1
         # Rows come in insertion order within a run, mostly: the comparisons are plain
@@ -178,6 +185,7 @@ class _Summary:
         if at > self.at or (at == self.at and rowid > self.rowid):
             self.cid, self.node, self.step = cid or "", node or "", step
             self.status, self.at, self.rowid = status or "completed", at, rowid
+            self.reason = _reason(why)
         if node == FORK_ORIGIN_NODE:
             self.fork_parent = parent
         if synced == 0:
@@ -186,6 +194,11 @@ class _Summary:
             self.quarantined += 1
         if args:
             self.args.add(args)
+
+
+def _reason(value: Any) -> str | None:
+    """A run-end row's ``run_reason`` as the store gave it (only text is a reason)."""
+    return value if isinstance(value, str) else None
 
 
 #: Where the fold finds the run a row belongs to.
@@ -209,6 +222,7 @@ def facts(eid: str, s: _Summary, pending: Mapping[str, str]) -> RunFacts:
         fork_parent_checkpoint_id=s.fork_parent,
         rows_waiting=s.waiting,
         rows_quarantined=s.quarantined,
+        run_reason=s.reason,
     )
 
 
@@ -276,8 +290,9 @@ def _run_row(eid: str, s: _Summary, pending: Mapping[str, str]) -> tuple[Any, ..
         s.fork_parent,  # fork_parent
         s.waiting,  # rows_waiting
         s.quarantined,  # rows_quarantined
-        runs.run_state(s.step, s.status, eid in pending),  # state
+        runs.run_state(s.step, s.status, eid in pending, s.reason),  # state
         "\n".join(sorted(s.args))[:MAX_TOOL_ARGS],  # tool_args
+        s.reason,  # run_reason
     )
 
 
