@@ -41,11 +41,13 @@ from bench.budgets import BULK_RESUME_BUDGETS, Verdict, all_passed, judge
 from bench.bulk_resume import RUNS as BULK_RESUME_RUNS
 from bench.bulk_resume import run_bulk_bench
 from bench.demo_start import measure_demo
+from bench.edits import take_out, time_edits
 from bench.fleet import measure_fleet
 from bench.kill9 import run_kill9
 from bench.latency import Timing, failed, follow_next, time_get, time_in_turns, warm_up
 from bench.model import (
     DEEP_PAGES,
+    EDIT_BRANCH,
     SDK_QUEUE,
     ServerRun,
     StoreRun,
@@ -217,6 +219,8 @@ def measure_localui(
 ) -> ServerRun:
     result = ServerRun()
     cache = Path(tempfile.mkdtemp(prefix="localui-bench-cache-"))
+    # The edits' branches, deleted once the server that made them has stopped.
+    branches: list[str] = []
     try:
         if options.pg is not None:
             # A cold start on PostgreSQL: no runs index in the app's schema yet.
@@ -273,8 +277,11 @@ def measure_localui(
                         "diff": f"{server.base_url}{urls['diff_html']}",
                     }
                 )
+            # Last, as each edit runs the agent in the server: the memory is read before.
+            result.timings[EDIT_BRANCH] = _time_edits(server, store, options, branches, log)
         finally:
             server.stop()
+            take_out(store, options.pg, branches)
         # Again, with what the first start left in its cache dir: several times, and the
         # median judged, since one start can meet a busy moment of a shared machine.
         warm = result.start_samples["warm"] = []
@@ -353,6 +360,29 @@ def measure_localui(
             else:
                 result.viewer_startup_s = wall
     return result
+
+
+def _time_edits(
+    server: Server, store: BuiltStore, options: Options, branches: list[str], log: Log
+) -> Timing:
+    """An edit's branch (``bench.edits``), with the server's CPU per edit."""
+    with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
+        cpu = server.cpu_seconds()
+        timed = time_edits(
+            client,
+            store,
+            options.pg,
+            requests=options.requests,
+            warmup=options.warmup,
+            branches=branches,
+        )
+        edits = max(1, len(branches))
+        timed = dataclasses.replace(timed, cpu_ms=(server.cpu_seconds() - cpu) * 1000 / edits)
+    shown = f"ERROR {timed.error}"
+    if timed.ok:
+        shown = f"p50 {timed.p50:.1f} ms, p95 {timed.p95:.1f} ms, server CPU {timed.cpu_ms:.1f} ms"
+    log(f"  {server.name} {EDIT_BRANCH}: {shown}")
+    return timed
 
 
 def _cold_start(store: BuiltStore, options: Options) -> tuple[float, float]:
