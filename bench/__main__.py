@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from bench import pg, report, store_cache, writes
+from bench.app_tables import fresh_app_tables
 from bench.browser import page_weights
 from bench.budgets import BULK_RESUME_BUDGETS, Verdict, all_passed, judge
 from bench.bulk_resume import RUNS as BULK_RESUME_RUNS
@@ -510,6 +511,14 @@ def _store(
     return store
 
 
+def _fresh_app_tables(store: BuiltStore, plain: BuiltStore, log: Log) -> None:
+    """``--fresh-app-tables``: the app's tables of ``store`` dropped, its decision record
+    loaded again on the runs of ``plain`` (the same runs; a store with spans keeps no
+    list of them)."""
+    dropped = fresh_app_tables(store.path, plain.manifest, store.runs)
+    log(f"store {store.label}: app tables dropped ({', '.join(dropped) or 'none'}), record loaded")
+
+
 def _spanned(
     templates: Templates, store: BuiltStore, stores_dir: Path, fresh: bool, log: Log
 ) -> BuiltStore:
@@ -605,6 +614,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="build every store anew (by default a store built before for the same size and"
         " store format is reused from --workdir, and so is its PostgreSQL copy)",
+    )
+    parser.add_argument(
+        "--fresh-app-tables",
+        action="store_true",
+        help="before measuring, drop the app's own tables (localui_*) from every store, as"
+        " a reused store carries what earlier runs wrote into them, and load the bench's"
+        " decision record again: each run starts as on a first start (the SDK's tables are"
+        " kept)",
     )
     parser.add_argument(
         "--no-fleet",
@@ -761,6 +778,8 @@ def _main(
         for size in args.sizes:
             pending = min(args.pending, size // 10)
             store = _store(templates, stores_dir, size, pending, args.fresh_stores, log)
+            if args.fresh_app_tables:
+                _fresh_app_tables(store, store, log)
             if dsn is not None:
                 # The app's schema (its index, dropped at each cold start) is this run's
                 # own: another bench on the same server must not drop it mid-run.
@@ -777,6 +796,8 @@ def _main(
             stores.append(store)
             if size in span_sizes:
                 spanned = _spanned(templates, store, stores_dir, args.fresh_stores, log)
+                if args.fresh_app_tables:
+                    _fresh_app_tables(spanned, store, log)
                 stores.append(spanned)
     except Exception:
         log(traceback.format_exc())
