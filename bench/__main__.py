@@ -36,16 +36,19 @@ from typing import Any
 import httpx
 
 from bench import pg, report, store_cache, writes
+from bench.app_tables import fresh_app_tables
 from bench.browser import page_weights
 from bench.budgets import BULK_RESUME_BUDGETS, Verdict, all_passed, judge
 from bench.bulk_resume import RUNS as BULK_RESUME_RUNS
 from bench.bulk_resume import run_bulk_bench
 from bench.demo_start import measure_demo
+from bench.edits import take_out, time_edits
 from bench.fleet import measure_fleet
 from bench.kill9 import run_kill9
 from bench.latency import Timing, failed, follow_next, time_get, time_in_turns, warm_up
 from bench.model import (
     DEEP_PAGES,
+    EDIT_BRANCH,
     SDK_QUEUE,
     ServerRun,
     StoreRun,
@@ -217,6 +220,8 @@ def measure_localui(
 ) -> ServerRun:
     result = ServerRun()
     cache = Path(tempfile.mkdtemp(prefix="localui-bench-cache-"))
+    # The edits' branches, deleted once the server that made them has stopped.
+    branches: list[str] = []
     try:
         if options.pg is not None:
             # A cold start on PostgreSQL: no runs index in the app's schema yet.
@@ -273,8 +278,11 @@ def measure_localui(
                         "diff": f"{server.base_url}{urls['diff_html']}",
                     }
                 )
+            # Last, as each edit runs the agent in the server: the memory is read before.
+            result.timings[EDIT_BRANCH] = _time_edits(server, store, options, branches, log)
         finally:
             server.stop()
+            take_out(store, options.pg, branches)
         # Again, with what the first start left in its cache dir: several times, and the
         # median judged, since one start can meet a busy moment of a shared machine.
         warm = result.start_samples["warm"] = []
@@ -353,6 +361,29 @@ def measure_localui(
             else:
                 result.viewer_startup_s = wall
     return result
+
+
+def _time_edits(
+    server: Server, store: BuiltStore, options: Options, branches: list[str], log: Log
+) -> Timing:
+    """An edit's branch (``bench.edits``), with the server's CPU per edit."""
+    with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
+        cpu = server.cpu_seconds()
+        timed = time_edits(
+            client,
+            store,
+            options.pg,
+            requests=options.requests,
+            warmup=options.warmup,
+            branches=branches,
+        )
+        edits = max(1, len(branches))
+        timed = dataclasses.replace(timed, cpu_ms=(server.cpu_seconds() - cpu) * 1000 / edits)
+    shown = f"ERROR {timed.error}"
+    if timed.ok:
+        shown = f"p50 {timed.p50:.1f} ms, p95 {timed.p95:.1f} ms, server CPU {timed.cpu_ms:.1f} ms"
+    log(f"  {server.name} {EDIT_BRANCH}: {shown}")
+    return timed
 
 
 def _cold_start(store: BuiltStore, options: Options) -> tuple[float, float]:
@@ -480,6 +511,14 @@ def _store(
     return store
 
 
+def _fresh_app_tables(store: BuiltStore, plain: BuiltStore, log: Log) -> None:
+    """``--fresh-app-tables``: the app's tables of ``store`` dropped, its decision record
+    loaded again on the runs of ``plain`` (the same runs; a store with spans keeps no
+    list of them)."""
+    dropped = fresh_app_tables(store.path, plain.manifest, store.runs)
+    log(f"store {store.label}: app tables dropped ({', '.join(dropped) or 'none'}), record loaded")
+
+
 def _spanned(
     templates: Templates, store: BuiltStore, stores_dir: Path, fresh: bool, log: Log
 ) -> BuiltStore:
@@ -575,6 +614,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="build every store anew (by default a store built before for the same size and"
         " store format is reused from --workdir, and so is its PostgreSQL copy)",
+    )
+    parser.add_argument(
+        "--fresh-app-tables",
+        action="store_true",
+        help="before measuring, drop the app's own tables (localui_*) from every store, as"
+        " a reused store carries what earlier runs wrote into them, and load the bench's"
+        " decision record again: each run starts as on a first start (the SDK's tables are"
+        " kept)",
     )
     parser.add_argument(
         "--no-fleet",
@@ -731,6 +778,8 @@ def _main(
         for size in args.sizes:
             pending = min(args.pending, size // 10)
             store = _store(templates, stores_dir, size, pending, args.fresh_stores, log)
+            if args.fresh_app_tables:
+                _fresh_app_tables(store, store, log)
             if dsn is not None:
                 # The app's schema (its index, dropped at each cold start) is this run's
                 # own: another bench on the same server must not drop it mid-run.
@@ -747,6 +796,8 @@ def _main(
             stores.append(store)
             if size in span_sizes:
                 spanned = _spanned(templates, store, stores_dir, args.fresh_stores, log)
+                if args.fresh_app_tables:
+                    _fresh_app_tables(spanned, store, log)
                 stores.append(spanned)
     except Exception:
         log(traceback.format_exc())

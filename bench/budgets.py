@@ -144,6 +144,25 @@ BUDGETS: tuple[Budget, ...] = (
         ("decisions_csv",),
     ),
     Budget("metrics", "/metrics p50", 5, "ms", ("metrics",)),
+    Budget("fork", "fork preview p50, 2,000-row run", 30, "ms", ("fork_html", "fork_json")),
+    Budget(
+        "compare_2000",
+        "compare p50, two 2,000-row runs, first page",
+        150,
+        "ms",
+        ("compare2000_html", "compare2000_json"),
+    ),
+    Budget(
+        "compare_50", "compare p50, two 50-row runs", 15, "ms", ("compare50_html", "compare50_json")
+    ),
+    Budget(
+        "edit_branch",
+        "an edit's branch: POST /runs/{id}/fork with messages to the branch's first row in"
+        " the store, p50",
+        1000,
+        "ms",
+        ("edit_branch",),
+    ),
     Budget(
         "demo_first_page",
         "localui demo: process start to first 200 on /, median of several starts",

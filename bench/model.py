@@ -14,6 +14,10 @@ from localui.views.approvals import QUEUE_PAGE
 #: Pages followed through ``next`` before the deep page is timed.
 DEEP_PAGES = 20
 
+#: Not a page: ``POST /runs/{id}/fork`` with an edited conversation, timed to the
+#: branch's first row (``bench.edits``).
+EDIT_BRANCH = "edit_branch"
+
 #: What each localui measurement is, in the table's words.
 LOCALUI_METRICS: Mapping[str, str] = {
     "runs_first": "runs list, first page (HTML)",
@@ -37,6 +41,13 @@ LOCALUI_METRICS: Mapping[str, str] = {
     "decisions_json": "decision record, first page, a decision per run up to 100,000 (JSON)",
     "decisions_csv": "decision record as CSV, every decision, streamed",
     "metrics": "/metrics (Prometheus text)",
+    "fork_html": "fork preview, 2,000-row run, from its first row (HTML)",
+    "fork_json": "fork preview, 2,000-row run, from its first row (JSON)",
+    "compare2000_html": "compare two 2,000-row runs, first page (HTML)",
+    "compare2000_json": "compare two 2,000-row runs, first page (JSON)",
+    "compare50_html": "compare two 50-row runs (HTML)",
+    "compare50_json": "compare two 50-row runs (JSON)",
+    EDIT_BRANCH: "an edit's branch: POST to its first row in the store²",
 }
 SDK_METRICS: Mapping[str, str] = {
     "sdk_run_typical": "/api/executions/{id}, 4 rows",
@@ -61,6 +72,9 @@ SDK_PAGES: Mapping[str, str] = {
 
 def localui_urls(store: BuiltStore, deep_cursor: str | None) -> dict[str, str]:
     diff = f"a={store.big_a}&b={store.big_b}"
+    fork = f"checkpoint_id={store.fork_row}"
+    compare2000 = f"a={store.run_2000}&b={store.run_2000_b}"
+    compare50 = f"a={store.run_50}&b={store.run_50_b}"
     urls = {
         "runs_first": "/",
         "runs_first_json": "/runs.json",
@@ -82,6 +96,12 @@ def localui_urls(store: BuiltStore, deep_cursor: str | None) -> dict[str, str]:
         "decisions_json": "/decisions.json",
         "decisions_csv": "/decisions.csv",
         "metrics": "/metrics",
+        "fork_html": f"/runs/{store.run_2000}/fork?{fork}",
+        "fork_json": f"/runs/{store.run_2000}/fork.json?{fork}",
+        "compare2000_html": f"/compare?{compare2000}",
+        "compare2000_json": f"/compare.json?{compare2000}",
+        "compare50_html": f"/compare?{compare50}",
+        "compare50_json": f"/compare.json?{compare50}",
     }
     if deep_cursor:
         urls["runs_deep"] = f"/?after={deep_cursor}"

@@ -219,7 +219,9 @@ def markdown(
     big = runs[0].store.big_bytes if runs else (0, 0, 0)
     add("")
     add(
-        "Every store also holds a run of 50 rows, one of 2,000 rows, one whose two rows carry"
+        "Every store also holds a run of 50 rows and one of 2,000 rows, each with a sibling"
+        " of as many rows that asks about another order from its middle row on, one whose"
+        " two rows carry"
         f" state snapshots of {big[0] / 1e6:.2f} MB and {big[1] / 1e6:.2f} MB (the next step of"
         f" one conversation), and a {big[2] / 1e6:.2f} MB row of another conversation."
     )
@@ -235,6 +237,11 @@ def markdown(
     add("")
     deep = ", ".join(f"{r.store.label}: page {r.localui.deep_page}" for r in runs)
     add(f"¹ The page reached by following `next` (at most {DEEP_PAGES} times): {deep}.")
+    add(
+        "² From the POST (the row's conversation, its last tool result changed) to the"
+        " branch's first row as the SDK stamped it in the store; the answer comes once the"
+        " branch has run (offline model). CPU is the server's per edit."
+    )
     add("")
     inproc_runs = [r for r in runs if r.localui.inproc]
     if inproc_runs:

@@ -21,7 +21,8 @@ from bench.stores import BuiltStore, RunCopy
 
 #: Bump whenever ``bench.stores`` builds different rows for the same size: every
 #: cached store of another format is built again.
-STORE_FORMAT = "2"
+#: 3: each long run has a sibling to compare it with; a run is named for the edits.
+STORE_FORMAT = "3"
 
 
 def store_key(*, runs: int, pending: int, spans: bool) -> str:

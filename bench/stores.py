@@ -9,10 +9,12 @@ ids and timestamps, with plain SQL in one transaction, into a copy of the
 seeded file (so the schema, indexes and FTS triggers are the SDK's own).
 
 Every store also holds the runs the budgets name: one of 50 rows, one of 2,000
-rows (turns of a model call and a tool call, cut from the completed run), one
-whose two rows carry state snapshots of about 1 MB each (a long conversation,
-the second row two messages longer), and one more 1 MB row of another
-conversation, for a diff where every message differs.
+rows (turns of a model call and a tool call, cut from the completed run), each
+with a sibling of as many rows that goes the same way until its middle row and
+asks about another order from there (the pair the compare page is timed on),
+one whose two rows carry state snapshots of about 1 MB each (a long
+conversation, the second row two messages longer), and one more 1 MB row of
+another conversation, for a diff where every message differs.
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ MIX: Mapping[str, int] = {
 PAUSED_TEMPLATES = ("paused-1", "two-tools-first-pauses")
 #: Runs start this far apart: 100,000 runs span about 35 days.
 RUN_INTERVAL = timedelta(seconds=30)
-#: Rows of the runs the run-page budgets name.
+#: Rows of the runs the run-page budgets name; each has a sibling to compare it with.
 LONG_RUNS = (50, 2000)
+#: The order a long run's sibling asks about from its middle row on.
+SIBLING_ORDER = "A-1999"
 #: Each of the two big rows carries about this many bytes of state snapshot.
 BIG_SNAPSHOT_BYTES = 1_000_000
 
@@ -246,7 +250,17 @@ class BuiltStore:
     #: Execution ids of the runs the budgets name.
     run_50: str
     run_2000: str
+    #: The long runs' siblings: as many rows, the same until the middle row.
+    run_50_b: str
+    run_2000_b: str
+    #: The 2,000-row run's row the fork preview is timed from: its first, so every
+    #: later row is ahead of the branch.
+    fork_row: str
     run_typical: str
+    #: A completed run of the usual four rows, and its row whose conversation ends
+    #: with a tool's result: the row an edit's branch goes on from.
+    edit_run: str
+    edit_row: str
     big_run: str
     #: Checkpoint ids of the rows with 1 MB state snapshots: A, then B two messages
     #: longer (the next step of the same run), and C from another conversation.
@@ -395,8 +409,24 @@ def _copy_run(
     return ids
 
 
-def _long_run(writer: _Writer, run: TemplateRun, *, start: datetime, rows: int) -> str:
-    """A completed run of ``rows`` rows: turns of a model call and a tool call, then the end."""
+@dataclass(frozen=True, slots=True)
+class _LongRun:
+    execution_id: str
+    checkpoint_ids: tuple[str, ...]
+
+
+def _long_run(
+    writer: _Writer,
+    run: TemplateRun,
+    *,
+    start: datetime,
+    rows: int,
+    other_order_from: int | None = None,
+) -> _LongRun:
+    """A completed run of ``rows`` rows: turns of a model call and a tool call, then the end.
+    From row ``other_order_from`` on, its payloads name :data:`SIBLING_ORDER` instead of
+    the template's order (a sibling that went another way halfway)."""
+    old_order = _order_of(run)
     by_node = {r["node_id"]: r for r in run.rows}
     llm, tool, last_turn, end = (
         by_node["turn:0"],
@@ -405,6 +435,7 @@ def _long_run(writer: _Writer, run: TemplateRun, *, start: datetime, rows: int) 
         by_node["run_end"],
     )
     execution_id = str(uuid.uuid4())
+    ids: list[str] = []
     turns = (rows - 2) // 2
     plan: list[tuple[Mapping[str, Any], int]] = []
     for turn in range(turns):
@@ -428,8 +459,13 @@ def _long_run(writer: _Writer, run: TemplateRun, *, start: datetime, rows: int) 
             created_at=_iso(start + timedelta(milliseconds=3 * i)),
             project_id="bench",
         )
+        if other_order_from is not None and i >= other_order_from:
+            for column in ("state_snapshot", "node_input", "node_output"):
+                if new[column]:
+                    new[column] = new[column].replace(old_order, SIBLING_ORDER)
         writer.add_row(new)
-    return execution_id
+        ids.append(checkpoint_id)
+    return _LongRun(execution_id, tuple(ids))
 
 
 def _big_messages(count: int, seed: int) -> list[dict[str, Any]]:
@@ -495,6 +531,18 @@ def _big_run(
     return _BigRun(execution_id, tuple(ids), tuple(sizes))
 
 
+def _ends_with_tool_result(run: TemplateRun) -> str:
+    """The checkpoint id of ``run``'s first row whose conversation ends with a tool's
+    result (the model is asked next): the row an edit changes that result on."""
+    for row in run.rows:
+        if row["step_type"] == "run_end" or not row["state_snapshot"]:
+            continue
+        messages = json.loads(row["state_snapshot"]).get("messages") or []
+        if messages and messages[-1].get("role") == "tool":
+            return str(row["checkpoint_id"])
+    raise RuntimeError(f"template run {run.name} has no row after a tool's result")
+
+
 def _shapes(runs: int, pending: int, rng: random.Random) -> Iterator[str]:
     """The scenario each copied run takes: pauses spread evenly, the rest by ``MIX``."""
     step = runs / pending if pending else 0.0
@@ -557,6 +605,14 @@ def _add_decisions(path: Path, manifest: Sequence[RunCopy], count: int) -> None:
             )
     finally:
         conn.close()
+
+
+def add_record(path: Path, manifest: Sequence[RunCopy], runs: int) -> None:
+    """The decision record a store is built with: a decision per run up to
+    :data:`DECISIONS`, its votes, and each entry's agent."""
+    _add_decisions(path, manifest, min(runs, DECISIONS))
+    add_votes(path)
+    add_agents(path)
 
 
 #: One vote (a two-person rule's first approval) for every this many decisions, ten
@@ -673,31 +729,37 @@ def add_agents(path: Path) -> int:
 
 
 def build_store(templates: Templates, path: Path, *, runs: int, pending: int) -> BuiltStore:
-    """A store of ``runs`` runs (three of them the budgets' long and big runs)."""
+    """A store of ``runs`` runs (six of them the budgets' long runs, their siblings and
+    the big runs)."""
     started = time.monotonic()
     _empty_store(templates, path)
     rng = random.Random(runs)
     writer = _Writer(templates)
     base = datetime.now(UTC) - RUN_INTERVAL * runs - timedelta(hours=1)
-    bulk = runs - len(LONG_RUNS) - 2
-    specials = {bulk // 2 + k: k for k in range(len(LONG_RUNS) + 2)}
+    # Each long run, then its sibling; then the two big runs.
+    long_plan = [(rows, other) for rows in LONG_RUNS for other in (None, rows // 2)]
+    bulk = runs - len(long_plan) - 2
+    specials = {bulk // 2 + k: k for k in range(len(long_plan) + 2)}
     manifest: list[RunCopy] = []
     last_completed: dict[str, str] | None = None
-    long_ids: list[str] = []
+    long_runs: list[_LongRun] = []
     big: list[_BigRun] = []
-    typical = search = ""
+    typical = search = edit_run = edit_row = ""
+    completed = templates.runs["completed"]
+    to_edit = _ends_with_tool_result(completed)
     i = 0
     shapes = _shapes(bulk, pending, rng)
     for slot in range(runs):
         start = base + RUN_INTERVAL * slot
         if slot in specials:
             k = specials[slot]
-            if k < len(LONG_RUNS):
-                long_ids.append(
-                    _long_run(writer, templates.runs["completed"], start=start, rows=LONG_RUNS[k])
+            if k < len(long_plan):
+                rows, other = long_plan[k]
+                long_runs.append(
+                    _long_run(writer, completed, start=start, rows=rows, other_order_from=other)
                 )
                 # Traced too, so the run page with trace is timed on a long run.
-                manifest.append(RunCopy(long_ids[-1], "A-1001", "completed", start))
+                manifest.append(RunCopy(long_runs[-1].execution_id, "A-1001", "completed", start))
             else:
                 # Two rows of one conversation, then one row of another.
                 rows, seed = (2, 7) if not big else (1, 8)
@@ -721,18 +783,18 @@ def build_store(templates: Templates, path: Path, *, runs: int, pending: int) ->
         )
         if shape == "completed":
             last_completed = ids
+            if typical and not edit_run:
+                edit_run, edit_row = ids["__execution_id__"], ids[to_edit]
             if not typical and slot > bulk // 3:
                 typical, search = ids["__execution_id__"], order_id
         span_shape = "paused" if shape in PAUSED_TEMPLATES or shape == "orphaned" else "completed"
         manifest.append(RunCopy(ids["__execution_id__"], order_id, span_shape, start))
-    if len(big) != 2 or len(long_ids) != len(LONG_RUNS) or not typical:
+    if len(big) != 2 or len(long_runs) != len(long_plan) or not (typical and edit_run):
         raise RuntimeError(f"a store of {runs} runs is too small for the benchmark's runs")
 
     with _bulk(path) as conn:
         writer.write(conn)
-    _add_decisions(path, manifest, min(runs, DECISIONS))
-    add_votes(path)
-    add_agents(path)
+    add_record(path, manifest, runs)
     return BuiltStore(
         path=path,
         runs=runs,
@@ -741,9 +803,14 @@ def build_store(templates: Templates, path: Path, *, runs: int, pending: int) ->
         spans=0,
         seconds=time.monotonic() - started,
         bytes=path.stat().st_size,
-        run_50=long_ids[0],
-        run_2000=long_ids[1],
+        run_50=long_runs[0].execution_id,
+        run_50_b=long_runs[1].execution_id,
+        run_2000=long_runs[2].execution_id,
+        run_2000_b=long_runs[3].execution_id,
+        fork_row=long_runs[2].checkpoint_ids[0],
         run_typical=typical,
+        edit_run=edit_run,
+        edit_row=edit_row,
         big_run=big[0].execution_id,
         big_a=big[0].checkpoint_ids[0],
         big_b=big[0].checkpoint_ids[1],
@@ -806,7 +873,12 @@ def add_spans(templates: Templates, store: BuiltStore, path: Path) -> BuiltStore
         bytes=path.stat().st_size,
         run_50=store.run_50,
         run_2000=store.run_2000,
+        run_50_b=store.run_50_b,
+        run_2000_b=store.run_2000_b,
+        fork_row=store.fork_row,
         run_typical=store.run_typical,
+        edit_run=store.edit_run,
+        edit_row=store.edit_row,
         big_run=store.big_run,
         big_a=store.big_a,
         big_b=store.big_b,

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -38,8 +40,12 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def bench_run(tmp_path_factory: pytest.TempPathFactory, backend: str) -> tuple[int, str, dict, str]:
-    out_dir = tmp_path_factory.mktemp("bench")
+def out_dir(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Path:
+    return tmp_path_factory.mktemp(f"bench-{backend}")
+
+
+@pytest.fixture(scope="module")
+def bench_run(out_dir: Path, backend: str) -> tuple[int, str, dict, str]:
     out = out_dir / "latest.md"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTAIAGENT_")}
     if backend == "postgres" and not env.get("LOCALUI_TEST_PG_DSN"):
@@ -137,6 +143,36 @@ def test_every_measurement_has_its_row(bench_run: tuple[int, str, dict, str], ba
         assert len(memory) == 1 and " MB |" in memory[0], memory
     for label in SDK_METRICS.values():
         assert _row(table, label) == ["not measured"]
+
+
+def test_the_edits_branches_are_timed_then_taken_out_of_the_reused_store(
+    bench_run: tuple[int, str, dict, str], out_dir: Path, backend: str
+) -> None:
+    """Each edit makes a branch in the store (and an edit in the decision record); the
+    store is reused by the next run, so they are deleted once timed."""
+    from bench import store_cache
+    from localui.backends.decisions import TABLE
+
+    _status, _table, results, _stderr = bench_run
+    timing = results["stores"][0]["localui"]["timings"]["edit_branch"]
+    assert timing["error"] is None and timing["n"] == 3, timing
+    path = out_dir / "work" / "stores" / f"runs-{RUNS}.db"
+    store = store_cache.load(
+        path, store_cache.store_key(runs=RUNS, pending=RUNS // 10, spans=False)
+    )
+    assert store is not None
+    branched = "SELECT count(*) FROM {}checkpoints WHERE parent_checkpoint_id = {}"
+    if backend == "postgres":
+        import psycopg
+
+        with psycopg.connect(os.environ["LOCALUI_TEST_PG_DSN"]) as conn:
+            found = conn.execute(branched.format(f"bench_{RUNS}.", "%s"), (store.edit_row,))
+            assert found.fetchone() == (0,)
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute(branched.format("", "?"), (store.edit_row,)).fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM checkpoints").fetchone() == (store.rows,)
+        edits = conn.execute(f"SELECT count(*) FROM {TABLE} WHERE kind = 'edit'").fetchone()
+        assert edits == (0,)
 
 
 def test_each_kind_of_start_is_timed_three_times_and_the_median_counts(

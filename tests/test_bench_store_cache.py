@@ -4,8 +4,10 @@ PostgreSQL copy, rebuilt only when asked or when its key changes."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -84,3 +86,48 @@ def test_a_postgresql_copy_is_made_once_then_found(tmp_path: Path) -> None:
         assert "copied to PostgreSQL" not in second
     finally:
         drop_schema(dsn, schema)
+
+
+def _sdk_rows(store: Path) -> list[tuple[object, ...]]:
+    with closing(sqlite3.connect(store)) as conn:
+        return [
+            tuple(conn.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall())
+            for table in ("checkpoints", "pending_interrupts", "idempotency_cache")
+        ]
+
+
+def test_fresh_app_tables_puts_back_the_record_a_build_makes_and_keeps_the_sdk_s(
+    tmp_path: Path,
+) -> None:
+    """A reused store carries what earlier servers wrote into the app's tables; with
+    ``--fresh-app-tables`` they are dropped (the server makes them again) and the bench's
+    record is loaded again, the SDK's rows kept byte for byte."""
+    from localui.backends.decisions import TABLE, VOTES_TABLE
+    from localui.backends.notifications import TABLE as NOTIFICATIONS
+
+    only_build(tmp_path)
+    store = tmp_path / "stores" / f"runs-{RUNS}.db"
+    with closing(sqlite3.connect(store)) as conn, conn:
+        built = {
+            t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in (TABLE, VOTES_TABLE)
+        }
+        # What a server leaves behind: its outbox, and an edit it recorded.
+        conn.execute(f"CREATE TABLE {NOTIFICATIONS} (id INTEGER PRIMARY KEY, body TEXT)")
+        conn.execute(f"INSERT INTO {NOTIFICATIONS} (body) VALUES ('announced')")
+        conn.execute(
+            f"INSERT INTO {TABLE} (kind, execution_id, checkpoint_id, actor, reason, decided_at)"
+            " VALUES ('edit', 'a-branch', 'a-row', 'Ada', '', '2026-01-01T00:00:00+00:00')"
+        )
+    assert built[TABLE] == RUNS and built[VOTES_TABLE] > 0
+    sdk = _sdk_rows(store)
+
+    log = only_build(tmp_path, "--fresh-app-tables")
+    assert "found in" in log and "record loaded" in log
+    assert f"app tables dropped ({TABLE}, {NOTIFICATIONS}, {VOTES_TABLE})" in log
+    with closing(sqlite3.connect(store)) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert NOTIFICATIONS not in tables
+        for table, count in built.items():
+            assert conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == count
+        assert conn.execute(f"SELECT count(*) FROM {TABLE} WHERE kind = 'edit'").fetchone() == (0,)
+    assert _sdk_rows(store) == sdk
