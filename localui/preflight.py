@@ -222,6 +222,18 @@ class Preflight:
         as the SDK does it; refused (422) where the fork would be. Reads the run's row
         headers, the chosen row, the tool rows the preview names and the run's cache.
         With ``messages``, an agent's branch from the row's conversation as edited."""
+        return self.fork_plans(execution_id, checkpoint_id, (new_input,), messages)[0]
+
+    def fork_plans(
+        self,
+        execution_id: str,
+        checkpoint_id: str | None,
+        inputs: Sequence[str | None],
+        messages: list[dict[str, Any]] | None = None,
+    ) -> tuple[forks.ForkPlan, ...]:
+        """:meth:`fork_plan` for each of ``inputs`` (no input, a new one), the run read
+        once for all of them: a preview that shows both choices of a 2,000-row run
+        reads its rows, its cache and the tool rows either choice names one time."""
         rows = self.store.list_rows(execution_id)
         if not rows:
             raise NotFound(f"no run with execution id {execution_id!r} in this store")
@@ -256,10 +268,17 @@ class Preflight:
                     "nodes): a fork runs the nodes after it, and there are none. Fork from "
                     "an earlier step."
                 )
-            return forks.chain_plan(base, rows, cache, order, kinds, tools)
+            # A chain's plan does not depend on the input (it is merged into the state).
+            plan = forks.chain_plan(base, rows, cache, order, kinds, tools)
+            return tuple(plan for _ in inputs)
         if messages is not None:
             snapshot = base.state_snapshot if isinstance(base.state_snapshot, dict) else {}
             base = dataclasses.replace(base, state_snapshot={**snapshot, "messages": messages})
-        to_read, _ = forks.calls_to_read(rows, header, fresh=bool(new_input))
-        calls = self.store.get_rows([r.checkpoint_id for r in to_read]) if to_read else {}
-        return forks.agent_plan(base, rows, calls, cache, new_input=new_input)
+        wanted: dict[str, None] = {}
+        for new_input in inputs:
+            to_read, _ = forks.calls_to_read(rows, header, fresh=bool(new_input))
+            wanted.update(dict.fromkeys(r.checkpoint_id for r in to_read))
+        calls = self.store.get_rows(list(wanted)) if wanted else {}
+        return tuple(
+            forks.agent_plan(base, rows, calls, cache, new_input=new_input) for new_input in inputs
+        )

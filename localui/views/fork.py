@@ -124,18 +124,20 @@ def build_fork_preview(
 ) -> ForkPreviewPage:
     """The preview; with ``messages``, of a branch from the row's conversation as edited
     (the editor's preview), that one choice alone."""
-    asked = preflight.fork_plan(execution_id, checkpoint_id, new_input, messages)
+    # For an agent the page shows the other choice too, so it says what an input
+    # changes; both plans come from one read of the run.
+    other_input = None if new_input else "a new request"
+    inputs = (new_input,) if messages is not None else (new_input, other_input)
+    plans = preflight.fork_plans(execution_id, checkpoint_id, inputs, messages)
+    asked = plans[0]
     title = "With the new input" if new_input else "Without a new input"
     if messages is not None:
         title = "From the edited conversation"
     choice = choice_of(asked, new_input, title)
     choices = [choice]
     if asked.kind == runs.AGENT and messages is None:
-        # The other choice, so the page shows what an input changes.
-        other_input = None if new_input else "a new request"
-        other = preflight.fork_plan(execution_id, asked.checkpoint_id, other_input)
         title = "With a new input" if other_input else "Without a new input"
-        choices.append(choice_of(other, other_input, title))
+        choices.append(choice_of(plans[1], other_input, title))
     return ForkPreviewPage(
         execution_id=execution_id,
         checkpoint_id=asked.checkpoint_id,
