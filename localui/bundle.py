@@ -80,7 +80,7 @@ def run_record(
     attempts = traces.attempts(execution_id) if traces is not None else None
     spans = []
     for attempt in attempts or ():
-        for span in (attempt.agent, *attempt.children):
+        for span in (attempt.root, *attempt.children):
             spans.append(
                 {
                     "span_id": span.span_id,

@@ -304,7 +304,7 @@ def test_a_large_backlog_is_indexed_in_the_background(
         index.wait(timeout=30)
         assert not index.indexing
         (attempt,) = index.attempts(seeded.id("completed")) or ()
-        assert attempt.agent.text("agent.output") == "Done: refunded 40.00 on A-1001."
+        assert attempt.root.text("agent.output") == "Done: refunded 40.00 on A-1001."
     finally:
         index.close()
 

@@ -2,9 +2,11 @@
 belong to, with the run's input and final answer, and a waterfall per attempt.
 
 Spans come from :class:`localui.backends.traces.SpanIndex`; this module only turns
-them into view models. A model call belongs to the newest ``turn`` row written
-before it started, a tool call to the newest row of that tool written before it
-started: the SDK writes each row just before the call it describes.
+them into view models. In an agent's or a team's run a model call belongs to the
+newest ``turn`` row written before it started, a tool call to the newest row of
+that tool written before it started: the SDK writes each row just before the call
+it describes. A chain writes a node's row after the node ran, so in a chain's run
+a call belongs to the first row written once it had ended.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ TRACING_OFF = (
 #: Said when spans exist but none belongs to this run.
 NO_SPANS = (
     "No trace spans for this run: it ran with tracing off, its spans were pruned, or its "
-    "process died before the attempt ended (the SDK writes an attempt's span when it ends)."
+    "process died before the attempt ended (the SDK writes an attempt's span when it ends; "
+    "a chain's first run that raised leaves its span without the run's id)."
 )
 #: Said while a large store's spans are first indexed.
 INDEXING = "Indexing this store's trace spans; the trace shows here when that is done."
@@ -83,7 +86,7 @@ class AttemptView:
     output: str | None
     tokens: int | None
     model: str | None
-    #: Where a resume re-entered (``agent.resume.node_id``) and how.
+    #: Where a resume re-entered (``agent.resume.node_id``, ``chain.resume.node_id``) and how.
     resume_node: str | None
     resume_kind: str | None
     #: Who approved or rejected the pause this resume continued, when recorded.
@@ -101,7 +104,7 @@ class TraceSection:
     #: The store's file (or ``--traces``) holds the SDK's ``spans`` table.
     traced: bool
     input: str | None
-    #: The final answer: ``agent.output`` of the newest attempt that has one.
+    #: The final answer: the ``output`` of the newest attempt that has one.
     answer: str | None
     attempts: tuple[AttemptView, ...]
     #: Why there is nothing to show, in words.
@@ -126,8 +129,13 @@ def duration_words(ms: int | None) -> str:
     return f"{ms // 60_000} min {ms % 60_000 // 1000} s"
 
 
+#: The SDK's exceptions that carry a pause up through the spans it passes (a
+#: supervisor's delegating tool is left by its worker's ``_AgentInterrupted``).
+_PAUSES = ("InterruptSignal", "_AgentInterrupted")
+
+
 def _status(span: Span) -> str:
-    if span.error and "InterruptSignal" in span.error:
+    if span.error and span.error.split(":", 1)[0] in _PAUSES:
         return "paused"
     tool_status = span.text("tool.status")
     if span.status == "ERROR" or (tool_status is not None and tool_status != "ok"):
@@ -140,13 +148,19 @@ def _kind(span: Span) -> str | None:
         return "model"
     if span.name.startswith("tool."):
         return "tool"
+    if span.name.startswith("agent."):
+        # A chain node's agent, a supervisor's worker, a swarm's member.
+        return "agent"
     return None
 
 
-def _owner(
-    span: Span, kind: str, rows: Sequence[tuple[datetime, RowHeader, runs.NodeRef]]
-) -> str | None:
-    """The row written last before the call started, of the call's turn or tool."""
+Timed = Sequence[tuple[datetime, RowHeader, runs.NodeRef]]
+
+
+def _owner(span: Span, kind: str, rows: Timed) -> str | None:
+    """The row written last before the call started, of the call's turn or tool:
+    agents and teams write a turn's or a tool's row just before the call."""
+
     start = runs.parse_time(span.start_time or "")
     if start is None:
         return None
@@ -162,12 +176,25 @@ def _owner(
     return best
 
 
-def step_view(
-    span: Span, kind: str, rows: Sequence[tuple[datetime, RowHeader, runs.NodeRef]]
-) -> StepView:
+def _chain_owner(span: Span, rows: Timed) -> str | None:
+    """The first row written once the call had ended: a chain writes a node's row
+    after the node ran (its pause row, when the node asked a person)."""
+    end = runs.parse_time(span.end_time or "")
+    if end is None:
+        return None
+    return next((row.checkpoint_id for at, row, _ in rows if at >= end), None)
+
+
+def step_view(span: Span, kind: str, rows: Timed, *, in_chain: bool = False) -> StepView:
     status = _status(span)
+    if kind == "agent" and span.text("agent.status") == "paused":
+        status = "paused"
     ms = duration_ms(span)
-    model = span.text("gen_ai.request.model") or span.text("gen_ai.response.model")
+    model = (
+        span.text("gen_ai.request.model")
+        or span.text("gen_ai.response.model")
+        or span.text("agent.llm.model")
+    )
     tokens_in = span.number("gen_ai.usage.input_tokens")
     tokens_out = span.number("gen_ai.usage.output_tokens")
     tool = span.text("tool.name") if kind == "tool" else None
@@ -175,11 +202,16 @@ def step_view(
     if span.unreadable:
         error = "its attributes are unreadable (not a JSON object)"
     parts = [duration_words(ms)]
+    if kind == "agent":
+        parts.insert(0, f"agent {span.text('agent.name') or span.name.split('.', 1)[-1]}")
     if model:
         parts.append(model)
     if tokens_in is not None or tokens_out is not None:
         parts.append(f"{tokens_in or 0} tokens in, {tokens_out or 0} out")
+    elif kind == "agent" and span.number("agent.tokens_used"):
+        parts.append(f"{span.number('agent.tokens_used')} tokens")
     parts.append(status)
+    owner = _chain_owner(span, rows) if in_chain else _owner(span, kind, rows)
     return StepView(
         kind=kind,
         name=span.name,
@@ -192,14 +224,14 @@ def step_view(
         tokens_out=tokens_out,
         finish_reason=span.text("gen_ai.response.finish_reason"),
         error=error,
-        checkpoint_id=_owner(span, kind, rows),
+        checkpoint_id=owner,
         summary=" · ".join(parts),
     )
 
 
 def _bars(attempt: Attempt, steps: Sequence[tuple[Span, StepView]]) -> tuple[Bar, ...]:
-    start = runs.parse_time(attempt.agent.start_time or "")
-    total = duration_ms(attempt.agent)
+    start = runs.parse_time(attempt.root.start_time or "")
+    total = duration_ms(attempt.root)
     if start is None or not total:
         return ()
     bars = []
@@ -209,7 +241,7 @@ def _bars(attempt: Attempt, steps: Sequence[tuple[Span, StepView]]) -> tuple[Bar
             continue
         offset = max(0.0, min(100.0, (at - start).total_seconds() * 100_000 / total))
         width = max(MIN_BAR, min(100.0 - offset, (step.duration_ms or 0) * 100 / total))
-        label = step.tool or step.model or step.name
+        label = step.tool or (step.name if step.kind == "agent" else step.model) or step.name
         bars.append(
             Bar(
                 label=label,
@@ -224,43 +256,51 @@ def _bars(attempt: Attempt, steps: Sequence[tuple[Span, StepView]]) -> tuple[Bar
     return tuple(bars)
 
 
-def attempt_view(
-    attempt: Attempt, index: int, rows: Sequence[tuple[datetime, RowHeader, runs.NodeRef]]
-) -> AttemptView:
-    agent = attempt.agent
-    if agent.text("agent.resumed_execution_id"):
+#: What each runner's root span is called in a title.
+_RUNNER_WORDS = {"agent": "", "chain": "chain ", "swarm": "swarm ", "supervisor": "supervisor "}
+
+
+def attempt_view(attempt: Attempt, index: int, rows: Timed) -> AttemptView:
+    root = attempt.root
+    if attempt.text("resumed_execution_id") or attempt.value("resumed") is True:
         kind = "resume"
-    elif agent.text("agent.forked_execution_id"):
+    elif attempt.text("forked_execution_id"):
         kind = "fork"
     else:
         kind = "first run" if index == 0 else "run again"
+    in_chain = attempt.runner == "chain"
     pairs = []
     for span in attempt.children:
         step_kind = _kind(span)
         if step_kind is not None:
-            pairs.append((span, step_view(span, step_kind, rows)))
+            pairs.append((span, step_view(span, step_kind, rows, in_chain=in_chain)))
     steps = tuple(step for _, step in pairs)
-    approved = agent.attributes.get("agent.resume.approved")
-    ms = duration_ms(agent)
-    resumed_by = agent.text("agent.resume.resolver")
-    title = f"Attempt {index + 1}: {kind}"
-    if kind == "resume" and agent.text("agent.resume.node_id"):
-        title += f" at {agent.text('agent.resume.node_id')}"
+    # A team's resume is told by the member that went on (its agent span's
+    # ``agent.resume.*``); a chain's and an agent's by the root itself.
+    told = attempt.root if attempt.runner in ("agent", "chain") else _resumed_member(attempt)
+    prefix = "chain" if attempt.runner == "chain" else "agent"
+    approved = told.attributes.get(f"{prefix}.resume.approved") if told else None
+    resumed_by = told.text(f"{prefix}.resume.resolver") if told else None
+    resume_node = told.text(f"{prefix}.resume.node_id") if told else None
+    ms = duration_ms(root)
+    title = f"Attempt {index + 1}: {_RUNNER_WORDS.get(attempt.runner, '')}{kind}"
+    if kind == "resume" and resume_node:
+        title += f" at {resume_node}"
     if resumed_by:
         verb = "approved" if approved else "rejected" if approved is False else "resumed"
         title += f", {verb} by {resumed_by}"
     return AttemptView(
         kind=kind,
-        span_id=agent.span_id,
-        started_at=agent.start_time,
+        span_id=root.span_id,
+        started_at=root.start_time,
         duration_ms=ms,
-        status=agent.text("agent.status") or ("error" if agent.status == "ERROR" else None),
-        input=agent.text("agent.input"),
-        output=agent.text("agent.output"),
-        tokens=agent.number("agent.tokens_used"),
-        model=agent.text("agent.llm.model"),
-        resume_node=agent.text("agent.resume.node_id"),
-        resume_kind=agent.text("agent.resume.kind"),
+        status=_attempt_status(attempt),
+        input=attempt.text("input"),
+        output=_answer(attempt),
+        tokens=root.number(f"{attempt.runner}.tokens_used"),
+        model=root.text("agent.llm.model"),
+        resume_node=resume_node,
+        resume_kind=told.text(f"{prefix}.resume.kind") if told else None,
         resumed_by=resumed_by,
         approved=approved if isinstance(approved, bool) else None,
         steps=steps,
@@ -269,6 +309,44 @@ def attempt_view(
         height=max(18, 18 * len(pairs)),
         duration=duration_words(ms),
     )
+
+
+def _resumed_member(attempt: Attempt) -> Span | None:
+    """The first agent span of a team's attempt that resumed the run."""
+    return next((s for s in attempt.children if s.text("agent.resumed_execution_id")), None)
+
+
+def _attempt_status(attempt: Attempt) -> str | None:
+    """``completed``, ``paused``, ``failed``...: the root's own word (an agent's, a
+    chain's), else, for a team, that of the member that spoke last (a swarm's active
+    agent, a supervisor's planner), else ``error`` when the root span failed, else
+    ``paused`` when its last call asked a person."""
+    said = attempt.text("status")
+    if said:
+        return said
+    root = attempt.root
+    members = [
+        s
+        for s in attempt.children
+        if s.parent_span_id == root.span_id and s.name.startswith("agent.")
+    ]
+    if members and members[-1].text("agent.status"):
+        return members[-1].text("agent.status")
+    if root.status == "ERROR":
+        return "error"
+    # A chain's fork says nothing of how it ended: one whose last call asked a
+    # person ended waiting on that person.
+    calls = [s for s in attempt.children if _kind(s) in ("tool", "agent")]
+    return "paused" if calls and _status(calls[-1]) == "paused" else None
+
+
+def _answer(attempt: Attempt) -> str | None:
+    """The attempt's answer: a chain's ``output`` is JSON, and ``null`` (or an empty
+    text, from a team that paused) is no answer."""
+    output = attempt.text("output")
+    if output in (None, "", "null"):
+        return None
+    return output
 
 
 def trace_section(

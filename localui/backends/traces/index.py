@@ -1,4 +1,4 @@
-"""The span index's file and its catch-up: which agent spans belong to which run."""
+"""The span index's file and its catch-up: which runners' spans belong to which run."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from localui.backends.sqlite.connect import connect, transaction
 from localui.backends.sqlite.files import file_uri
 from localui.backends.traces.spans import (
+    RUNNERS,
     Attempt,
     Span,
     attempts_of,
@@ -23,7 +24,7 @@ from localui.backends.traces.spans import (
 from localui.paths import cache_dir
 
 #: Bump when the index's tables change: an index of another version is rebuilt.
-VERSION = "4"
+VERSION = "5"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -31,6 +32,8 @@ CREATE TABLE IF NOT EXISTS attempts (
     execution_id TEXT NOT NULL,
     trace_id     TEXT NOT NULL,
     span_id      TEXT NOT NULL,
+    -- agent, chain, swarm or supervisor: who opened the span.
+    runner       TEXT NOT NULL,
     -- What the runs list shows of a run, kept here so a page of 50 runs is one query.
     started_at   TEXT,
     ended_at     TEXT,
@@ -44,18 +47,33 @@ CREATE TABLE IF NOT EXISTS attempts (
 #: Of a summary's texts, the runs list needs a first line: keep this much.
 _SUMMARY_CHARS = 400
 
-#: The run an agent span belongs to: its own id, or the run it resumed or forked.
-#: ``json_valid`` first: one malformed row must not stop the whole fold.
-_RUN_OF = """CASE WHEN json_valid(attributes) THEN COALESCE(
-    json_extract(attributes, '$."agent.execution_id"'),
-    json_extract(attributes, '$."agent.resumed_execution_id"'),
-    json_extract(attributes, '$."agent.forked_execution_id"')) END"""
 
-#: A text attribute of an agent span, or null (malformed JSON, or not text).
-_TEXT_OF = """CASE WHEN json_valid(attributes)
-    AND json_type(attributes, '$."{key}"') = 'text'
-    THEN json_extract(attributes, '$."{key}"') END"""
-#: The first exception's message on an agent span that ended in error.
+def _json_text(key: str) -> str:
+    """A text attribute of a span, or null (malformed JSON, or not text)."""
+    return f"""CASE WHEN json_type(attributes, '$."{key}"') = 'text'
+        THEN json_extract(attributes, '$."{key}"') END"""
+
+
+def _first_of(keys: Sequence[str]) -> str:
+    """The first of the span's text attributes ``keys`` that it has; ``json_valid``
+    first: one malformed row must not stop the whole fold."""
+    found = ", ".join(_json_text(key) for key in keys)
+    return f"CASE WHEN json_valid(attributes) THEN COALESCE({found}) END"
+
+
+#: The run a runner's span belongs to: its own id, or the run it resumed or forked.
+_RUN_OF = _first_of(
+    [
+        f"{runner}.{link}"
+        for link in ("execution_id", "resumed_execution_id", "forked_execution_id")
+        for runner in RUNNERS
+    ]
+)
+_INPUT_OF = _first_of([f"{runner}.input" for runner in RUNNERS])
+_OUTPUT_OF = _first_of([f"{runner}.output" for runner in RUNNERS])
+#: The spans the runners open for a run (``agent.refund-bot``, ``chain.refund-chain``).
+_ROOT_NAMES = " OR ".join(f"name LIKE '{runner}.%'" for runner in RUNNERS)
+#: The first exception's message on a span that ended in error.
 _ERROR_OF = """CASE WHEN status = 'ERROR' AND json_valid(events)
     THEN json_extract(events, '$[0].attributes."exception.message"') END"""
 
@@ -92,7 +110,7 @@ def _identity(path: Path) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RunSummary:
-    """A run as its agent spans sum it up: first input, last answer, last error."""
+    """A run as its runners' spans sum it up: first input, last answer, last error."""
 
     input: str | None
     answer: str | None
@@ -240,17 +258,18 @@ class SpanIndex:
         with transaction(self._conn):
             self._conn.execute(
                 f"""INSERT OR IGNORE INTO attempts
-                    SELECT run_id, trace_id, span_id, start_time, end_time,
+                    SELECT run_id, trace_id, span_id, runner, start_time, end_time,
                            substr(input, 1, {_SUMMARY_CHARS}),
                            substr(output, 1, {_SUMMARY_CHARS}),
                            substr(error, 1, {_SUMMARY_CHARS}) FROM (
-                        SELECT {_RUN_OF} AS run_id, trace_id, span_id, start_time, end_time,
-                               {_TEXT_OF.format(key="agent.input")} AS input,
-                               {_TEXT_OF.format(key="agent.output")} AS output,
+                        SELECT {_RUN_OF} AS run_id, trace_id, span_id,
+                               substr(name, 1, instr(name, '.') - 1) AS runner,
+                               start_time, end_time,
+                               {_INPUT_OF} AS input, {_OUTPUT_OF} AS output,
                                {_ERROR_OF} AS error
                         FROM t.spans
-                        WHERE rowid > ? AND rowid <= ? AND name LIKE 'agent.%'
-                    ) WHERE run_id IS NOT NULL AND typeof(run_id) = 'text'""",
+                        WHERE rowid > ? AND rowid <= ? AND ({_ROOT_NAMES})
+                    ) WHERE run_id IS NOT NULL AND run_id != ''""",
                 (mark, upto),
             )
             self._set_meta("mark", str(upto))
@@ -275,9 +294,15 @@ class SpanIndex:
             if state != READY:
                 return None if state == OFF else {}
             marks = ", ".join("?" for _ in execution_ids)
+            # A chain's or a team's run is summed up by its own spans, not by the
+            # agents inside it (a supervisor's worker answers the supervisor, not
+            # the user): where a run has such spans, its agents' are left out.
             rows = self._conn.execute(
                 f"""SELECT execution_id, started_at, ended_at, input, output, error
-                    FROM attempts WHERE execution_id IN ({marks})
+                    FROM attempts AS a WHERE execution_id IN ({marks})
+                    AND (runner != 'agent' OR NOT EXISTS (
+                        SELECT 1 FROM attempts AS b WHERE b.execution_id = a.execution_id
+                        AND b.runner != 'agent'))
                     ORDER BY execution_id, started_at""",
                 tuple(execution_ids),
             ).fetchall()

@@ -48,12 +48,38 @@ class Span:
         return None
 
 
+#: The runners whose root span names a run: ``agent.<name>``, ``chain.<name>``,
+#: ``swarm.<name>``, ``supervisor.<name>``. Each stamps the run's id as
+#: ``<runner>.execution_id`` (``resumed_execution_id`` on a resume,
+#: ``forked_execution_id`` on a fork).
+RUNNERS = ("agent", "chain", "swarm", "supervisor")
+
+
+def runner_of(span: Span) -> str | None:
+    """``chain`` for a ``chain.<name>`` span; None for a span no runner opens."""
+    runner = span.name.split(".", 1)[0]
+    return runner if runner in RUNNERS and "." in span.name else None
+
+
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """One ``agent.*`` span of a run and the spans under it, in start order."""
+    """One root span of a run (an agent's, a chain's or a team's) and the spans
+    under it, in start order."""
 
-    agent: Span
+    root: Span
     children: tuple[Span, ...]
+
+    @property
+    def runner(self) -> str:
+        """``agent``, ``chain``, ``swarm`` or ``supervisor``."""
+        return runner_of(self.root) or "agent"
+
+    def text(self, key: str) -> str | None:
+        """The root's ``<runner>.<key>``: ``chain.input`` of a chain's attempt."""
+        return self.root.text(f"{self.runner}.{key}")
+
+    def value(self, key: str) -> Any:
+        return self.root.attributes.get(f"{self.runner}.{key}")
 
 
 def decode_attributes(text: str | None) -> tuple[Mapping[str, Any], bool]:
@@ -91,12 +117,16 @@ def first_exception(text: str | None) -> str | None:
     return None
 
 
-def attempts_of(spans: list[Span], agent_span_ids: set[str]) -> tuple[Attempt, ...]:
-    """The attempts whose agent spans are ``agent_span_ids``, each with its subtree.
+def attempts_of(spans: list[Span], root_span_ids: set[str]) -> tuple[Attempt, ...]:
+    """The attempts whose root spans are ``root_span_ids``, each with its subtree.
 
-    A trace can hold more than one run (an agent called inside another's span), so
-    only the spans under the run's own agent spans belong to it; a nested agent
-    span with an execution id of its own starts another run and is left out.
+    A span of the run under another of the run's spans (a supervisor's worker, a
+    swarm's agents, all filed under the team's run id) is part of that attempt, not
+    one of its own. A trace can hold more than one run: under an *agent's* span, a
+    nested agent span with an execution id of its own (an agent called from a tool)
+    starts another run and is left out. Under a chain's or a team's span everything
+    is the run's own: the agents of a chain's nodes carry ids of their own, and they
+    are what the chain ran.
     """
     children: dict[str, list[Span]] = {}
     by_id: dict[str, Span] = {}
@@ -106,28 +136,33 @@ def attempts_of(spans: list[Span], agent_span_ids: set[str]) -> tuple[Attempt, .
             children.setdefault(span.parent_span_id, []).append(span)
 
     def nested(span: Span) -> bool:
-        """Under another agent span of the same run (a supervisor's worker)."""
+        """Under another root span of the same run (a supervisor's worker)."""
         parent = by_id.get(span.parent_span_id or "")
         while parent is not None:
-            if parent.span_id in agent_span_ids:
+            if parent.span_id in root_span_ids:
                 return True
             parent = by_id.get(parent.parent_span_id or "")
         return False
 
     attempts = []
-    for span_id in agent_span_ids:
-        agent = by_id.get(span_id)
-        if agent is None or nested(agent):
+    for span_id in root_span_ids:
+        root = by_id.get(span_id)
+        if root is None or nested(root):
             continue
+        of_agent = runner_of(root) == "agent"
         found: list[Span] = []
         stack = list(children.get(span_id, ()))
         while stack:
             span = stack.pop()
-            if span.span_id not in agent_span_ids and span.attributes.get("agent.execution_id"):
+            if (
+                of_agent
+                and span.span_id not in root_span_ids
+                and span.attributes.get("agent.execution_id")
+            ):
                 continue
             found.append(span)
             stack.extend(children.get(span.span_id, ()))
         found.sort(key=lambda s: s.start_time or "")
-        attempts.append(Attempt(agent=agent, children=tuple(found)))
-    attempts.sort(key=lambda a: a.agent.start_time or "")
+        attempts.append(Attempt(root=root, children=tuple(found)))
+    attempts.sort(key=lambda a: a.root.start_time or "")
     return tuple(attempts)
