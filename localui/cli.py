@@ -764,6 +764,7 @@ def run_demo(args: argparse.Namespace) -> int:
     runners = [
         build_agent(checkpointer),
         teams.build_chain(checkpointer),
+        teams.build_parcel_chain(checkpointer),
         teams.build_supervisor(checkpointer),
         teams.build_swarm(checkpointer),
         teams.build_long_agent(checkpointer),

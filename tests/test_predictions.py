@@ -45,12 +45,15 @@ pytestmark = pytest.mark.floor
 
 NAMES = tuple(s.name for s in ALL_SCENARIOS)
 
-#: Which tool each node of the demo chain runs: a node's first act shows as its tool.
-CHAIN_NODE_TOOLS = {
-    "step_1_lookup": "lookup_order",
-    "step_2_plan": "plan_refund",
-    "step_3_refund": "refund",
-    "step_4_notify": "notify_customer",
+#: What each node of the demo chains does first: a tool node runs its tool, the parcel
+#: chain's agent node (its courier) asks its model.
+CHAIN_NODE_FIRST = {
+    (teams.CHAIN_NAME, "step_1_lookup"): f"tool:{teams.CHAIN_NAME}:lookup_order",
+    (teams.CHAIN_NAME, "step_2_plan"): f"tool:{teams.CHAIN_NAME}:plan_refund",
+    (teams.CHAIN_NAME, "step_3_refund"): f"tool:{teams.CHAIN_NAME}:refund",
+    (teams.CHAIN_NAME, "step_4_notify"): f"tool:{teams.CHAIN_NAME}:notify_customer",
+    (teams.PARCEL_CHAIN_NAME, "step_1_lookup"): f"tool:{teams.PARCEL_CHAIN_NAME}:lookup_parcel",
+    (teams.PARCEL_CHAIN_NAME, "step_2_collect"): f"model:{teams.COURIER_NAME}",
 }
 
 #: A crash inside the refund re-runs the refund, which asks a manager again.
@@ -135,6 +138,7 @@ def runners(checkpointer: Any, events: list[str]) -> dict[str, Any]:
     made: list[Any] = [
         build_agent(checkpointer, events=events),
         teams.build_chain(checkpointer, events=events),
+        teams.build_parcel_chain(checkpointer, events=events),
         teams.build_supervisor(checkpointer, events=events),
         teams.build_swarm(checkpointer, events=events),
         teams.build_long_agent(checkpointer, events=events),
@@ -151,10 +155,10 @@ def chain_order(owner: runs.Owner, registered: dict[str, Any]) -> tuple[str, ...
     return tuple(_topological_sort(chain.nodes, chain.edges))
 
 
-def expected_first_event(first: runs.FirstAct) -> str:
+def expected_first_event(first: runs.FirstAct, owner: runs.Owner) -> str:
     if first.kind == "node":
         assert first.name is not None, "the chain is registered, so its node is known"
-        return f"tool:{teams.CHAIN_NAME}:{CHAIN_NODE_TOOLS[first.name]}"
+        return CHAIN_NODE_FIRST[(owner.name, first.name)]
     if first.kind == "tool":
         return f"tool:{first.agent}:{first.name}"
     assert first.agent is not None
@@ -202,7 +206,7 @@ def test_the_sdk_does_first_what_the_page_predicts(copy: Copy, name: str) -> Non
     result = asyncio.run(runner.aresume(execution_id, resume_value=value))
 
     assert events, f"{name}: the resume did nothing"
-    assert events[0] == expected_first_event(plan.first), (name, plan, events[:5])
+    assert events[0] == expected_first_event(plan.first, owner), (name, plan, events[:5])
     ended = runs.PAUSED if name in ENDS_PAUSED else runs.COMPLETED
     assert (result.status, state_of(copy.store, execution_id)) == (ended, ended), name
     if owner.kind == runs.SUPERVISOR:

@@ -38,7 +38,7 @@ Ending = Literal["completed", "paused", "failed", "died"]
 Stop = Literal["cancel", "timeout"]
 
 #: Which runner a scenario runs: the refund-bot agent, or one of ``localui.demo.teams``.
-Runner = Literal["refund-bot", "chain", "supervisor", "swarm", "long"]
+Runner = Literal["refund-bot", "chain", "parcel-chain", "supervisor", "swarm", "long"]
 
 #: A child that takes longer than this is stuck, not slow (each takes about a second).
 _CHILD_TIMEOUT_S = 120.0
@@ -145,6 +145,9 @@ SHAPE_SCENARIOS: tuple[Scenario, ...] = (
     # it, or it ran out of its timeout_seconds.
     Scenario("cancelled", "Refund order A-1011 for 60.00", "failed", stop="cancel"),
     Scenario("timed-out", "Refund order A-1012 for 75.00", "failed", stop="timeout"),
+    # A chain whose courier agent ran out of its timeout_seconds in its second node:
+    # ``timed_out`` where the SDK names why (1.93 on), a plain ``failed`` before.
+    Scenario("chain-timed-out", None, "failed", runner="parcel-chain", stop="timeout"),
 )
 
 ALL_SCENARIOS: tuple[Scenario, ...] = SCENARIOS + SHAPE_SCENARIOS

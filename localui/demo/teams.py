@@ -19,6 +19,8 @@ from fastaiagent.llm.message import Message, MessageRole
 from fastaiagent.testing import FunctionModel
 
 CHAIN_NAME = "refund-chain"
+PARCEL_CHAIN_NAME = "parcel-chain"
+COURIER_NAME = "courier"
 SUPERVISOR_NAME = "refund-desk"
 SWARM_NAME = "refund-swarm"
 LONG_AGENT_NAME = "ledger-bot"
@@ -94,6 +96,56 @@ def build_chain(
     chain.connect("step_1_lookup", "step_2_plan")
     chain.connect("step_2_plan", "step_3_refund")
     chain.connect("step_3_refund", "step_4_notify")
+    return chain
+
+
+def build_parcel_chain(
+    checkpointer: Checkpointer,
+    *,
+    courier_timeout_s: float | None = None,
+    carrier_wait_s: float = 0.0,
+    events: Events = None,
+) -> Chain:
+    """Two nodes: look a parcel up (a tool), then hand it to the carrier (an agent, the
+    courier, whose tool waits ``carrier_wait_s`` on the carrier). With a
+    ``courier_timeout_s`` shorter than that wait the courier runs out of its time, and
+    the SDK (1.93 on) ends the chain's run ``failed`` with ``run_reason`` ``timeout``.
+    The courier keeps no checkpoints of its own: the chain's are the run's."""
+    import asyncio
+
+    @tool(name="lookup_parcel", register=False)
+    def lookup_parcel(parcel_id: str) -> str:
+        """Find a parcel."""
+        record(events, f"tool:{PARCEL_CHAIN_NAME}:lookup_parcel")
+        return f"parcel {parcel_id}: at the depot"
+
+    @tool(name="wait_for_carrier", register=False)
+    async def wait_for_carrier(parcel_id: str) -> str:
+        """Wait for the carrier to collect a parcel."""
+        record(events, f"tool:{COURIER_NAME}:wait_for_carrier")
+        await asyncio.sleep(carrier_wait_s)
+        return f"parcel {parcel_id} collected"
+
+    def respond(messages: list[Message]) -> str | tuple[str, list[dict[str, Any]]]:
+        record(events, f"model:{COURIER_NAME}")
+        if _last_role(messages) == MessageRole.tool:
+            return "Collected."
+        call = {"id": "call_wait", "name": "wait_for_carrier", "arguments": {"parcel_id": "P-9"}}
+        return "", [call]
+
+    courier = Agent(
+        name=COURIER_NAME,
+        system_prompt="You hand parcels to the carrier.",
+        llm=FunctionModel(respond, model="courier-demo"),
+        tools=[wait_for_carrier],
+        config=AgentConfig(timeout_seconds=courier_timeout_s),
+    )
+    chain = Chain(PARCEL_CHAIN_NAME, checkpointer=checkpointer)
+    chain.add_node(
+        "step_1_lookup", tool=lookup_parcel, input_mapping={"parcel_id": "{{state.parcel_id}}"}
+    )
+    chain.add_node("step_2_collect", agent=courier)
+    chain.connect("step_1_lookup", "step_2_collect")
     return chain
 
 

@@ -362,6 +362,8 @@ async def _run_other(
             chain = teams.build_chain(checkpointer, die_in_refund=die)
             chained = await chain.aexecute({"order_id": "B-7"}, execution_id=execution_id)
             return str(chained.status)
+        if scenario.runner == "parcel-chain":
+            return await _run_parcel_chain(checkpointer, execution_id)
         assert scenario.prompt is not None
         if scenario.runner == "supervisor":
             runner: Any = teams.build_supervisor(checkpointer, die_in_refund=die)
@@ -380,6 +382,27 @@ async def _run_other(
         if scenario.ends == "failed":
             return "failed"
         raise
+
+
+async def _run_parcel_chain(
+    checkpointer: SQLiteCheckpointer | PostgresCheckpointer, execution_id: str
+) -> str:
+    """The parcel chain, its courier given less time than the carrier takes: the
+    courier's timeout is checked before each of its model calls, so the call after its
+    tool stops the chain."""
+    from fastaiagent._internal.errors import AgentTimeoutError
+
+    from localui.demo import teams
+
+    chain = teams.build_parcel_chain(
+        checkpointer, courier_timeout_s=STOP_TIMEOUT_S, carrier_wait_s=2 * STOP_TIMEOUT_S
+    )
+    try:
+        result = await chain.aexecute({"parcel_id": "P-9"}, execution_id=execution_id)
+    except AgentTimeoutError:
+        # The SDK has written the chain's ``failed`` run-end row by now.
+        return "failed"
+    return str(result.status)
 
 
 async def _approve(
