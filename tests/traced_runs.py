@@ -9,6 +9,7 @@ store), its checkpoints to ``--store`` (a SQLite path, or a PostgreSQL DSN with
 - ``chain-resumed``: the demo's refund-chain, paused at its refund node, then
   approved by ann: two attempts, the second a resume.
 - ``chain-fork``: a fork of that chain, once it completed, from its plan node.
+- ``chain-waiting``: the refund-chain paused at its refund node, left waiting.
 - ``pipeline``: a chain whose first node is an agent (its own spans: the agent's, its
   model call) and whose second is a tool.
 - ``supervisor-resumed``: the demo's refund-desk, paused in its worker's refund,
@@ -78,6 +79,9 @@ async def write(checkpointer: Any) -> dict[str, str]:
     )
     fork = await chain.afork(paused.execution_id, checkpoint_id=plan_row)
     written["chain-fork"] = fork.execution_id
+    waiting = await chain.aexecute({"order_id": "B-8"})
+    assert waiting.status == "paused", waiting.status
+    written["chain-waiting"] = waiting.execution_id
 
     pipeline = await build_pipeline(checkpointer).aexecute({"request": "refund A-1001"})
     assert pipeline.status == "completed", pipeline.status

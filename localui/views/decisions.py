@@ -2,10 +2,12 @@
 
 Every approval, rejection and resume localui recorded (``localui_decisions``), and
 every vote a two-person rule counted (``localui_votes``, kind ``vote``), each with its
-run's agent and a link to the run, in one order newest first; filtered by person,
-agent, outcome, kind and time; a page at a time (``.json`` too), or all of it as CSV
-streamed a page at a time (``/decisions.csv``, and ``localui decisions export`` on the
-command line, which writes the same columns as CSV or JSON lines).
+run's agent and a link to the run, in one order newest first; with ``kind=outside``,
+the pauses the SDK recorded as decided elsewhere (:mod:`localui.views.outside`);
+filtered by person, agent, outcome, kind and time; a page at a time (``.json`` too),
+or all of it as CSV streamed a page at a time (``/decisions.csv``, and ``localui
+decisions export`` on the command line, which writes the same columns as CSV or JSON
+lines).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from localui.backends.base import DecisionLog
 from localui.backends.decisions import EXPORT_FIELDS
 from localui.errors import BadRequest
 from localui.offloop import off_loop
-from localui.records import DecisionEntry, DecisionQuery
+from localui.records import DecisionEntry, DecisionPage, DecisionQuery
 from localui.shortids import shortest_unique
+from localui.views.outside import OUTSIDE, outside_page
 from localui.views.params import decode_cursor, encode_cursor, parse_age, parse_instant
 from localui.views.respond import html_only, nav_ahead, respond
 from localui.views.state import context
@@ -160,19 +163,24 @@ def build_decisions_page(
     after: tuple[str, str] | None,
     limit: int,
     urls: Urls,
+    outside: Callable[[DecisionQuery], DecisionPage] | None = None,
 ) -> DecisionsPage:
-    page = log.list_decisions(
-        DecisionQuery(
-            actor=query.actor,
-            agent=query.agent,
-            outcome=query.outcome,
-            kind=query.kind,
-            since=query.since,
-            until=query.until,
-            after=after,
-            limit=limit,
-        )
+    """A page of the record; with ``kind=outside``, of the pauses decided outside
+    localui (``outside`` reads them: :func:`localui.views.outside.outside_page`)."""
+    paged = DecisionQuery(
+        actor=query.actor,
+        agent=query.agent,
+        outcome=query.outcome,
+        kind=query.kind,
+        since=query.since,
+        until=query.until,
+        after=after,
+        limit=limit,
     )
+    if query.kind == OUTSIDE:
+        page = outside(paged) if outside is not None else DecisionPage(entries=(), next_key=None)
+    else:
+        page = log.list_decisions(paged)
     next_cursor = encode_cursor(page.next_key) if page.next_key else None
     shown = shortest_unique(e.decision.execution_id for e in page.entries)
     return DecisionsPage(
@@ -194,30 +202,45 @@ def run_links(urls: Urls) -> Callable[[str], str]:
     return lambda execution_id: f"{head}{tilde_encode(execution_id)}{tail}"
 
 
+def _export_row(entry: DecisionEntry) -> tuple[Any, ...]:
+    d = entry.decision
+    fields = {"agent": entry.agent, "approver": d.actor}
+    return tuple(fields[name] if name in fields else getattr(d, name) for name in EXPORT_FIELDS)
+
+
 def export_chunks(
-    log: DecisionLog, query: DecisionQuery, urls: Urls
+    log: DecisionLog,
+    query: DecisionQuery,
+    urls: Urls,
+    outside: Callable[[DecisionQuery], DecisionPage] | None = None,
 ) -> Iterator[list[tuple[Any, ...]]]:
     """Every entry the query matches, newest first, as the export's columns (the
-    log's fields and the run's link), read :data:`EXPORT_CHUNK` at a time."""
+    log's fields and the run's link), read :data:`EXPORT_CHUNK` at a time; with
+    ``kind=outside``, the pauses decided outside localui, read by ``outside``."""
     after: tuple[str, str] | None = None
     link = run_links(urls)
     while True:
-        page = log.list_export(
-            DecisionQuery(
-                actor=query.actor,
-                agent=query.agent,
-                outcome=query.outcome,
-                kind=query.kind,
-                since=query.since,
-                until=query.until,
-                after=after,
-                limit=EXPORT_CHUNK,
-            )
+        paged = DecisionQuery(
+            actor=query.actor,
+            agent=query.agent,
+            outcome=query.outcome,
+            kind=query.kind,
+            since=query.since,
+            until=query.until,
+            after=after,
+            limit=EXPORT_CHUNK,
         )
-        yield [(*row, link(row[_EXECUTION_ID])) for row in page.rows]
-        if page.next_key is None:
+        if query.kind == OUTSIDE:
+            found = outside(paged) if outside is not None else DecisionPage((), None)
+            rows: tuple[tuple[Any, ...], ...] = tuple(_export_row(e) for e in found.entries)
+            next_key = found.next_key
+        else:
+            page = log.list_export(paged)
+            rows, next_key = page.rows, page.next_key
+        yield [(*row, link(row[_EXECUTION_ID])) for row in rows]
+        if next_key is None:
             return
-        after = page.next_key
+        after = next_key
 
 
 def csv_chunks(chunks: Iterator[list[tuple[Any, ...]]]) -> Iterator[str]:
@@ -265,6 +288,7 @@ async def decisions_list(request: Request) -> Response:
         after,
         ctx.settings.page_size,
         urls_of(request),
+        lambda paged: outside_page(ctx.traces, ctx.actions.decisions, ctx.store, paged),
     )
     return await respond(request, "pages/decisions.html", page)
 
@@ -274,7 +298,12 @@ async def decisions_csv(request: Request) -> Response:
     at a time in a worker thread."""
     ctx = context(request)
     _, query = parse_filters(request)
-    chunks = export_chunks(ctx.actions.decisions, query, urls_of(request))
+    chunks = export_chunks(
+        ctx.actions.decisions,
+        query,
+        urls_of(request),
+        lambda paged: outside_page(ctx.traces, ctx.actions.decisions, ctx.store, paged),
+    )
     return StreamingResponse(
         iterate_in_threadpool(csv_chunks(chunks)),
         media_type="text/csv; charset=utf-8",

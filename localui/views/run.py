@@ -28,6 +28,7 @@ from localui.records import (
 from localui.views.cards import ApprovalItem
 from localui.views.decision_views import DecisionView
 from localui.views.lineage import ForkView, fork_view, lineage
+from localui.views.outside import outside_views
 from localui.views.params import parse_count
 from localui.views.respond import html_only, nav_ahead, respond
 from localui.views.run_actions import (
@@ -189,7 +190,12 @@ def build_run_page(
         fork_of=fork_view(origin, urls) if origin is not None else None,
         forks=lineage(store, execution_id, urls, forks, edited),
         window=timeline.window,
-        decisions=acting.decisions,
+        decisions=tuple(
+            sorted(
+                (*acting.decisions, *outside_views(traces, execution_id, acting.recorded, headers)),
+                key=lambda d: d.decided_at,
+            )
+        ),
         outbox=outbox_summary(headers),
         trace=trace,
         decided=decision_line(state, acting.last_approval),

@@ -124,6 +124,8 @@ class ActionsSection:
     pause's card, and what localui already did with the run."""
 
     decisions: tuple[DecisionView, ...] = ()
+    #: The run's decisions as the record holds them, oldest first.
+    recorded: tuple[Decision, ...] = ()
     #: The newest approval or rejection recorded for the run.
     last_approval: Decision | None = None
     resume_problem: str | None = None
@@ -156,6 +158,7 @@ def actions_section(
     recorded = actions.decisions.list_for_run(execution_id)
     return ActionsSection(
         decisions=decision_views(actions, execution_id, recorded=recorded),
+        recorded=recorded,
         last_approval=next((d for d in reversed(recorded) if d.kind == APPROVAL), None),
         # What the missing runner explains is not said again in a panel of its own.
         resume_problem=None

@@ -12,7 +12,7 @@ page then reads its attempts' traces through the SDK's own ``trace_id`` index.
 
 from __future__ import annotations
 
-from localui.backends.traces.index import RunSummary, SpanIndex
+from localui.backends.traces.index import LEDGER, TRACE, Resolution, RunSummary, SpanIndex
 from localui.backends.traces.spans import Attempt, Span
 
-__all__ = ["Attempt", "RunSummary", "Span", "SpanIndex"]
+__all__ = ["LEDGER", "TRACE", "Attempt", "Resolution", "RunSummary", "Span", "SpanIndex"]

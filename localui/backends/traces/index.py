@@ -10,6 +10,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localui.backends.sqlite.connect import connect, transaction
 from localui.backends.sqlite.files import file_uri
@@ -42,6 +43,23 @@ CREATE TABLE IF NOT EXISTS attempts (
     error        TEXT,
     PRIMARY KEY (execution_id, span_id)
 ) WITHOUT ROWID;
+-- Who resolved a run's pauses, as the SDK recorded it wherever the resolution came
+-- from: a resume's span (``agent.resume.resolver``, ``chain.resume.resolver``: one
+-- per attempt, keyed by its trace) or a ``resolved`` event of its HITL ledger
+-- (``hitl_events``, keyed by the event's id).
+CREATE TABLE IF NOT EXISTS resolutions (
+    id           INTEGER PRIMARY KEY,
+    execution_id TEXT NOT NULL,
+    source       TEXT NOT NULL,
+    key          TEXT NOT NULL,
+    resolver     TEXT,
+    approved     INTEGER,
+    node         TEXT,
+    reason       TEXT,
+    at           TEXT NOT NULL,
+    UNIQUE (execution_id, source, key)
+);
+CREATE INDEX IF NOT EXISTS resolutions_by_time ON resolutions (at, id);
 """
 
 #: Of a summary's texts, the runs list needs a first line: keep this much.
@@ -73,6 +91,22 @@ _INPUT_OF = _first_of([f"{runner}.input" for runner in RUNNERS])
 _OUTPUT_OF = _first_of([f"{runner}.output" for runner in RUNNERS])
 #: The spans the runners open for a run (``agent.refund-bot``, ``chain.refund-chain``).
 _ROOT_NAMES = " OR ".join(f"name LIKE '{runner}.%'" for runner in RUNNERS)
+#: A resume's answer, as the SDK stamps it on the resume's span (a team's, on the
+#: member's agent span that went on).
+_RESOLVER_OF = _first_of([f"{runner}.resume.resolver" for runner in RUNNERS])
+_RESUME_NODE_OF = _first_of([f"{runner}.resume.node_id" for runner in RUNNERS])
+_RESUME_REASON_OF = _first_of([f"{runner}.resume.reason" for runner in RUNNERS])
+_APPROVED_OF = (
+    "CASE WHEN json_valid(attributes) THEN COALESCE("
+    + ", ".join(
+        f"""CASE json_type(attributes, '$."{runner}.resume.approved"')
+            WHEN 'true' THEN 1 WHEN 'false' THEN 0 END"""
+        for runner in RUNNERS
+    )
+    + ") END"
+)
+#: Where a resolution was read: a resume's span, or the SDK's HITL ledger.
+TRACE, LEDGER = "trace", "ledger"
 #: The first exception's message on a span that ended in error.
 _ERROR_OF = """CASE WHEN status = 'ERROR' AND json_valid(events)
     THEN json_extract(events, '$[0].attributes."exception.message"') END"""
@@ -119,6 +153,23 @@ class RunSummary:
     ended_at: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """A pause's end as the SDK recorded it: who resolved it, how, where, when."""
+
+    id: int
+    execution_id: str
+    #: :data:`TRACE` (a resume's span) or :data:`LEDGER` (the SDK's HITL ledger).
+    source: str
+    resolver: str | None
+    approved: bool | None
+    #: The paused node it answered (``turn:0/tool:refund``, ``step_3_refund``).
+    node: str | None
+    reason: str | None
+    #: When the resume began (a span) or the resolution was recorded (the ledger).
+    at: str
+
+
 class SpanIndex:
     """Finds a run's spans in one SQLite file the SDK traced into."""
 
@@ -151,7 +202,9 @@ class SpanIndex:
         )
         if self._meta("version") != VERSION:
             # Another version's tables: start again (the spans are all still there).
-            self._conn.executescript("DROP TABLE IF EXISTS attempts; DELETE FROM meta;")
+            self._conn.executescript(
+                "DROP TABLE IF EXISTS attempts; DROP TABLE IF EXISTS resolutions; DELETE FROM meta;"
+            )
             self._set_meta("version", VERSION)
         self._conn.executescript(_SCHEMA)
         #: The identity of the trace file attached as ``t``, or empty.
@@ -224,6 +277,8 @@ class SpanIndex:
         if self._meta("identity") != identity or newest < mark:
             with transaction(self._conn):
                 self._conn.execute("DELETE FROM attempts")
+                self._conn.execute("DELETE FROM resolutions")
+                self._set_meta("ledger_mark", "0")
                 self._set_meta("identity", identity)
                 self._set_meta("mark", "0")
             mark = 0
@@ -237,6 +292,7 @@ class SpanIndex:
             upto = min(newest, mark + _BATCH)
             self._fold(mark, upto)
             mark = upto
+        self._fold_ledger()
         return READY
 
     def _fold_in_background(self, newest: int) -> None:
@@ -272,7 +328,60 @@ class SpanIndex:
                     ) WHERE run_id IS NOT NULL AND run_id != ''""",
                 (mark, upto),
             )
+            self._conn.execute(
+                f"""INSERT OR IGNORE INTO resolutions
+                        (execution_id, source, key, resolver, approved, node, reason, at)
+                    SELECT run_id, '{TRACE}', trace_id, resolver, approved, node, reason,
+                           start_time FROM (
+                        SELECT {_RUN_OF} AS run_id, trace_id, start_time,
+                               {_RESOLVER_OF} AS resolver, {_APPROVED_OF} AS approved,
+                               {_RESUME_NODE_OF} AS node, {_RESUME_REASON_OF} AS reason
+                        FROM t.spans
+                        WHERE rowid > ? AND rowid <= ? AND ({_ROOT_NAMES})
+                    ) WHERE run_id IS NOT NULL AND run_id != '' AND start_time IS NOT NULL
+                      AND (resolver IS NOT NULL OR approved IS NOT NULL)""",
+                (mark, upto),
+            )
             self._set_meta("mark", str(upto))
+
+    def _fold_ledger(self) -> None:
+        """The ``resolved`` events of the SDK's HITL ledger written since the last
+        call, when the traced file has one (the SDK writes it while connected to its
+        platform). The ledger holds only pauses and their ends: a fold is small."""
+        try:
+            found = self._conn.execute(
+                "SELECT 1 FROM t.sqlite_master WHERE type = 'table' AND name = 'hitl_events'"
+            ).fetchone()
+            if found is None:
+                return
+            newest = self._conn.execute("SELECT max(rowid) FROM t.hitl_events").fetchone()[0]
+        except sqlite3.OperationalError:
+            return
+        newest = newest or 0
+        mark = int(self._meta("ledger_mark") or 0)
+        if newest < mark:
+            # Pruned and vacuumed: fold it again from the start.
+            with transaction(self._conn):
+                self._conn.execute("DELETE FROM resolutions WHERE source = ?", (LEDGER,))
+            mark = 0
+        while mark < newest:
+            upto = min(newest, mark + _BATCH)
+            with transaction(self._conn):
+                self._conn.execute(
+                    f"""INSERT OR IGNORE INTO resolutions
+                            (execution_id, source, key, resolver, approved, node, reason, at)
+                        SELECT run_id, '{LEDGER}', event_id, resolver,
+                               CASE status WHEN 'approved' THEN 1
+                                           WHEN 'rejected' THEN 0 END,
+                               node, NULL, COALESCE(occurred_at, created_at)
+                        FROM t.hitl_events
+                        WHERE rowid > ? AND rowid <= ? AND event_type = 'resolved'
+                          AND typeof(run_id) = 'text' AND run_id != ''
+                          AND COALESCE(occurred_at, created_at) IS NOT NULL""",
+                    (mark, upto),
+                )
+                self._set_meta("ledger_mark", str(upto))
+            mark = upto
 
     @property
     def indexing(self) -> bool:
@@ -318,6 +427,52 @@ class SpanIndex:
             )
         return found
 
+    def resolutions(self, execution_id: str) -> tuple[Resolution, ...]:
+        """Every resolution of the run's pauses the SDK recorded, oldest first."""
+        with self.lock:
+            if self._refresh() != READY:
+                return ()
+            rows = self._conn.execute(
+                f"""SELECT {_RESOLUTION_COLUMNS} FROM resolutions
+                    WHERE execution_id = ? ORDER BY at, id""",
+                (execution_id,),
+            ).fetchall()
+        return tuple(_resolution(row) for row in rows)
+
+    def resolutions_page(
+        self,
+        *,
+        resolver: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+        before: tuple[str, int] | None = None,
+        limit: int = 50,
+    ) -> tuple[Resolution, ...]:
+        """Resolutions of every run, newest first (``at``, then ``id``), from before
+        ``before`` on; ``resolver`` exactly, ``since`` and ``until`` as ISO instants."""
+        where, params = ["1"], []
+        if resolver is not None:
+            where.append("resolver = ?")
+            params.append(resolver)
+        if since is not None:
+            where.append("at >= ?")
+            params.append(since)
+        if until is not None:
+            where.append("at < ?")
+            params.append(until)
+        if before is not None:
+            where.append("(at < ? OR (at = ? AND id < ?))")
+            params += [before[0], before[0], str(before[1])]
+        with self.lock:
+            if self._refresh() != READY:
+                return ()
+            rows = self._conn.execute(
+                f"""SELECT {_RESOLUTION_COLUMNS} FROM resolutions
+                    WHERE {" AND ".join(where)} ORDER BY at DESC, id DESC LIMIT ?""",
+                (*params, limit),
+            ).fetchall()
+        return tuple(_resolution(row) for row in rows)
+
     def attempts(self, execution_id: str) -> tuple[Attempt, ...] | None:
         """The run's attempts with their spans, oldest first; None without a ``spans``
         table (tracing was off), empty when tracing was on but the run left no span."""
@@ -339,6 +494,23 @@ class SpanIndex:
                 ).fetchall()
                 spans.extend(_span(row) for row in rows)
         return attempts_of(spans, {str(r[1]) for r in found})
+
+
+_RESOLUTION_COLUMNS = "id, execution_id, source, resolver, approved, node, reason, at"
+
+
+def _resolution(row: tuple[Any, ...]) -> Resolution:
+    id_, execution_id, source, resolver, approved, node, reason, at = row
+    return Resolution(
+        id=int(id_),
+        execution_id=str(execution_id),
+        source=str(source),
+        resolver=str(resolver) if resolver is not None else None,
+        approved=None if approved is None else bool(approved),
+        node=str(node) if node is not None else None,
+        reason=str(reason) if reason is not None else None,
+        at=str(at),
+    )
 
 
 def _span(row: tuple[object, ...]) -> Span:
