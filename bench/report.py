@@ -203,8 +203,8 @@ def markdown(
     add("## Stores")
     add("")
     add(
-        "Real SDK rows (the demo's ten scenarios, and two traced runs for spans) copied under"
-        " new ids and times."
+        "Real SDK rows (the demo's ten scenarios, and three traced runs for spans: a completed and"
+        " a paused agent run, a chain of 50 tool nodes) copied under new ids and times."
         f" Templates written by the SDK in {ctx.templates_seconds:.1f} s."
     )
     add("")
@@ -223,7 +223,9 @@ def markdown(
         " of as many rows that asks about another order from its middle row on, one whose"
         " two rows carry"
         f" state snapshots of {big[0] / 1e6:.2f} MB and {big[1] / 1e6:.2f} MB (the next step of"
-        f" one conversation), and a {big[2] / 1e6:.2f} MB row of another conversation."
+        f" one conversation), a {big[2] / 1e6:.2f} MB row of another conversation, and a"
+        " chain of 50 tool nodes (a row per node, then the run's end) whose spans (the"
+        " chain's, one per node) only the store with spans carries."
     )
     add("")
 
