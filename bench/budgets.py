@@ -93,7 +93,7 @@ BUDGETS: tuple[Budget, ...] = (
     ),
     Budget(
         "rss",
-        "RSS after warm-up, demo agent registered (--agents), minus a bare Python "
+        "RSS after warm-up, demo agent and chain registered (--agents), minus a bare Python "
         "importing the same agent module",
         80,
         "MB",

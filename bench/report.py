@@ -466,8 +466,9 @@ def markdown(
             )
     add("")
     add(
-        "localui: `localui serve --store STORE --agents bench/agents.py:refund_bot` (the demo"
-        " agent every copied run names, as a user registers theirs); without agents: the same"
+        "localui: `localui serve --store STORE --agents bench/agents.py:refund_bot"
+        " bench/agents.py:audit_chain` (the demo agent the copied agent runs name and the chain"
+        " the copied chain names, as a user registers theirs); without agents: the same"
         " without `--agents`. Cold: a fresh `XDG_CACHE_HOME` (localui keeps its runs index"
         " there), so the first start on the store; warm: served again with what the first"
         " start left. Each kind of localui start is timed `--starts` times (the medians"
