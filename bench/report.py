@@ -244,6 +244,10 @@ def markdown(
         " branch's first row as the SDK stamped it in the store; the answer comes once the"
         " branch has run (offline model). CPU is the server's per edit."
     )
+    add(
+        "³ Timed on the store with spans only, where the chain's run page shows its trace:"
+        " each tool node's call on the row the chain wrote after it."
+    )
     add("")
     inproc_runs = [r for r in runs if r.localui.inproc]
     if inproc_runs:
