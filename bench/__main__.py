@@ -870,6 +870,8 @@ def _main(
         with_sdk_ui=dsn is None
         and any(r.localui.side_by_side for r in runs if r.store.runs == largest),
         with_demo=demo is not None,
+        # The traced chain's run page is timed on a store with spans (SQLite) only.
+        with_spans=any(r.store.spans for r in runs if r.store.runs == largest),
     )
     if targets is not None:
         verdicts += judge(judged, runs=largest, with_sdk_ui=False, budgets=WATCHER_BUDGETS)

@@ -4,8 +4,10 @@ Latency budgets are judged on the loopback p50 (``bench.latency``) of every
 page they name, at the largest store size measured, with and without spans:
 the worst figure is the one that counts. Some hold at one size only (text
 search may take 25 ms at a million runs; the runs index must be complete
-within 60 s there), and one is relative: the approvals page against the SDK
-UI's own JSON of the queue, on the same store, when the SDK UI was measured.
+within 60 s there), one is relative: the approvals page against the SDK
+UI's own JSON of the queue, on the same store, when the SDK UI was measured,
+and one is judged only where a store with spans was measured: the run page of
+the traced chain, whose trace is in that store alone.
 Sizes are decimal: 1 KB = 1,000 bytes, 1 MB = 1,000,000 bytes.
 """
 
@@ -32,14 +34,19 @@ class Budget:
     needs_sdk_ui: bool = False
     #: Judged only when ``localui demo`` was started (``--demo-starts``).
     needs_demo: bool = False
+    #: Judged only when a store with spans was measured (``--span-sizes``; SQLite).
+    needs_spans: bool = False
 
-    def applies(self, runs: int, *, with_sdk_ui: bool, with_demo: bool = False) -> bool:
+    def applies(
+        self, runs: int, *, with_sdk_ui: bool, with_demo: bool = False, with_spans: bool = False
+    ) -> bool:
         below = self.below_runs is None or runs < self.below_runs
         return (
             self.min_runs <= runs
             and below
             and (with_sdk_ui or not self.needs_sdk_ui)
             and (with_demo or not self.needs_demo)
+            and (with_spans or not self.needs_spans)
         )
 
 
@@ -74,6 +81,14 @@ BUDGETS: tuple[Budget, ...] = (
     Budget("run_50", "run page p50, 50 rows", 10, "ms", ("run50_html", "run50_json")),
     Budget("run_2000", "run page p50, 2,000 rows", 100, "ms", ("run2000_html", "run2000_json")),
     Budget(
+        "run_chain_50",
+        "run page p50, a traced chain of 50 tool nodes (store with spans)",
+        15,
+        "ms",
+        ("chain50_html", "chain50_json"),
+        needs_spans=True,
+    ),
+    Budget(
         "approvals", "approvals p50, 1,000 pending", 20, "ms", ("approvals_html", "approvals_json")
     ),
     Budget(
@@ -93,7 +108,7 @@ BUDGETS: tuple[Budget, ...] = (
     ),
     Budget(
         "rss",
-        "RSS after warm-up, demo agent registered (--agents), minus a bare Python "
+        "RSS after warm-up, demo agent and chain registered (--agents), minus a bare Python "
         "importing the same agent module",
         80,
         "MB",
@@ -235,10 +250,14 @@ class Verdict:
         return not self.missing and not math.isnan(self.worst) and self.worst <= self.budget.limit
 
 
-def applicable(runs: int, *, with_sdk_ui: bool, with_demo: bool = False) -> tuple[Budget, ...]:
+def applicable(
+    runs: int, *, with_sdk_ui: bool, with_demo: bool = False, with_spans: bool = False
+) -> tuple[Budget, ...]:
     """The budgets that hold for a largest store of ``runs`` runs."""
     return tuple(
-        b for b in BUDGETS if b.applies(runs, with_sdk_ui=with_sdk_ui, with_demo=with_demo)
+        b
+        for b in BUDGETS
+        if b.applies(runs, with_sdk_ui=with_sdk_ui, with_demo=with_demo, with_spans=with_spans)
     )
 
 
@@ -248,6 +267,7 @@ def judge(
     runs: int,
     with_sdk_ui: bool,
     with_demo: bool = False,
+    with_spans: bool = False,
     budgets: Sequence[Budget] | None = None,
 ) -> list[Verdict]:
     """Each budget that holds at ``runs`` runs against the figures of every store judged;
@@ -255,7 +275,7 @@ def judge(
     on one store only)."""
     verdicts = []
     chosen = (
-        applicable(runs, with_sdk_ui=with_sdk_ui, with_demo=with_demo)
+        applicable(runs, with_sdk_ui=with_sdk_ui, with_demo=with_demo, with_spans=with_spans)
         if budgets is None
         else budgets
     )

@@ -55,7 +55,7 @@ async def _measure(
 ) -> dict[str, Any]:
     import httpx
 
-    from bench.agents import refund_bot
+    from bench.agents import audit_chain, refund_bot
     from localui.app import create_app
     from localui.backends import open_backend
     from localui.policy import load_policy
@@ -71,7 +71,7 @@ async def _measure(
         policy=load_policy(policy) if policy is not None else None,
     )
     opened = open_backend(settings)
-    registry = Registry.build([refund_bot()], opened.target)
+    registry = Registry.build([refund_bot(), audit_chain()], opened.target)
     app = create_app(settings, agents=registry.agents.values(), backend=opened)
     results: dict[str, Any] = {}
     try:

@@ -18,6 +18,9 @@ DEEP_PAGES = 20
 #: branch's first row (``bench.edits``).
 EDIT_BRANCH = "edit_branch"
 
+#: Timed on a store with spans only (``localui_urls``).
+TRACED_ONLY = ("chain50_html", "chain50_json")
+
 #: What each localui measurement is, in the table's words.
 LOCALUI_METRICS: Mapping[str, str] = {
     "runs_first": "runs list, first page (HTML)",
@@ -30,6 +33,8 @@ LOCALUI_METRICS: Mapping[str, str] = {
     "run50_json": "run page, 50 rows (JSON)",
     "run2000_html": "run page, 2,000 rows (HTML)",
     "run2000_json": "run page, 2,000 rows (JSON)",
+    "chain50_html": "run page, traced chain of 50 tool nodes (HTML)³",
+    "chain50_json": "run page, traced chain of 50 tool nodes (JSON)³",
     "approvals_html": "approvals queue (HTML)",
     "approvals_json": "approvals queue (JSON)",
     "diff_html": "diff of two 1 MB rows, next step (HTML)",
@@ -105,6 +110,10 @@ def localui_urls(store: BuiltStore, deep_cursor: str | None) -> dict[str, str]:
     }
     if deep_cursor:
         urls["runs_deep"] = f"/?after={deep_cursor}"
+    if store.spans:
+        # Its spans are in the store with spans only: elsewhere it is an untraced chain.
+        urls["chain50_html"] = f"/runs/{store.run_chain50}"
+        urls["chain50_json"] = f"/runs/{store.run_chain50}.json"
     return {k: urls[k] for k in LOCALUI_METRICS if k in urls}
 
 

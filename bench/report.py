@@ -203,8 +203,8 @@ def markdown(
     add("## Stores")
     add("")
     add(
-        "Real SDK rows (the demo's ten scenarios, and two traced runs for spans) copied under"
-        " new ids and times."
+        "Real SDK rows (the demo's ten scenarios, and three traced runs for spans: a completed and"
+        " a paused agent run, a chain of 50 tool nodes) copied under new ids and times."
         f" Templates written by the SDK in {ctx.templates_seconds:.1f} s."
     )
     add("")
@@ -223,7 +223,9 @@ def markdown(
         " of as many rows that asks about another order from its middle row on, one whose"
         " two rows carry"
         f" state snapshots of {big[0] / 1e6:.2f} MB and {big[1] / 1e6:.2f} MB (the next step of"
-        f" one conversation), and a {big[2] / 1e6:.2f} MB row of another conversation."
+        f" one conversation), a {big[2] / 1e6:.2f} MB row of another conversation, and a"
+        " chain of 50 tool nodes (a row per node, then the run's end) whose spans (the"
+        " chain's, one per node) only the store with spans carries."
     )
     add("")
 
@@ -241,6 +243,10 @@ def markdown(
         "² From the POST (the row's conversation, its last tool result changed) to the"
         " branch's first row as the SDK stamped it in the store; the answer comes once the"
         " branch has run (offline model). CPU is the server's per edit."
+    )
+    add(
+        "³ Timed on the store with spans only, where the chain's run page shows its trace:"
+        " each tool node's call on the row the chain wrote after it."
     )
     add("")
     inproc_runs = [r for r in runs if r.localui.inproc]
@@ -464,8 +470,9 @@ def markdown(
             )
     add("")
     add(
-        "localui: `localui serve --store STORE --agents bench/agents.py:refund_bot` (the demo"
-        " agent every copied run names, as a user registers theirs); without agents: the same"
+        "localui: `localui serve --store STORE --agents bench/agents.py:refund_bot"
+        " bench/agents.py:audit_chain` (the demo agent the copied agent runs name and the chain"
+        " the copied chain names, as a user registers theirs); without agents: the same"
         " without `--agents`. Cold: a fresh `XDG_CACHE_HOME` (localui keeps its runs index"
         " there), so the first start on the store; warm: served again with what the first"
         " start left. Each kind of localui start is timed `--starts` times (the medians"

@@ -25,8 +25,10 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
-#: The agent localui registers (see ``bench/agents.py``).
-AGENTS_SPEC = f"{REPO / 'bench' / 'agents.py'}:refund_bot"
+#: The runners localui registers (see ``bench/agents.py``).
+AGENTS_SPECS = tuple(
+    f"{REPO / 'bench' / 'agents.py'}:{name}" for name in ("refund_bot", "audit_chain")
+)
 #: A server that has not answered 200 by then has failed to start.
 START_TIMEOUT_S = 180.0
 #: A first start on a million runs indexes them in the background: waited for this long.
@@ -224,14 +226,17 @@ def pythonpath(app_path: Path | None) -> str:
 
 
 #: A bare Python that imports the agent module ``--agents`` names, as ``localui serve``
-#: would, builds its agent, and says how much it holds resident.
+#: would (once), builds its runners, and says how much it holds resident.
 _AGENT_ALONE = """
 import importlib.util, sys
-path, attr = sys.argv[1].rsplit(":", 1)
-spec = importlib.util.spec_from_file_location("bench_agents_alone", path)
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-agent = getattr(module, attr)()
+modules, runners = {}, []
+for named in sys.argv[1:]:
+    path, attr = named.rsplit(":", 1)
+    if path not in modules:
+        spec = importlib.util.spec_from_file_location("bench_agents_alone", path)
+        modules[path] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(modules[path])
+    runners.append(getattr(modules[path], attr)())
 with open("/proc/self/status") as status:
     print(next(line.split()[1] for line in status if line.startswith("VmRSS:")))
 """
@@ -240,8 +245,8 @@ with open("/proc/self/status") as status:
 def agent_alone_rss_kb(
     store: Path, *, app_path: Path | None = None, pg: PgTarget | None = None
 ) -> int:
-    """VmRSS of a bare Python holding only the agent module localui is started with:
-    what the agents cost in any process, so localui's share is its RSS minus this.
+    """VmRSS of a bare Python holding only the agent module localui is started with and
+    its runners: what they cost in any process, so localui's share is its RSS minus this.
     With ``pg``, the agent is built as localui builds it there: on the SDK's
     PostgreSQL checkpointer (whose driver and pool it imports)."""
     extra = {}
@@ -255,7 +260,7 @@ def agent_alone_rss_kb(
     )
     workdir = Path(tempfile.mkdtemp(prefix="localui-bench-agent-"))
     done = subprocess.run(
-        [sys.executable, "-c", _AGENT_ALONE, AGENTS_SPEC],
+        [sys.executable, "-c", _AGENT_ALONE, *AGENTS_SPECS],
         env=env,
         cwd=workdir,
         capture_output=True,
@@ -304,7 +309,7 @@ def start_localui(
     # Pages are timed as a page's work; what sign-in adds is measured in process.
     command.append("--no-auth")
     if agents:
-        command += ["--agents", AGENTS_SPEC]
+        command += ["--agents", *AGENTS_SPECS]
     if policy is not None:
         command += ["--policy", str(policy)]
     command += list(notify)

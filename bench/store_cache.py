@@ -22,7 +22,8 @@ from bench.stores import BuiltStore, RunCopy
 #: Bump whenever ``bench.stores`` builds different rows for the same size: every
 #: cached store of another format is built again.
 #: 3: each long run has a sibling to compare it with; a run is named for the edits.
-STORE_FORMAT = "3"
+#: 4: a traced chain of 50 tool nodes, its spans in the store with spans.
+STORE_FORMAT = "4"
 
 
 def store_key(*, runs: int, pending: int, spans: bool) -> str:

@@ -3,10 +3,11 @@
 The SDK runs once: ``localui.demo.scenarios.seed`` writes one run of every kind
 (completed, paused, crashed in a tool, crashed waiting on the model, failed, an
 ``@idempotent`` charge then resumed, a fork), and ``bench.traced`` writes a
-completed and a paused run with tracing on, for their spans. A store of N runs
-is those rows copied under new execution ids, checkpoint ids, span ids, order
-ids and timestamps, with plain SQL in one transaction, into a copy of the
-seeded file (so the schema, indexes and FTS triggers are the SDK's own).
+completed and a paused run and a chain of 50 tool nodes with tracing on, for
+their spans. A store of N runs is those rows copied under new execution ids,
+checkpoint ids, span ids, order ids and timestamps, with plain SQL in one
+transaction, into a copy of the seeded file (so the schema, indexes and FTS
+triggers are the SDK's own).
 
 Every store also holds the runs the budgets name: one of 50 rows, one of 2,000
 rows (turns of a model call and a tool call, cut from the completed run), each
@@ -14,7 +15,8 @@ with a sibling of as many rows that goes the same way until its middle row and
 asks about another order from there (the pair the compare page is timed on),
 one whose two rows carry state snapshots of about 1 MB each (a long
 conversation, the second row two messages longer), and one more 1 MB row of
-another conversation, for a diff where every message differs.
+another conversation, for a diff where every message differs; and a copy of the
+traced chain, whose spans the store with spans carries (its run page is timed there).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from bench.traced import CHAIN
 
 #: Scenarios copied into the bulk of a store, and how often (percent). Paused
 #: runs come on top, evenly spread, as many as the store's pending count says;
@@ -94,6 +98,8 @@ class TemplateSpans:
     """The spans of one traced run, and where its checkpoints start in time."""
 
     execution_id: str
+    #: The order the run was about, replaced by each copy's own.
+    order_id: str
     first_at: datetime
     spans: tuple[Mapping[str, Any], ...]
 
@@ -105,8 +111,10 @@ class Templates:
     checkpoint_columns: tuple[str, ...]
     span_columns: tuple[str, ...]
     runs: Mapping[str, TemplateRun]
-    #: ``completed`` and ``paused``: spans copied onto runs of that shape.
+    #: ``completed``, ``paused`` and ``chain``: spans copied onto runs of that shape.
     spans: Mapping[str, TemplateSpans]
+    #: The traced chain of 50 tool nodes (``bench.traced``): its checkpoint rows.
+    chain: TemplateRun
     seconds: float
 
 
@@ -121,7 +129,7 @@ def _columns(conn: sqlite3.Connection, table: str) -> tuple[str, ...]:
 
 
 def make_templates(workdir: Path, log: Log) -> Templates:
-    """Run the SDK: every demo scenario, then two traced runs; read their rows back."""
+    """Run the SDK: every demo scenario, then the traced runs; read their rows back."""
     from localui.demo.scenarios import seed
 
     started = time.monotonic()
@@ -146,46 +154,29 @@ def make_templates(workdir: Path, log: Log) -> Templates:
         )
     if done.returncode != 0:
         raise RuntimeError(f"bench.traced failed ({done.returncode}): {done.stderr[-2000:]}")
-    traced_ids = {
-        line["kind"]: line["execution_id"]
+    traced_runs = {
+        line["kind"]: (line["execution_id"], line["order_id"])
         for line in (json.loads(x) for x in done.stdout.splitlines() if x.startswith("{"))
     }
 
     conn = sqlite3.connect(seeded)
     try:
         checkpoint_columns = _columns(conn, "checkpoints")
-        runs: dict[str, TemplateRun] = {}
-        for name, execution_id in report.runs.items():
-            pending = _rows(
-                conn, "SELECT * FROM pending_interrupts WHERE execution_id = ?", (execution_id,)
-            )
-            runs[name] = TemplateRun(
-                name=name,
-                execution_id=execution_id,
-                rows=tuple(
-                    _rows(
-                        conn,
-                        "SELECT * FROM checkpoints WHERE execution_id = ? ORDER BY rowid",
-                        (execution_id,),
-                    )
-                ),
-                pending=pending[0] if pending else None,
-                cache=tuple(
-                    _rows(
-                        conn,
-                        "SELECT * FROM idempotency_cache WHERE execution_id = ? ORDER BY rowid",
-                        (execution_id,),
-                    )
-                ),
-            )
+        runs = {
+            name: _template_run(conn, name, execution_id)
+            for name, execution_id in report.runs.items()
+        }
     finally:
         conn.close()
 
+    if CHAIN not in traced_runs:
+        raise RuntimeError("bench.traced wrote no chain")
     conn = sqlite3.connect(traced)
     try:
         span_columns = _columns(conn, "spans")
+        chain = _template_run(conn, CHAIN, traced_runs[CHAIN][0])
         spans: dict[str, TemplateSpans] = {}
-        for kind, execution_id in traced_ids.items():
+        for kind, (execution_id, order_id) in traced_runs.items():
             first = conn.execute(
                 "SELECT MIN(created_at) FROM checkpoints WHERE execution_id = ?", (execution_id,)
             ).fetchone()[0]
@@ -206,11 +197,14 @@ def make_templates(workdir: Path, log: Log) -> Templates:
             if not rows:
                 raise RuntimeError(f"the traced {kind} run wrote no spans")
             spans[kind] = TemplateSpans(
-                execution_id=execution_id, first_at=_parse(first), spans=tuple(rows)
+                execution_id=execution_id,
+                order_id=order_id,
+                first_at=_parse(first),
+                spans=tuple(rows),
             )
     finally:
         conn.close()
-    missing = {"completed", "paused"} - set(spans)
+    missing = {"completed", "paused", CHAIN} - set(spans)
     if missing:
         raise RuntimeError(f"no traced template for {', '.join(sorted(missing))}")
     seconds = time.monotonic() - started
@@ -221,7 +215,34 @@ def make_templates(workdir: Path, log: Log) -> Templates:
         span_columns=span_columns,
         runs=runs,
         spans=spans,
+        chain=chain,
         seconds=seconds,
+    )
+
+
+def _template_run(conn: sqlite3.Connection, name: str, execution_id: str) -> TemplateRun:
+    """One run's rows as the SDK wrote them into the store ``conn`` reads."""
+    pending = _rows(
+        conn, "SELECT * FROM pending_interrupts WHERE execution_id = ?", (execution_id,)
+    )
+    return TemplateRun(
+        name=name,
+        execution_id=execution_id,
+        rows=tuple(
+            _rows(
+                conn,
+                "SELECT * FROM checkpoints WHERE execution_id = ? ORDER BY rowid",
+                (execution_id,),
+            )
+        ),
+        pending=pending[0] if pending else None,
+        cache=tuple(
+            _rows(
+                conn,
+                "SELECT * FROM idempotency_cache WHERE execution_id = ? ORDER BY rowid",
+                (execution_id,),
+            )
+        ),
     )
 
 
@@ -270,6 +291,8 @@ class BuiltStore:
     big_bytes: tuple[int, ...]
     #: A ``q=`` that matches exactly one run (its order id, in its tool arguments).
     search: str
+    #: The copy of the traced chain of 50 tool nodes (traced where the store has spans).
+    run_chain50: str
     manifest: tuple[RunCopy, ...] = field(repr=False, default=())
 
     @property
@@ -729,22 +752,22 @@ def add_agents(path: Path) -> int:
 
 
 def build_store(templates: Templates, path: Path, *, runs: int, pending: int) -> BuiltStore:
-    """A store of ``runs`` runs (six of them the budgets' long runs, their siblings and
-    the big runs)."""
+    """A store of ``runs`` runs (seven of them the budgets' long runs, their siblings, the
+    big runs and the chain)."""
     started = time.monotonic()
     _empty_store(templates, path)
     rng = random.Random(runs)
     writer = _Writer(templates)
     base = datetime.now(UTC) - RUN_INTERVAL * runs - timedelta(hours=1)
-    # Each long run, then its sibling; then the two big runs.
+    # Each long run, then its sibling; then the two big runs, then the chain.
     long_plan = [(rows, other) for rows in LONG_RUNS for other in (None, rows // 2)]
-    bulk = runs - len(long_plan) - 2
-    specials = {bulk // 2 + k: k for k in range(len(long_plan) + 2)}
+    bulk = runs - len(long_plan) - 3
+    specials = {bulk // 2 + k: k for k in range(len(long_plan) + 3)}
     manifest: list[RunCopy] = []
     last_completed: dict[str, str] | None = None
     long_runs: list[_LongRun] = []
     big: list[_BigRun] = []
-    typical = search = edit_run = edit_row = ""
+    typical = search = edit_run = edit_row = chain = ""
     completed = templates.runs["completed"]
     to_edit = _ends_with_tool_result(completed)
     i = 0
@@ -760,12 +783,24 @@ def build_store(templates: Templates, path: Path, *, runs: int, pending: int) ->
                 )
                 # Traced too, so the run page with trace is timed on a long run.
                 manifest.append(RunCopy(long_runs[-1].execution_id, "A-1001", "completed", start))
-            else:
+            elif k < len(long_plan) + 2:
                 # Two rows of one conversation, then one row of another.
                 rows, seed = (2, 7) if not big else (1, 8)
                 big.append(
                     _big_run(writer, templates.runs["completed"], start=start, rows=rows, seed=seed)
                 )
+            else:
+                # Traced in the store with spans: the chain's run page is timed there.
+                order_id = templates.spans[CHAIN].order_id
+                chain = _copy_run(
+                    writer,
+                    templates.chain,
+                    start=start,
+                    order_id=order_id,
+                    with_pending=False,
+                    fork_source=None,
+                )["__execution_id__"]
+                manifest.append(RunCopy(chain, order_id, CHAIN, start))
             continue
         shape = next(shapes)
         order_id = f"A-{100000 + i}"
@@ -789,7 +824,7 @@ def build_store(templates: Templates, path: Path, *, runs: int, pending: int) ->
                 typical, search = ids["__execution_id__"], order_id
         span_shape = "paused" if shape in PAUSED_TEMPLATES or shape == "orphaned" else "completed"
         manifest.append(RunCopy(ids["__execution_id__"], order_id, span_shape, start))
-    if len(big) != 2 or len(long_runs) != len(long_plan) or not (typical and edit_run):
+    if len(big) != 2 or len(long_runs) != len(long_plan) or not (typical and edit_run and chain):
         raise RuntimeError(f"a store of {runs} runs is too small for the benchmark's runs")
 
     with _bulk(path) as conn:
@@ -817,6 +852,7 @@ def build_store(templates: Templates, path: Path, *, runs: int, pending: int) ->
         big_c=big[1].checkpoint_ids[0],
         big_bytes=(*big[0].sizes, *big[1].sizes),
         search=search,
+        run_chain50=chain,
         manifest=tuple(manifest),
     )
 
@@ -837,7 +873,7 @@ def add_spans(templates: Templates, store: BuiltStore, path: Path) -> BuiltStore
     getrandbits = random.Random(store.runs).getrandbits
     for run in store.manifest:
         template = templates.spans[run.shape]
-        old_order = "A-1001" if run.shape == "completed" else "A-1002"
+        old_order = template.order_id
         trace_ids: dict[str, str] = {}
         span_ids: dict[str, str] = {}
         for span in template.spans:
@@ -885,4 +921,5 @@ def add_spans(templates: Templates, store: BuiltStore, path: Path) -> BuiltStore
         big_c=store.big_c,
         big_bytes=store.big_bytes,
         search=store.search,
+        run_chain50=store.run_chain50,
     )

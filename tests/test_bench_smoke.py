@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from bench.budgets import BUDGETS, BULK_RESUME_BUDGETS, applicable
-from bench.model import LOCALUI_METRICS, LOCALUI_PAGES, SDK_METRICS
+from bench.model import LOCALUI_METRICS, LOCALUI_PAGES, SDK_METRICS, TRACED_ONLY
 from bench.notify import NOTIFY_BUDGETS, WATCHER_BUDGETS
+from bench.traced import CHAIN_NODES
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = 200
@@ -130,11 +131,16 @@ def test_it_measures_everything_without_error(
 def test_every_measurement_has_its_row(bench_run: tuple[int, str, dict, str], backend: str) -> None:
     _status, table, _results, _stderr = bench_run
     lines = table.splitlines()
-    for label in LOCALUI_METRICS.values():
+    for key, label in LOCALUI_METRICS.items():
         cells = _row(table, label)
-        # p50 / p95 for each store (on SQLite with and without spans).
+        # p50 / p95 for each store (on SQLite with and without spans); the traced chain's
+        # page on the store with spans only.
         assert len(cells) == len(LABELS[backend]), cells
-        assert all("/" in c and "error" not in c for c in cells), cells
+        for store, cell in zip(LABELS[backend], cells, strict=True):
+            if key in TRACED_ONLY and not store.endswith(" + spans"):
+                assert cell == "–", (label, store, cell)
+            else:
+                assert "/" in cell and "error" not in cell, (label, store, cell)
     for label in LOCALUI_PAGES.values():
         weight = [line for line in lines if line.startswith(f"| localui | {label} | ")]
         assert len(weight) == 1 and "error" not in weight[0], weight
@@ -191,25 +197,27 @@ def test_each_kind_of_start_is_timed_three_times_and_the_median_counts(
 
 
 def test_every_budget_is_judged_and_the_exit_status_agrees(
-    bench_run: tuple[int, str, dict, str],
+    bench_run: tuple[int, str, dict, str], backend: str
 ) -> None:
     status, table, results, _stderr = bench_run
     judged = {b["what"]: b for b in results["budgets"]}
     # A store of 200 runs, without the SDK UI: the million-run and SDK-relative budgets
     # do not hold there.
     applying = (
-        *applicable(200, with_sdk_ui=False),
+        *applicable(200, with_sdk_ui=False, with_spans=backend == "sqlite"),
         *WATCHER_BUDGETS,
         *NOTIFY_BUDGETS,
         *BULK_RESUME_BUDGETS,
     )
     assert list(judged) == [b.what for b in applying]
+    # The traced chain's page is timed where a store has spans: not on PostgreSQL.
     assert {b.key for b in BUDGETS} - {b.key for b in applying} == {
         "runs_search_1m",
         "indexed",
         "approvals_vs_sdk_ui",
         "demo_first_page",
         "demo_seeded",
+        *(["run_chain_50"] if backend == "postgres" else []),
     }
     for budget in applying:
         verdict = judged[budget.what]
@@ -218,6 +226,78 @@ def test_every_budget_is_judged_and_the_exit_status_agrees(
         assert verdict["passed"] == (verdict["worst"] <= budget.limit)
         assert _row(table, budget.what)[-1] == ("pass" if verdict["passed"] else "**MISSED**")
     assert status == (0 if all(b["passed"] for b in judged.values()) else 1)
+
+
+def test_the_traced_chains_run_page_is_timed_and_judged_on_the_store_with_spans(
+    bench_run: tuple[int, str, dict, str], out_dir: Path, backend: str
+) -> None:
+    """The store with spans carries a chain of 50 tool nodes the SDK ran traced; its run
+    page (HTML and JSON) is timed there and judged, and what was timed is the chain with
+    its trace: each node's call on the row the chain wrote after it."""
+    from conftest import BASE_URL
+    from helpers import LOOPBACK_CLIENT, NO_SIGN_IN
+    from starlette.testclient import TestClient
+
+    from bench import store_cache
+    from localui.app import create_app
+    from localui.settings import Settings
+
+    _status, _table, results, _stderr = bench_run
+    judged = {b["what"]: b for b in results["budgets"]}
+    (budget,) = [b for b in BUDGETS if b.key == "run_chain_50"]
+    timed = {s["label"]: s["localui"]["timings"] for s in results["stores"]}
+    if backend == "postgres":
+        # No store with spans on PostgreSQL: nothing timed, nothing judged.
+        assert budget.what not in judged
+        assert not any(k in t for t in timed.values() for k in TRACED_ONLY)
+        return
+    assert not any(k in timed[f"{RUNS} runs"] for k in TRACED_ONLY)
+    for key in TRACED_ONLY:
+        timing = timed[f"{RUNS} runs + spans"][key]
+        assert timing["error"] is None and timing["n"] == 3, timing
+    verdict = judged[budget.what]
+    assert sorted(verdict["figures"]) == [f"{RUNS} runs + spans / {k}" for k in sorted(TRACED_ONLY)]
+
+    path = out_dir / "work" / "stores" / f"runs-{RUNS}-spans.db"
+    store = store_cache.load(path, store_cache.store_key(runs=RUNS, pending=RUNS // 10, spans=True))
+    assert store is not None and store.run_chain50
+    settings = Settings(store=str(path), sign_in=NO_SIGN_IN, read_only=True)
+    with TestClient(create_app(settings), base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        response = client.get(f"/runs/{store.run_chain50}.json")
+        assert response.status_code == 200, response.text
+        page = response.json()
+    nodes = {r["checkpoint_id"]: r["node_id"] for r in page["rows"]}
+    assert len(nodes) == CHAIN_NODES + 1
+    (attempt,) = page["trace"]["attempts"]
+    assert (attempt["kind"], attempt["status"]) == ("first run", "completed")
+    on_rows = [(s["name"], s["status"], nodes.get(s["checkpoint_id"])) for s in attempt["steps"]]
+    assert len(on_rows) == CHAIN_NODES
+    for n, (name, status, node) in enumerate(on_rows, start=1):
+        tool = name.removeprefix("tool.")
+        assert (status, node) == ("ok", f"step_{n:02d}_{tool}"), on_rows[n - 1]
+
+
+def test_the_traced_chains_budget_holds_where_a_store_has_spans() -> None:
+    """Judged only when a store with spans was measured, on the worse of its HTML and
+    JSON: 15 ms."""
+    from bench.budgets import Verdict, judge
+
+    def chain_verdict(figures: dict[str, float]) -> Verdict:
+        (verdict,) = [
+            v
+            for v in judge(
+                {"100,000 runs + spans": figures}, runs=100_000, with_sdk_ui=False, with_spans=True
+            )
+            if v.budget.key == "run_chain_50"
+        ]
+        return verdict
+
+    assert "run_chain_50" not in {b.key for b in applicable(100_000, with_sdk_ui=False)}
+    assert chain_verdict({"chain50_html": 14.9, "chain50_json": 9.0}).passed
+    slow = chain_verdict({"chain50_html": 16.0, "chain50_json": 9.0})
+    assert not slow.passed and slow.where == "100,000 runs + spans / chain50_html"
+    untimed = chain_verdict({"chain50_html": 9.0})
+    assert not untimed.passed and untimed.missing == ("chain50_json",)
 
 
 def test_every_page_keeps_its_js_and_css_inside_the_budget(
