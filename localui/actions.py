@@ -54,6 +54,7 @@ from localui.records import (
     FULL,
     REOPEN,
     RESUME,
+    STATE_EDIT,
     Decision,
     PrunePreview,
     RowHeader,
@@ -155,8 +156,11 @@ class ActionService:
         checkpoint_id: str,
         person: Person | None = None,
         fields: Mapping[str, Any] | None = None,
+        state: dict[str, Any] | None = None,
     ) -> Outcome:
-        """Approve or reject the pause at ``checkpoint_id``, exactly once. Under a rule
+        """Approve or reject the pause at ``checkpoint_id``, exactly once; a chain's
+        with its ``state`` edited (``Chain.aresume(modified_state=)``: merged into the
+        paused row's state before its node runs again). Under a rule
         that needs several people, an approval that is not the last is recorded as a
         vote and the run keeps waiting; the one that completes the count decides, with
         every approver's name and the typed ``fields`` in the metadata the tool receives.
@@ -214,6 +218,15 @@ class ActionService:
                 # died: that decision is being carried out, and no other may be.
                 raise AlreadyDecided(f"This pause was {_decided_words(taken)}.", taken)
         owner = runs.run_owner(rows)
+        edit = None
+        if state is not None:
+            edit = await self._state_edit(execution_id, checkpoint_id, owner, state)
+            if rule is not None and rule.approvals > 1:
+                raise BadRequest(
+                    f"Rule {rule.name!r} needs {rule.approvals} approvals of the pause as it"
+                    " stands: a state edit would be one person's alone; approve it, then"
+                    " edit the chain's state as a branch"
+                )
         context = await self.context_of(owner, "aresume", execution_id)
 
         # Exactly what the tool receives, built once: recorded with the claim below.
@@ -282,6 +295,7 @@ class ActionService:
                 **typed,
             }
 
+        recording = resume_metadata if edit is None else {**resume_metadata, STATE_EDIT: edit}
         claim = await off_loop(
             lambda: self.decisions.claim(
                 kind=APPROVAL,
@@ -291,7 +305,7 @@ class ActionService:
                 actor=approver,
                 reason=reason,
                 still_pending=lambda: self.store.get_pending(execution_id) is not None,
-                metadata=resume_metadata,
+                metadata=recording,
                 agent=owner.name,
             )
         )
@@ -305,9 +319,9 @@ class ActionService:
         from fastaiagent import Resume
 
         # What the record now holds, as it holds it: a recovery hands the tool the same.
-        recorded = claim.decision.metadata
+        recorded = claim.decision.resume_metadata
         resume_value = Resume(
-            approved=approved, metadata=dict(recorded) if recorded is not None else resume_metadata
+            approved=approved, metadata=recorded if recorded is not None else resume_metadata
         )
         return await self.run_resume(
             execution_id,
@@ -316,7 +330,25 @@ class ActionService:
             resume_value,
             owner,
             context=context,
+            modified_state=claim.decision.edited_state,
         )
+
+    async def _state_edit(
+        self, execution_id: str, checkpoint_id: str, owner: runs.Owner, state: dict[str, Any]
+    ) -> dict[str, Any]:
+        """What the record keeps of a chain's state edited at ``checkpoint_id`` (the
+        row the run re-enters at), or a :class:`BadRequest` saying why it cannot be."""
+        if owner.kind != runs.CHAIN:
+            raise BadRequest(
+                "only a chain resumes with an edited state (the SDK's modified_state); "
+                "an agent's conversation is edited as a branch: edit the row and go on"
+            )
+        reentry = await off_loop(self.store.get_row, checkpoint_id)
+        source = dict(reentry.state_snapshot) if reentry is not None else {}
+        found = edits.state_changes(source, state)
+        if not found:
+            raise BadRequest("the state is the row's own: nothing was edited")
+        return {**_edit_metadata(execution_id, checkpoint_id, found), "state": state}
 
     async def _raise_decided(self, execution_id: str, checkpoint_id: str, kind: str) -> None:
         for decision in await off_loop(self.decisions.list_for_run, execution_id):
@@ -375,17 +407,7 @@ class ActionService:
             raise Refused(problem)
         metadata = None
         if state is not None:
-            if plan.owner.kind != runs.CHAIN:
-                raise BadRequest(
-                    "only a chain resumes with an edited state (the SDK's modified_state); "
-                    "an agent's conversation is edited as a branch: edit the row and go on"
-                )
-            reentry = await off_loop(self.store.get_row, plan.checkpoint_id)
-            source = dict(reentry.state_snapshot) if reentry is not None else {}
-            found = edits.state_changes(source, state)
-            if not found:
-                raise BadRequest("the state is the row's own: nothing was edited")
-            metadata = {**_edit_metadata(execution_id, checkpoint_id, found), "state": state}
+            metadata = await self._state_edit(execution_id, plan.checkpoint_id, plan.owner, state)
         context = await self.context_of(plan.owner, "aresume", execution_id)
         claim = await off_loop(
             lambda: self.decisions.claim(

@@ -410,6 +410,10 @@ EDIT = "edit"
 VOTE = "vote"
 #: The outcome of a claim whose run the SDK had already resumed elsewhere: it decided nothing.
 ALREADY_RESUMED = "already_resumed"
+#: The key of an approval's metadata that keeps the state an operator edited with it
+#: (a chain's pause decided with ``Chain.aresume(modified_state=)``): what changed and
+#: the state itself. The SDK gets the state as ``modified_state``; the tool never sees it.
+STATE_EDIT = "localui_state_edit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,8 +431,9 @@ class Decision:
     outcome: str | None
     detail: str | None
     finished_at: str | None
-    #: Exactly what the decision hands the tool as ``Resume.metadata`` (approver,
-    #: reason, and whatever a policy adds); None on a record written before it was kept.
+    #: What the decision hands the tool as ``Resume.metadata`` (approver, reason, and
+    #: whatever a policy adds; see :attr:`resume_metadata`), an edit's source and changes;
+    #: None on a record written before it was kept.
     metadata: Mapping[str, Any] | None = None
     #: When the process carrying the decision out last said it is alive: while it
     #: keeps saying so, nobody takes the decision over (``localui.recovery``).
@@ -441,6 +446,29 @@ class Decision:
     def bound_checkpoint_id(self) -> str:
         """The paused row this decision now acts on: the re-armed one, or the one seen."""
         return self.rearmed_checkpoint_id or self.checkpoint_id
+
+    @property
+    def resume_metadata(self) -> dict[str, Any] | None:
+        """Exactly what the tool receives as ``Resume.metadata``: the recorded metadata
+        without a state edit (:data:`STATE_EDIT`), which the SDK gets on its own."""
+        if self.metadata is None:
+            return None
+        return {k: v for k, v in self.metadata.items() if k != STATE_EDIT}
+
+    @property
+    def state_edit(self) -> Mapping[str, Any] | None:
+        """A chain's state an operator edited with this approval or rejection (its
+        ``state``, and the ``changes`` it made), or None."""
+        edit = (self.metadata or {}).get(STATE_EDIT)
+        return edit if isinstance(edit, Mapping) else None
+
+    @property
+    def edited_state(self) -> dict[str, Any] | None:
+        """The state to hand the SDK as ``modified_state`` when this decision is carried
+        out: an approval's state edit, or a resume's edited state."""
+        edit = self.state_edit if self.kind == APPROVAL else self.metadata
+        state = edit.get("state") if edit is not None else None
+        return dict(state) if isinstance(state, Mapping) else None
 
     @property
     def verb(self) -> str:

@@ -139,7 +139,6 @@ class RecoverySweep:
         if decision.kind == RESUME:
             context = await self.actions.context_of(owner, "aresume", execution_id)
             # A chain's resume with an edited state is carried out with that state.
-            edited = (decision.metadata or {}).get("state")
             return await self.actions.run_resume(
                 execution_id,
                 decision,
@@ -147,7 +146,7 @@ class RecoverySweep:
                 None,
                 owner,
                 context=context,
-                modified_state=edited if isinstance(edited, dict) else None,
+                modified_state=decision.edited_state,
             )
         if pending is not None and pending.checkpoint_id != bound:
             return await self._close_moved_on(decision, newest)
@@ -170,14 +169,20 @@ class RecoverySweep:
             rearmed = str(uuid.uuid4())
             await off_loop(self.actions.decisions.set_rearmed, decision.id, rearmed)
             await off_loop(self.actions.pauses.rearm, execution_id, bound, owner, rearmed)
-        metadata = decision.metadata
+        metadata = decision.resume_metadata
         if metadata is None:
             # Recorded before the metadata was kept: what ``decide`` handed the SDK then.
             metadata = {"approver": decision.actor, "reason": decision.reason}
-        resume_value = Resume(approved=bool(decision.approved), metadata=dict(metadata))
+        resume_value = Resume(approved=bool(decision.approved), metadata=metadata)
         action = "approve" if decision.approved else "reject"
         return await self.actions.run_resume(
-            execution_id, decision, action, resume_value, owner, context=context
+            execution_id,
+            decision,
+            action,
+            resume_value,
+            owner,
+            context=context,
+            modified_state=decision.edited_state,
         )
 
     async def _close_moved_on(self, decision: Decision, newest: RowHeader | None) -> Outcome:

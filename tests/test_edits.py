@@ -338,6 +338,100 @@ def test_a_crashed_chain_resumes_with_its_state_edited(copy: Copy) -> None:
 
 
 @pytest.mark.postgres
+def test_a_paused_chain_is_approved_with_its_state_edited(copy: Copy) -> None:
+    """Signed in: an operator approves a paused chain with its state edited (the SDK's
+    ``Chain.aresume(modified_state=, resume_value=)``); an approver may not edit, and an
+    agent's pause has no state to edit. The refund node runs again on the edited order."""
+    from helpers import sign_in_settings
+
+    from localui.backends import open_users
+    from localui.backends.users import new_token, token_hash
+
+    execution_id = copy.report.run_id("chain-paused")
+    agent_paused = copy.report.run_id("paused-1")
+    pending = copy.store.get_pending(execution_id)
+    assert pending is not None
+    paused_row = copy.store.get_row(pending.checkpoint_id)
+    assert paused_row is not None
+    state = {**paused_row.state_snapshot, "order_id": "Z-9"}
+    settings = dataclasses.replace(copy.settings, sign_in=sign_in_settings())
+    users = open_users(settings, writable=True)
+    tokens = {role: new_token() for role in ("operator", "approver")}
+    for role, token in tokens.items():
+        users.add(f"an-{role}", role, token_hash(token))
+    users.close()
+    as_ = {role: {**JSON, "Authorization": f"Bearer {t}"} for role, t in tokens.items()}
+    events: list[str] = []
+    app = create_app(settings, agents=list(runners(copy.checkpointer, events).values()))
+    before = every_row(copy.store, execution_id)
+    decide = {"checkpoint_id": pending.checkpoint_id, "state": json.dumps(state), "reason": "typo"}
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+        editor = client.get(
+            f"/runs/{execution_id}/edit",
+            params={"checkpoint_id": pending.checkpoint_id},
+            headers={"Authorization": f"Bearer {tokens['operator']}"},
+        )
+        by_approver = client.post(
+            f"/approvals/{execution_id}/approve", data=decide, headers=as_["approver"]
+        )
+        unchanged = client.post(
+            f"/approvals/{execution_id}/approve",
+            data={**decide, "state": json.dumps(paused_row.state_snapshot)},
+            headers=as_["operator"],
+        )
+        retyped = client.post(
+            f"/approvals/{execution_id}/approve",
+            data={**decide, "state": json.dumps({**state, "order_id": 9})},
+            headers=as_["operator"],
+        )
+        agent_pending = copy.store.get_pending(agent_paused)
+        assert agent_pending is not None
+        on_agent = client.post(
+            f"/approvals/{agent_paused}/approve",
+            data={"checkpoint_id": agent_pending.checkpoint_id, "state": '{"x": 1}'},
+            headers=as_["operator"],
+        )
+        assert every_row(copy.store, execution_id) == before, "a refused edit changed the run"
+        assert events == []
+        answer = client.post(
+            f"/approvals/{execution_id}/approve", data=decide, headers=as_["operator"]
+        )
+        page = client.get(
+            f"/runs/{execution_id}", headers={"Authorization": f"Bearer {tokens['operator']}"}
+        )
+    assert editor.status_code == 200 and "Approve with this state" in editor.text
+    assert by_approver.status_code == 403, by_approver.text
+    assert unchanged.status_code == 400 and "nothing was edited" in unchanged.text
+    assert retyped.status_code == 400 and "stays text" in retyped.text
+    assert on_agent.status_code == 400 and "only a chain" in on_agent.text
+    assert copy.store.get_pending(agent_paused) is not None, "the agent's pause was lost"
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status"] == "completed", answer.json()
+    # The refund node ran again on the edited order, approved, and the chain went on.
+    assert events[:2] == [
+        f"tool:{teams.CHAIN_NAME}:refund",
+        f"tool:{teams.CHAIN_NAME}:notify_customer",
+    ], events
+    later = [
+        copy.store.get_row(r.checkpoint_id)
+        for r in copy.store.list_rows(execution_id)
+        if r.created_at >= paused_row.header.created_at
+    ]
+    outputs = [d.state_snapshot.get("output") for d in later if d is not None]
+    assert "refunded 300.00 on Z-9" in outputs, outputs
+    # The record keeps who approved with which edit; the tool was handed no edit.
+    log = copy.backend.decision_log(writable=False)
+    try:
+        (decision,) = [d for d in log.list_for_run(execution_id) if d.kind == "approval"]
+    finally:
+        log.close()
+    assert decision.actor == "an-operator" and decision.approved is True
+    assert decision.edited_state == state
+    assert decision.resume_metadata == {"approver": "an-operator", "reason": "typo"}
+    assert "state.order_id" in page.text and "Z-9" in page.text
+
+
+@pytest.mark.postgres
 def test_the_editor_s_preview_says_what_the_edited_branch_does(copy: Copy) -> None:
     execution_id = copy.report.run_id("completed")
     row, detail = rows_with_tool_result(copy, execution_id)

@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 from starlette.requests import Request
 from starlette.responses import Response
 
+from localui import edits
 from localui.actions import ActionService
-from localui.auth import APPROVER, OPEN, Person, person_of, require
+from localui.auth import APPROVER, OPEN, OPERATOR, Person, person_of, require
 from localui.backends.shared import pending_key
 from localui.errors import BadRequest, NotFound
 from localui.offloop import off_loop
@@ -262,7 +263,12 @@ async def _decide(request: Request, approved: bool) -> Response:
     person = require(request, APPROVER)
     execution_id = request.path_params["execution_id"]
     form = await request.form()
-    approver = actor_of(person, form, "approver")
+    state = form.get("state")
+    if state is not None:
+        # A chain's state edited with the decision (the editor's form, whose name field
+        # is ``actor``): operators edit runs.
+        person = require(request, OPERATOR)
+    approver = actor_of(person, form, "approver", fallback=str(form.get("actor") or ""))
     outcome = await actions_of(request).decide(
         execution_id,
         approved=approved,
@@ -271,6 +277,7 @@ async def _decide(request: Request, approved: bool) -> Response:
         checkpoint_id=str(form.get("checkpoint_id") or ""),
         person=person,
         fields=fields_of(form),
+        state=edits.parse_state(str(state)) if state is not None else None,
     )
     response = await answer_outcome(request, outcome, urls_of(request).approval(execution_id))
     if not person.signed_in:

@@ -55,6 +55,8 @@ def decision_view(d: Decision, short_checkpoint_id: str | None = None) -> Decisi
         words = f"{d.actor} {d.verb} it at {d.decided_at}, but it was resumed elsewhere first."
     else:
         words = f"{d.actor} {d.verb} it at {d.decided_at}: the run {d.outcome}."
+    if d.state_edit is not None:
+        words += " The chain's state was edited with the decision, as listed."
     if d.rearmed_checkpoint_id is not None:
         words += (
             " The process carrying it out died after the SDK took the pause: localui wrote"
@@ -74,7 +76,7 @@ def decision_view(d: Decision, short_checkpoint_id: str | None = None) -> Decisi
         words=words,
         short_checkpoint_id=short_checkpoint_id
         or shortest_unique([d.checkpoint_id])[d.checkpoint_id],
-        changes=edit_lines(d.metadata) if d.kind in (EDIT, RESUME) else (),
+        changes=edit_lines(d.metadata if d.kind in (EDIT, RESUME) else d.state_edit),
         source_execution_id=source,
     )
 

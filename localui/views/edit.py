@@ -62,7 +62,12 @@ class EditPage:
     #: A chain's row its crashed or failed run would re-enter at: the run itself can be
     #: resumed from it with the state edited (``POST /runs/{id}/resume`` with ``state``).
     resumable: bool = False
+    #: A chain's row its pause waits at: the pause can be approved or rejected with
+    #: the state edited (``POST /approvals/{id}/approve`` with ``state``).
+    decidable: bool = False
     run_url: str = html_only("")
+    approve_url: str = html_only("")
+    reject_url: str = html_only("")
     fork_url: str = html_only("")
     row_url: str = html_only("")
     preview_url: str = html_only("")
@@ -101,8 +106,10 @@ def build_edit_page(
     problem = refusal.reason if refusal is not None else actions.preflight.fork_problem(owner)
     snapshot = detail.state_snapshot if isinstance(detail.state_snapshot, dict) else {}
     chain = owner.kind == runs.CHAIN
-    resumable = False
+    resumable = decidable = False
     if chain:
+        pending = store.get_pending(execution_id)
+        decidable = pending is not None and pending.checkpoint_id == checkpoint_id
         try:
             _, plan, _ = actions.resume_target(execution_id)
         except LocalUIError:
@@ -123,7 +130,10 @@ def build_edit_page(
         state=json.dumps(snapshot, indent=2, sort_keys=True, default=str) if chain else None,
         problem=problem,
         resumable=resumable,
+        decidable=decidable,
         run_url=urls.run(execution_id),
+        approve_url=urls.path("approve", execution_id=execution_id),
+        reject_url=urls.path("reject", execution_id=execution_id),
         resume_url=urls.path("resume_run", execution_id=execution_id),
         edit_preview_url=urls.path("edit_preview", execution_id=execution_id),
         fork_url=urls.path("fork_run", execution_id=execution_id),
