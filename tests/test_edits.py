@@ -432,6 +432,54 @@ def test_a_paused_chain_is_approved_with_its_state_edited(copy: Copy) -> None:
 
 
 @pytest.mark.postgres
+def test_an_approval_with_an_edited_state_whose_process_died_is_carried_out_with_it(
+    copy: Copy,
+) -> None:
+    """What a process killed after recording the claim leaves behind: the next localui
+    carries the approval out once its lease ran out, with the same edited state."""
+    import time
+
+    from localui.records import STATE_EDIT
+
+    execution_id = copy.report.run_id("chain-paused")
+    pending = copy.store.get_pending(execution_id)
+    assert pending is not None
+    paused_row = copy.store.get_row(pending.checkpoint_id)
+    assert paused_row is not None
+    state = {**paused_row.state_snapshot, "order_id": "Q-4"}
+    log = copy.backend.decision_log(writable=True)
+    try:
+        claim = log.claim(
+            kind="approval",
+            execution_id=execution_id,
+            checkpoint_id=pending.checkpoint_id,
+            approved=True,
+            actor="Cy",
+            reason="",
+            still_pending=lambda: True,
+            metadata={"approver": "Cy", "reason": "", STATE_EDIT: {"state": state, "changes": []}},
+        )
+        assert claim.won
+    finally:
+        log.close()
+    events: list[str] = []
+    settings = dataclasses.replace(copy.settings, claim_lease_seconds=1.0)
+    app = create_app(settings, agents=list(runners(copy.checkpointer, events).values()))
+    with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT):
+        deadline = time.monotonic() + 60
+        while f"tool:{teams.CHAIN_NAME}:notify_customer" not in events:
+            assert time.monotonic() < deadline, events
+            time.sleep(0.2)
+    outputs = [
+        d.state_snapshot.get("output")
+        for d in (copy.store.get_row(r.checkpoint_id) for r in copy.store.list_rows(execution_id))
+        if d is not None
+    ]
+    assert "refunded 300.00 on Q-4" in outputs, outputs
+    assert events.count(f"tool:{teams.CHAIN_NAME}:refund") == 1, events
+
+
+@pytest.mark.postgres
 def test_the_editor_s_preview_says_what_the_edited_branch_does(copy: Copy) -> None:
     execution_id = copy.report.run_id("completed")
     row, detail = rows_with_tool_result(copy, execution_id)
