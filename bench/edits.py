@@ -1,7 +1,7 @@
 """An edit's branch, timed: ``POST /runs/{id}/fork`` with a row's conversation, its last
 tool result changed, until the branch's first row is in the store.
 
-The app answers the POST once the branch has run (``ActionService.fork_edited`` waits on
+The app answers the POST once the branch has run (``Branching.fork_edited`` waits on
 the SDK's ``aresume``), so the answer's time holds the whole branch. What a person waits
 on before there is a new run to open is its first row: the ``__fork_origin__`` row the
 app writes through the SDK's checkpointer, holding the edited conversation, before the

@@ -1,4 +1,4 @@
-"""The only writer: approve, reject, resume, fork and prune, through the SDK, in process.
+"""Approve, reject, resume, re-open and prune, through the SDK, in process (forks: ``branching``).
 
 Every action checks, before it asks the SDK for anything, that it can finish:
 the run's agent is registered here, it has the tool the run stopped in, and
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from localui import edits, freetext, names, runs
+from localui import edits, freetext, names, runs, words
 from localui.auth import Person
 from localui.backends import is_busy
 from localui.backends.base import DecisionLog, Store
@@ -35,7 +35,6 @@ from localui.errors import (
     BadRequest,
     Conflict,
     Forbidden,
-    LocalUIError,
     NeedsConfirmation,
     NotFound,
     Refused,
@@ -48,9 +47,6 @@ from localui.records import (
     AGAIN,
     ALREADY_RESUMED,
     APPROVAL,
-    EDIT,
-    FORK_ORIGIN_NODE,
-    FORK_ORIGIN_STEP,
     FULL,
     REOPEN,
     RESUME,
@@ -60,7 +56,7 @@ from localui.records import (
     RowHeader,
     Vote,
 )
-from localui.registry import Registry, project_scope, run_tools
+from localui.registry import Registry, project_scope
 from localui.settings import Settings
 
 #: A newest row younger than this may belong to a run that is still alive.
@@ -101,13 +97,7 @@ def decision_text(approver: str, reason: str, *, approved: bool) -> tuple[str, s
     return approver, reason
 
 
-def _decided_words(decision: Decision) -> str:
-    if decision.outcome is None:
-        return f"being {decision.verb} by {decision.actor} since {decision.decided_at}"
-    return f"already {decision.verb} by {decision.actor} at {decision.decided_at}"
-
-
-def _result_text(output: Any) -> str | None:
+def result_text(output: Any) -> str | None:
     if output is None:
         return None
     return output if isinstance(output, str) else repr(output)
@@ -216,7 +206,7 @@ class ActionService:
             if taken.kind == APPROVAL and taken.rearmed_checkpoint_id == checkpoint_id:
                 # localui wrote this pause again to carry out a decision whose process
                 # died: that decision is being carried out, and no other may be.
-                raise AlreadyDecided(f"This pause was {_decided_words(taken)}.", taken)
+                raise AlreadyDecided(f"This pause was {words.being_or_already(taken)}.", taken)
         owner = runs.run_owner(rows)
         edit = None
         if state is not None:
@@ -250,7 +240,7 @@ class ActionService:
                 if ballot.result in (AGAIN, FULL) and len(completing) == rule.approvals:
                     await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
                     last = completing[-1]
-                    age = seconds_since(last.voted_at)
+                    age = runs.seconds_since(last.voted_at)
                     if age is None or age <= ABANDONED_AFTER_SECONDS:
                         raise AlreadyDecided(
                             f"This pause already has its {rule.approvals} approvals: the last"
@@ -314,7 +304,7 @@ class ActionService:
                 # Another decision came first: this approval counts for nothing.
                 await off_loop(self.decisions.withdraw_vote, mine.id)
             raise AlreadyDecided(
-                f"This pause was {_decided_words(claim.decision)}.", claim.decision
+                f"This pause was {words.being_or_already(claim.decision)}.", claim.decision
             )
         from fastaiagent import Resume
 
@@ -348,12 +338,14 @@ class ActionService:
         found = edits.state_changes(source, state)
         if not found:
             raise BadRequest("the state is the row's own: nothing was edited")
-        return {**_edit_metadata(execution_id, checkpoint_id, found), "state": state}
+        return {**edits.edit_record(execution_id, checkpoint_id, found), "state": state}
 
     async def _raise_decided(self, execution_id: str, checkpoint_id: str, kind: str) -> None:
         for decision in await off_loop(self.decisions.list_for_run, execution_id):
             if decision.kind == kind and decision.checkpoint_id == checkpoint_id:
-                raise AlreadyDecided(f"This pause was {_decided_words(decision)}.", decision)
+                raise AlreadyDecided(
+                    f"This pause was {words.being_or_already(decision)}.", decision
+                )
         if await off_loop(self.store.get_run, execution_id) is None:
             raise NotFound(f"no run with execution id {execution_id!r} in this store")
 
@@ -396,7 +388,7 @@ class ActionService:
                 f"{checkpoint_id} you saw: reload the run first",
                 plan.checkpoint_id,
             )
-        age = seconds_since(last.created_at)
+        age = runs.seconds_since(last.created_at)
         if not confirm and age is not None and age < RECENT_SECONDS:
             raise NeedsConfirmation(
                 f"The newest row is only {int(age)} s old: the run may still be alive in another "
@@ -423,7 +415,9 @@ class ActionService:
             )
         )
         if not claim.won:
-            raise AlreadyDecided(f"This run was {_decided_words(claim.decision)}.", claim.decision)
+            raise AlreadyDecided(
+                f"This run was {words.being_or_already(claim.decision)}.", claim.decision
+            )
         return await self.run_resume(
             execution_id,
             claim.decision,
@@ -500,7 +494,7 @@ class ActionService:
                 finished = await off_loop(self.decisions.finish, decision.id, "failed", error)
                 return Outcome(execution_id, action, "failed", None, error, finished)
         status = "paused" if result.status == "paused" else "completed"
-        output = _result_text(result.output)
+        output = result_text(result.output)
         if status == "paused" and result.pending_interrupt:
             output = f"paused again for {result.pending_interrupt.get('reason')}"
         finished = await off_loop(self.decisions.finish, decision.id, status, output)
@@ -550,7 +544,7 @@ class ActionService:
             if decision.kind == APPROVAL and decision.bound_checkpoint_id == checkpoint_id:
                 if decision.outcome is None:
                     raise AlreadyDecided(
-                        f"This pause was {_decided_words(decision)}: localui carries that "
+                        f"This pause was {words.being_or_already(decision)}: localui carries that "
                         "decision out once its process is known to be gone.",
                         decision,
                     )
@@ -587,233 +581,6 @@ class ActionService:
             raise
         return await self.reopened(claim.decision, rearmed)
 
-    # --- fork ----------------------------------------------------------
-
-    async def fork(
-        self, execution_id: str, *, checkpoint_id: str | None, new_input: str | None
-    ) -> Outcome:
-        self.preflight.ensure_writable()
-        facts = await off_loop(self.store.get_run, execution_id)
-        if facts is None:
-            raise NotFound(f"no run with execution id {execution_id!r} in this store")
-        if checkpoint_id:
-            detail = await off_loop(self.store.get_row, checkpoint_id)
-            if detail is None or detail.header.execution_id != execution_id:
-                raise NotFound(f"run {execution_id!r} has no row {checkpoint_id!r}")
-            refusal = runs.fork_refusal(detail.header)
-            if refusal is not None:
-                raise Refused(refusal.reason)
-        owner = runs.run_owner(await off_loop(self.store.list_rows, execution_id))
-        problem = self.preflight.fork_problem(owner)
-        if problem is not None:
-            raise Refused(problem)
-        agent = self.registry.get(owner.name)
-        if agent is None:
-            raise Refused(f"no runner named {owner.name!r} is registered here")
-        context = await self.context_of(owner, "afork", execution_id)
-        given = {"context": context} if context is not None else {}
-        project = await off_loop(self.store.get_project_id, execution_id)
-        try:
-            with project_scope(project):
-                result = await agent.afork(
-                    execution_id,
-                    checkpoint_id=checkpoint_id or None,
-                    input=new_input or None,
-                    **given,
-                )
-        except Exception as exc:
-            return Outcome(
-                execution_id, "fork", "failed", None, f"{type(exc).__name__}: {exc}", None
-            )
-        return Outcome(
-            execution_id,
-            "fork",
-            "forked",
-            _result_text(result.output),
-            None,
-            None,
-            new_execution_id=result.execution_id,
-        )
-
-    # --- edit and go on -----------------------------------------------
-
-    async def fork_edited(
-        self,
-        execution_id: str,
-        *,
-        checkpoint_id: str,
-        messages: list[dict[str, Any]] | None = None,
-        state: dict[str, Any] | None = None,
-        actor: str,
-    ) -> Outcome:
-        """A branch that goes on from the row ``checkpoint_id`` with its conversation
-        (an agent's ``messages``) or its state (a chain's) edited. The source run is not
-        touched; who edited what is kept in the decision record (kind ``edit``, on the
-        branch) before the branch runs on.
-
-        A chain forks with the SDK's own ``modified_state``. An agent has no such
-        argument: its branch re-enters at its ``__fork_origin__`` row with that row's
-        conversation, so that row is written, through the checkpointer's own ``put``,
-        as ``Agent.afork`` writes it but holding the edited conversation, and the SDK's
-        ``aresume`` carries the branch on from it (the model is called again at the
-        row's turn and sees the edit).
-        """
-        self.preflight.ensure_writable()
-        actor = names.typed_name("actor", actor) or "someone"
-        if not checkpoint_id:
-            raise BadRequest("checkpoint_id (the row to edit and go on from) is required")
-        detail = await off_loop(self.store.get_row, checkpoint_id)
-        if detail is None or detail.header.execution_id != execution_id:
-            raise NotFound(f"run {execution_id!r} has no row {checkpoint_id!r}")
-        refusal = runs.fork_refusal(detail.header)
-        if refusal is not None:
-            raise Refused(refusal.reason)
-        owner = runs.run_owner(await off_loop(self.store.list_rows, execution_id))
-        problem = self.preflight.fork_problem(owner)
-        if problem is not None:
-            raise Refused(problem)
-        runner = self.registry.get(owner.name)
-        if runner is None:
-            raise Refused(f"no runner named {owner.name!r} is registered here")
-        project = await off_loop(self.store.get_project_id, execution_id)
-        if owner.kind == runs.CHAIN:
-            if state is None:
-                raise BadRequest("a chain's row is edited as its state: send state, not messages")
-            found_state = edits.state_changes(dict(detail.state_snapshot), state)
-            context = await self.context_of(owner, "afork", execution_id)
-            return await self._fork_chain_edited(
-                runner, execution_id, checkpoint_id, state, found_state, actor, project, context
-            )
-        if messages is None:
-            raise BadRequest("an agent's row is edited as its conversation: send messages")
-        source = list(detail.state_snapshot.get("messages") or ())
-        found = edits.changes(source, messages)
-        if not found:
-            raise BadRequest(
-                "the conversation is the row's own: nothing was edited (a fork without "
-                "an input goes on from it as it is)"
-            )
-        has = [t.name for t in run_tools(runner)]
-        for tool in edits.tools_called(messages):
-            if tool not in has:
-                raise Refused(
-                    f"the edited conversation calls {tool!r}, a tool {owner.name!r} here does "
-                    f"not have (it has: {', '.join(has) or 'none'}): the branch could not run it"
-                )
-        loaded = await off_loop(_loaded_messages, messages)
-        context = await self.context_of(owner, "aresume", execution_id)
-        branch_id = str(uuid.uuid4())
-        claim = await off_loop(
-            lambda: self.decisions.claim(
-                kind=EDIT,
-                execution_id=branch_id,
-                checkpoint_id=checkpoint_id,
-                approved=None,
-                actor=actor,
-                reason="",
-                still_pending=lambda: False,
-                metadata=_edit_metadata(execution_id, checkpoint_id, found),
-                agent=owner.name,
-            )
-        )
-        store = self.pauses.checkpointer_of(owner)
-        try:
-            with project_scope(project), self.keep_alive(claim.decision.id):
-                await off_loop(
-                    _write_edited_origin,
-                    store,
-                    runner,
-                    checkpoint_id,
-                    execution_id,
-                    branch_id,
-                    loaded,
-                )
-                if context is None:
-                    result = await runner.aresume(branch_id)
-                else:
-                    result = await runner.aresume(branch_id, context=context)
-        except LocalUIError:
-            await off_loop(self.decisions.release, claim.decision.id)
-            raise
-        except Exception as exc:
-            from fastaiagent.chain.checkpoint import write_run_end_once
-
-            error = f"{type(exc).__name__}: {exc}"
-            failure = exc
-            if await off_loop(store.get_last, branch_id) is not None:
-                # The branch exists: it ends, as every run the SDK forks does.
-                await off_loop(
-                    lambda: write_run_end_once(
-                        store,
-                        execution_id=branch_id,
-                        chain_name=runner.name,
-                        status="failed",
-                        error=failure,
-                        agent_path=runner._agent_path_label,  # the SDK's own label
-                    )
-                )
-                finished = await off_loop(self.decisions.finish, claim.decision.id, "failed", error)
-                return Outcome(
-                    execution_id,
-                    "edit",
-                    "failed",
-                    None,
-                    error,
-                    finished,
-                    new_execution_id=branch_id,
-                )
-            await off_loop(self.decisions.finish, claim.decision.id, "failed", error)
-            return Outcome(execution_id, "edit", "failed", None, error, None)
-        status = "paused" if result.status == "paused" else "completed"
-        output = _result_text(result.output)
-        finished = await off_loop(self.decisions.finish, claim.decision.id, status, output)
-        return Outcome(
-            execution_id, "edit", "forked", output, None, finished, new_execution_id=branch_id
-        )
-
-    async def _fork_chain_edited(
-        self,
-        chain: Any,
-        execution_id: str,
-        checkpoint_id: str,
-        state: dict[str, Any],
-        found: tuple[edits.StateChange, ...],
-        actor: str,
-        project: str | None,
-        context: Any | None,
-    ) -> Outcome:
-        # ``Chain.afork`` names the branch itself, so the record follows the fork.
-        extra = {} if context is None else {"context": context}
-        try:
-            with project_scope(project):
-                result = await chain.afork(
-                    execution_id, checkpoint_id=checkpoint_id, modified_state=state, **extra
-                )
-        except Exception as exc:
-            return Outcome(
-                execution_id, "edit", "failed", None, f"{type(exc).__name__}: {exc}", None
-            )
-        branch_id = str(result.execution_id)
-        claim = await off_loop(
-            lambda: self.decisions.claim(
-                kind=EDIT,
-                execution_id=branch_id,
-                checkpoint_id=checkpoint_id,
-                approved=None,
-                actor=actor,
-                reason="",
-                still_pending=lambda: False,
-                metadata=_edit_metadata(execution_id, checkpoint_id, found),
-                agent=chain.name,
-            )
-        )
-        status = "paused" if result.status == "paused" else result.status or "completed"
-        output = _result_text(result.output)
-        finished = await off_loop(self.decisions.finish, claim.decision.id, status, output)
-        return Outcome(
-            execution_id, "edit", "forked", output, None, finished, new_execution_id=branch_id
-        )
-
     # --- prune -------------------------------------------------------
 
     def prune_preview(self, older_than: timedelta) -> PrunePreview:
@@ -830,73 +597,3 @@ class ActionService:
             self._checkpointer = self._make_checkpointer()
         deleted: int = self._checkpointer.prune(older_than)
         return deleted
-
-
-def _loaded_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The edited conversation as the SDK will load it, with every call answered.
-
-    Loaded with the SDK's own message model (a shape it cannot load is a 400 here, not
-    a failure after the branch exists), then balanced as ``Agent.afork`` balances a
-    branch's conversation: a call with no result is answered with the SDK's note and
-    not run. Written back in the SDK's own serialised shape."""
-    from fastaiagent.agent.agent import FORK_SKIPPED_NOTE
-    from fastaiagent.agent.executor import _deserialize_messages, _serialize_messages
-    from fastaiagent.llm.message import balance_tool_messages
-    from pydantic import ValidationError
-
-    try:
-        loaded = _deserialize_messages(messages)
-    except (ValidationError, ValueError, TypeError) as exc:
-        first = str(exc).splitlines()
-        raise BadRequest(f"the SDK cannot load this conversation: {' '.join(first[:3])}") from exc
-    return _serialize_messages(balance_tool_messages(loaded, note=FORK_SKIPPED_NOTE))
-
-
-def _write_edited_origin(
-    store: Any,
-    runner: Any,
-    checkpoint_id: str,
-    execution_id: str,
-    branch_id: str,
-    messages: list[dict[str, Any]],
-) -> None:
-    """The branch's ``__fork_origin__`` row, as ``Agent.afork`` writes it (the SDK's own
-    choice of base row, its node index, its lineage link) with the edited conversation."""
-    from fastaiagent.chain.checkpoint import Checkpoint, latest_forkable
-
-    base = latest_forkable(store, execution_id, checkpoint_id=checkpoint_id)
-    if base is None or base.checkpoint_id != checkpoint_id:
-        raise Refused(f"the SDK would not branch from row {checkpoint_id!r} of this run")
-    store.put(
-        Checkpoint(
-            checkpoint_id=str(uuid.uuid4()),
-            parent_checkpoint_id=base.checkpoint_id or None,
-            chain_name=runner.name,
-            execution_id=branch_id,
-            node_id=FORK_ORIGIN_NODE,
-            node_index=base.node_index,
-            step_type=FORK_ORIGIN_STEP,
-            status="completed",
-            state_snapshot={**base.state_snapshot, "messages": messages},
-            agent_path=base.agent_path,
-        )
-    )
-
-
-def _edit_metadata(execution_id: str, checkpoint_id: str, found: tuple[Any, ...]) -> dict[str, Any]:
-    """What the decision record keeps of an edit: the source row and each change."""
-    return {
-        "source_execution_id": execution_id,
-        "source_checkpoint_id": checkpoint_id,
-        "changes": [
-            {k: getattr(c, k) for k in c.__slots__} for c in found[: edits.MAX_RECORDED_CHANGES]
-        ],
-        "changed": len(found),
-    }
-
-
-def seconds_since(value: str) -> float | None:
-    then = runs.parse_time(value)
-    if then is None:
-        return None
-    return (datetime.now(UTC) - then).total_seconds()

@@ -349,3 +349,13 @@ def _kind(value: Any) -> str:
     if isinstance(value, dict):
         return "an object"
     return type(value).__name__
+
+
+def edit_record(execution_id: str, checkpoint_id: str, found: tuple[Any, ...]) -> dict[str, Any]:
+    """What the decision record keeps of an edit: the source row and each change."""
+    return {
+        "source_execution_id": execution_id,
+        "source_checkpoint_id": checkpoint_id,
+        "changes": [{k: getattr(c, k) for k in c.__slots__} for c in found[:MAX_RECORDED_CHANGES]],
+        "changed": len(found),
+    }

@@ -727,3 +727,11 @@ def stopped_at(last_node_id: str, last_step_type: str | None) -> str:
     ):
         return "node"
     return "tool" if parse_node(last_node_id).tool is not None else "turn"
+
+
+def seconds_since(value: str) -> float | None:
+    """How long ago the store's timestamp ``value`` was, or None when it cannot be read."""
+    then = parse_time(value)
+    if then is None:
+        return None
+    return (datetime.now(UTC) - then).total_seconds()

@@ -88,6 +88,14 @@ def decided_words(decision: Decision) -> str:
     return f"{words}: {decision.reason}" if decision.reason else words
 
 
+def being_or_already(decision: Decision) -> str:
+    """``"already approved by Ada at …"``, or ``"being approved by Ada since …"`` while
+    the SDK still carries the decision out: what a second click is told."""
+    if decision.outcome is None:
+        return f"being {decision.verb} by {decision.actor} since {decision.decided_at}"
+    return f"already {decision.verb} by {decision.actor} at {decision.decided_at}"
+
+
 def decision_line(state: str, decision: Decision | None) -> str | None:
     """What a run's state line says of its newest approval decision, if anything: once
     the SDK has carried it out and the run has moved on from the pause it answered (a
@@ -419,7 +427,7 @@ _EDITED = {"text": "text", "arguments": "arguments", "result": "result"}
 
 def edit_lines(metadata: Any) -> tuple[str, ...]:
     """What an edit changed, a line per change, from its decision record's metadata
-    (``localui.actions._edit_metadata``): ``message 3 (tool) result: "…" → "…"``, or
+    (``localui.edits.edit_record``): ``message 3 (tool) result: "…" → "…"``, or
     ``state.order_id: "B-7" → "Z-9"``."""
     if not isinstance(metadata, dict):
         return ()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from localui.actions import ActionService
+from localui.branching import Branching
 from localui.demo.scenarios import SeedReport
 from localui.errors import LocalUIError
 from localui.offloop import off_loop
@@ -65,7 +66,7 @@ async def _edit_tool_result(actions: ActionService, execution_id: str) -> str | 
         if isinstance(messages, list) and messages and messages[-1].get("role") == "tool":
             edited = json.loads(json.dumps(messages))
             edited[-1]["content"] = PARTIAL_REFUND
-            outcome = await actions.fork_edited(
+            outcome = await Branching(actions).fork_edited(
                 execution_id, checkpoint_id=row.checkpoint_id, messages=edited, actor=DEMO_EDITOR
             )
             return outcome.new_execution_id
@@ -80,7 +81,7 @@ async def _edit_chain_state(actions: ActionService, execution_id: str) -> str | 
         if detail is None or not isinstance(detail.state_snapshot, dict):
             return None
         state = {**detail.state_snapshot, "order_id": OTHER_ORDER}
-        outcome = await actions.fork_edited(
+        outcome = await Branching(actions).fork_edited(
             execution_id, checkpoint_id=row.checkpoint_id, state=state, actor=DEMO_EDITOR
         )
         return outcome.new_execution_id

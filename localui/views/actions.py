@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from localui import edits, freetext
 from localui.auth import OPERATOR, require
+from localui.branching import Branching
 from localui.errors import BadRequest, Forbidden, Refused
 from localui.offloop import off_loop
 from localui.records import PruneRun
@@ -83,7 +84,7 @@ async def fork_run(request: Request) -> Response:
             state = edits.parse_state(fields["state"])
         else:
             messages = await edited_messages(actions, execution_id, checkpoint_id, fields)
-        outcome = await actions.fork_edited(
+        outcome = await Branching(actions).fork_edited(
             execution_id,
             checkpoint_id=checkpoint_id,
             messages=messages,
@@ -92,7 +93,7 @@ async def fork_run(request: Request) -> Response:
         )
     else:
         new_input = freetext.check("input", str(form.get("input") or ""), limit=MAX_FORK_INPUT)
-        outcome = await actions.fork(
+        outcome = await Branching(actions).fork(
             execution_id, checkpoint_id=checkpoint_id or None, new_input=new_input or None
         )
     urls = urls_of(request)

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localui import runs
-from localui.actions import RECENT_SECONDS, ActionService, seconds_since
+from localui.actions import RECENT_SECONDS, ActionService
 from localui.auth import OPERATOR, person_of
 from localui.offloop import off_loop
 from localui.records import (
@@ -235,7 +235,7 @@ def attention_row(
             detail += f": the run {decision.outcome}"
     else:
         detail = None
-    age = seconds_since(facts.last_at)
+    age = runs.seconds_since(facts.last_at)
     return AttentionRow(
         execution_id=facts.execution_id,
         agent=facts.agent,

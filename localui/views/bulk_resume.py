@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localui import names, runs
-from localui.actions import RECENT_SECONDS, ActionService, seconds_since
+from localui.actions import RECENT_SECONDS, ActionService
 from localui.auth import OPERATOR, require, template_values
 from localui.errors import AlreadyDecided, BadRequest, LocalUIError, NeedsConfirmation, StaleCard
 from localui.offloop import off_loop
@@ -117,7 +117,7 @@ def preflight_items(
                 state, plan, last=last, now=datetime.now(UTC), saved_args=saved, skipped=skipped
             ).resume
             repeats = repeats_uncached(actions, plan, rows, tool)
-            age = seconds_since(last.created_at)
+            age = runs.seconds_since(last.created_at)
             needs_confirm = age is not None and age < RECENT_SECONDS
         found.append(
             PreflightItem(

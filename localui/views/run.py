@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localui import runs, words
-from localui.actions import RECENT_SECONDS, ActionService, seconds_since
+from localui.actions import RECENT_SECONDS, ActionService
 from localui.auth import OPEN, Person, person_of
 from localui.backends.base import Store
 from localui.backends.traces import SpanIndex
@@ -174,7 +174,7 @@ def build_run_page(
     if state == runs.ORPHANED and last.status == "interrupted":
         recorded = actions.decisions.list_for_run(execution_id)
         orphan = orphan_view(actions, last, owner, recorded)
-    age = seconds_since(last.created_at)
+    age = runs.seconds_since(last.created_at)
     return RunPage(
         execution_id=execution_id,
         state=state,
