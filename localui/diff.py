@@ -122,8 +122,9 @@ class RowDiff:
     summary: str = field(default="", metadata=_HIDDEN)
 
 
-def diff_rows(a: RowDetail, b: RowDetail) -> RowDiff:
-    """Compare the payload columns of row ``a`` (the before) with row ``b`` (the after)."""
+def diff_rows(a: RowDetail, b: RowDetail, *, memo: DiffMemo | None = None) -> RowDiff:
+    """Compare the payload columns of row ``a`` (the before) with row ``b`` (the after);
+    a page that diffs many pairs of rows hands each the same ``memo``."""
     sections = tuple(
         diff_section(
             name,
@@ -131,6 +132,7 @@ def diff_rows(a: RowDetail, b: RowDetail) -> RowDiff:
             getattr(b, name),
             title=title,
             sides=(f"A ({a.header.node_id})", f"B ({b.header.node_id})"),
+            memo=memo,
         )
         for name, title in SECTIONS
     )
@@ -156,6 +158,7 @@ def diff_section(
     *,
     title: str = "",
     sides: tuple[str, str] = ("A", "B"),
+    memo: DiffMemo | None = None,
 ) -> SectionDiff:
     """One column compared; either side may be :class:`Unreadable`."""
     title = title or name
@@ -191,11 +194,11 @@ def diff_section(
             and isinstance(messages_b, list)
         ):
             del rest_a["messages"], rest_b["messages"]
-            appended, removed, same_messages = _diff_messages(messages_a, messages_b, found)
+            appended, removed, same_messages = _diff_messages(messages_a, messages_b, found, memo)
             unchanged = same_messages + unchanged
-        _deep(rest_a, rest_b, (), found)
+        _deep(rest_a, rest_b, (), found, memo)
     else:
-        _deep(a, b, (), found)
+        _deep(a, b, (), found, memo)
 
     changes = found.sorted()
     same = not changes and not appended and not removed
@@ -258,13 +261,48 @@ class _Changes:
         return tuple(c for _, c in sorted(self._found, key=lambda pc: _path_key(pc[0])))
 
 
-def _deep(a: Any, b: Any, base: Path, found: _Changes) -> None:
+#: One finding of DeepDiff's, relative to where the two values sit: its kind, its path
+#: in A, its path in B, the old value and the new.
+Finding = tuple[str, Path, Path, Any, Any]
+
+
+class DiffMemo:
+    """DeepDiff's findings for pairs of values already compared, kept for one page that
+    diffs many rows of two runs. Row n+1 of a conversation holds row n's messages again,
+    so a comparison of two runs step by step would otherwise diff the same two messages
+    once per step; keyed by the values' JSON, a pair is diffed once per page."""
+
+    def __init__(self) -> None:
+        self._found: dict[tuple[str, str], tuple[Finding, ...]] = {}
+
+    def findings(self, a: Any, b: Any) -> tuple[Finding, ...]:
+        key = (_fingerprint(a), _fingerprint(b))
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = _findings(a, b)
+        return found
+
+
+def _deep(a: Any, b: Any, base: Path, found: _Changes, memo: DiffMemo | None = None) -> None:
     """deepdiff of two values, its findings recorded under ``base``."""
     if a == b:
         return
     if found.full:
         found.truncated = True
         return
+    for kind, old_path, new_path, old, new in (
+        memo.findings(a, b) if memo is not None else _findings(a, b)
+    ):
+        if kind == ADDED:
+            found.add(ADDED, base + new_path, None, new)
+        elif kind == REMOVED:
+            found.add(REMOVED, base + old_path, old, None)
+        else:
+            found.add(kind, base + old_path, old, new)
+
+
+def _findings(a: Any, b: Any) -> tuple[Finding, ...]:
+    """What DeepDiff finds between two values that differ, each change on its own."""
     # Imported here: deepdiff (and what it pulls in) is start-up time every page pays
     # for otherwise, and only a diff needs it.
     from deepdiff import DeepDiff
@@ -280,23 +318,23 @@ def _deep(a: Any, b: Any, base: Path, found: _Changes) -> None:
         ignore_numeric_type_changes=True,
         ignore_nan_inequality=True,
     )
+    findings: list[Finding] = []
     for report, levels in tree.items():
         for level in levels:
-            old_path = base + tuple(level.path(output_format="list"))
-            new_path = base + tuple(level.path(output_format="list", use_t2=True))
+            old_path = tuple(level.path(output_format="list"))
+            new_path = tuple(level.path(output_format="list", use_t2=True))
             kind = _REPORT_KINDS.get(report)
-            if kind == ADDED:
-                found.add(ADDED, new_path, None, level.t2)
-            elif kind is not None:
-                found.add(kind, old_path, level.t1, level.t2)
+            if kind is not None:
+                findings.append((kind, old_path, new_path, level.t1, level.t2))
             else:
                 # Only ``iterable_item_moved`` remains for JSON: it left one place, came to another.
-                found.add(REMOVED, old_path, level.t1, None)
-                found.add(ADDED, new_path, None, level.t2)
+                findings.append((REMOVED, old_path, new_path, level.t1, None))
+                findings.append((ADDED, old_path, new_path, None, level.t2))
+    return tuple(findings)
 
 
 def _diff_messages(
-    a: list[Any], b: list[Any], found: _Changes
+    a: list[Any], b: list[Any], found: _Changes, memo: DiffMemo | None = None
 ) -> tuple[tuple[Any, ...], tuple[Any, ...], list[str]]:
     """``(appended, removed, unchanged)`` of two conversations; other changes go to ``found``.
 
@@ -335,7 +373,7 @@ def _diff_messages(
             continue
         for i, j in zip(range(i1, i2), range(j1, j2), strict=False):
             if window_a[i] != window_b[j]:
-                _deep(window_a[i], window_b[j], ("messages", prefix + i), found)
+                _deep(window_a[i], window_b[j], ("messages", prefix + i), found, memo)
         for i in range(i1 + (j2 - j1), i2):
             found.add(REMOVED, ("messages", prefix + i), window_a[i], None)
         for j in range(j1 + (i2 - i1), j2):

@@ -144,6 +144,34 @@ def test_rows_by_checkpoint_id_are_the_rows_asked_for(shapes: Shapes) -> None:
     assert store.get_rows([]) == {}
 
 
+def test_pairs_the_store_holds_as_equal_are_equal_and_no_others(shapes: Shapes) -> None:
+    from localui.compare import payloads_same
+
+    store = shapes.backend.store
+    rows = [
+        r.checkpoint_id
+        for run in store.list_rows_of(list(shapes.ids.values())).values()
+        for r in run
+    ]
+    details = store.get_rows(rows)
+    # Every row beside itself, and beside the next one written (of its run or the next).
+    pairs = [(c, c) for c in rows] + list(zip(rows, rows[1:], strict=False))
+    pairs.append((rows[0], "no-such-row"))
+
+    same = store.same_payloads(pairs)
+
+    assert {(c, c) for c in rows} <= same
+    assert (rows[0], "no-such-row") not in same
+    differing = [
+        (a, b) for a, b in pairs[len(rows) : -1] if not payloads_same(details[a], details[b])
+    ]
+    assert len(differing) > 10, "the rows compared all hold the same payloads"
+    assert not same & set(differing), "a pair of different payloads was called equal"
+    for a, b in same:
+        assert payloads_same(details[a], details[b]), (a, b)
+    assert store.same_payloads([]) == set()
+
+
 def _in_order(entries: tuple[CacheEntry, ...]) -> list[CacheEntry]:
     # Entries written at the same instant have no order between them in either read.
     return sorted(entries, key=lambda e: (e.created_at, e.function_key))

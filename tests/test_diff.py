@@ -463,3 +463,30 @@ def test_unreadable_on_both_sides_names_both() -> None:
         " on B (turn:1) it is not valid JSON (worse)."
     )
     assert [r.side for r in result.unreadable_raw] == ["A (turn:0)", "B (turn:1)"]
+
+
+def test_a_memo_shared_by_many_diffs_changes_none_of_them() -> None:
+    """A page that diffs many steps of two conversations hands every diff one memo: each
+    diff says exactly what it says without it, a change repeated at every step included."""
+    from localui.diff import DiffMemo
+
+    def conversation(order: str, turns: int) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": f"Refund {order}"}]
+        for turn in range(turns):
+            messages.append(
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"name": "lookup", "arguments": {"order": order, "n": turn}}],
+                }
+            )
+            messages.append({"role": "tool", "content": f"order {order}: step {turn}"})
+        return messages
+
+    memo = DiffMemo()
+    for turns in range(1, 12):
+        a = {"messages": conversation("A-1", turns), "amount": 10}
+        b = {"messages": conversation("B-2", turns), "amount": 10.0 if turns % 2 else 11}
+        plain = diff_section("state_snapshot", a, b)
+        shared = diff_section("state_snapshot", a, b, memo=memo)
+        assert shared == plain, turns
+        assert len(plain.changes) == 1 + 2 * turns + (0 if turns % 2 else 1), plain.changes

@@ -116,6 +116,13 @@ class Store(Protocol):
         """When each of these rows was written, by checkpoint id (rows gone are left out)."""
         ...
 
+    def same_payloads(self, pairs: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        """The pairs of rows (by checkpoint id) whose payloads (state snapshot, node
+        input and output, interrupt context) the store holds as equal, found without
+        reading them out. A pair left out may still be equal in value (the same JSON
+        written another way): read its rows to tell."""
+        ...
+
     def get_pending(self, execution_id: str) -> Pending | None: ...
 
     def list_pending(

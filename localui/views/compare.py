@@ -19,7 +19,7 @@ from starlette.responses import RedirectResponse, Response
 from localui import compare, runs
 from localui.backends.base import Store
 from localui.backends.traces import SpanIndex
-from localui.diff import SectionDiff, diff_rows
+from localui.diff import DiffMemo, SectionDiff, diff_rows
 from localui.errors import BadRequest, NotFound
 from localui.offloop import off_loop
 from localui.records import RowDetail, RowHeader
@@ -195,11 +195,25 @@ def _details(
 def _first_difference(
     store: Store, pairs: Sequence[compare.Aligned], known: Mapping[int, bool]
 ) -> int | None:
-    """The first pair that differs; ``known`` says it for the pairs already diffed."""
+    """The first pair that differs; ``known`` says it for the pairs already diffed.
+
+    Pairs whose payloads the store holds as equal are the same without being read
+    (two runs that share a long start are compared in the store); only the rest are
+    read and compared by value."""
     for start in range(0, len(pairs), SCAN_CHUNK):
-        chunk = range(start, min(len(pairs), start + SCAN_CHUNK))
-        details = _details(store, [pairs[i] for i in chunk if i not in known])
-        for i in chunk:
+        chunk = [i for i in range(start, min(len(pairs), start + SCAN_CHUNK)) if i not in known]
+        ids = {
+            (a.checkpoint_id, b.checkpoint_id): i
+            for i in chunk
+            if pairs[i].needs_payloads
+            for a, b in [(pairs[i].a, pairs[i].b)]
+            if a is not None and b is not None
+        }
+        same = {ids[p] for p in store.same_payloads(list(ids))} if ids else set()
+        details = _details(store, [pairs[i] for i in chunk if i not in same])
+        for i in range(start, min(len(pairs), start + SCAN_CHUNK)):
+            if i in same:
+                continue
             if known[i] if i in known else compare.differs(pairs[i], details):
                 return i
     return None
@@ -232,6 +246,7 @@ def _pair_view(
     details: Mapping[str, RowDetail],
     calls: tuple[Mapping[str, tuple[str, ...]], Mapping[str, tuple[str, ...]]],
     urls: Urls,
+    memo: DiffMemo,
 ) -> PairView:
     a, b = pair.a, pair.b
     title = _step_words(a) if a is not None else _step_words(b) if b is not None else ""
@@ -246,7 +261,7 @@ def _pair_view(
         if a_detail is None or b_detail is None:
             summary = "One of the rows is no longer in the store."
         else:
-            result = diff_rows(a_detail, b_detail)
+            result = diff_rows(a_detail, b_detail, memo=memo)
             sections = tuple(with_turns(s) for s in result.sections)
             summary = result.summary
             if a.status != b.status:
@@ -322,8 +337,12 @@ def build_compare_page(
     details = _details(store, [aligned[i] for i in in_window], to_diff=True)
     flags = {i: compare.differs(aligned[i], details) for i in in_window}
     first = _first_difference(store, aligned, flags)
+    # The steps of two conversations repeat their earlier messages: each pair of
+    # messages is diffed once for the page.
+    memo = DiffMemo()
     views = tuple(
-        _pair_view(i, aligned[i], flags[i], details, (a_calls, b_calls), urls) for i in in_window
+        _pair_view(i, aligned[i], flags[i], details, (a_calls, b_calls), urls, memo)
+        for i in in_window
     )
     if first is None:
         summary = f"The two runs are step for step the same ({len(aligned)} steps)."

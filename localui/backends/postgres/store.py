@@ -669,6 +669,27 @@ class PostgresStore:
             found[detail.header.checkpoint_id] = detail
         return found
 
+    def same_payloads(self, pairs: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        wanted = list(dict.fromkeys(pairs))
+
+        def work(cur: Any, s: _Schema) -> set[tuple[str, str]]:
+            if not s.has_checkpoints or not wanted:
+                return set()
+            names = ["state_snapshot", "node_input", "node_output"]
+            if "interrupt_context" in s.checkpoint_columns:
+                names.append("interrupt_context")
+            alike = " AND ".join(f"x.{n} IS NOT DISTINCT FROM y.{n}" for n in names)
+            # Compared in the server (jsonb compares by value): no payload is sent.
+            cur.execute(
+                "SELECT p.a, p.b FROM unnest(%s::text[], %s::text[]) AS p(a, b)"
+                f" JOIN {self._t['checkpoints']} x ON x.checkpoint_id = p.a"
+                f" JOIN {self._t['checkpoints']} y ON y.checkpoint_id = p.b WHERE {alike}",
+                ([a for a, _ in wanted], [b for _, b in wanted]),
+            )
+            return {(row["a"], row["b"]) for row in cur.fetchall()}
+
+        return self._run(work)
+
     def row_times(self, checkpoint_ids: Sequence[str]) -> dict[str, str]:
         wanted = list(dict.fromkeys(checkpoint_ids))
 

@@ -442,6 +442,31 @@ class SQLiteStore:
             if cid in found or cid in by_id
         }
 
+    def same_payloads(self, pairs: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        wanted = list(dict.fromkeys(pairs))
+        same: set[tuple[str, str]] = set()
+        with self._read() as conn:
+            s = self._schema_for(conn)
+            if not s.has_checkpoints or "checkpoint_id" not in s.checkpoint_columns:
+                return same  # rows named by their plain ids: read them to tell
+            alike = " AND ".join(
+                f"{s.col(name, 'x')} IS {s.col(name, 'y')}"
+                for name in ("state_snapshot", "node_input", "node_output", "interrupt_context")
+            )
+            # The text as written, compared in place: no payload leaves the file.
+            for start in range(0, len(wanted), CHUNK // 2):
+                chunk = wanted[start : start + CHUNK // 2]
+                values = ",".join("(?, ?)" for _ in chunk)
+                for row in conn.execute(
+                    f"WITH p(a, b) AS (VALUES {values})"
+                    " SELECT p.a, p.b FROM p"
+                    " JOIN checkpoints x ON x.checkpoint_id = p.a"
+                    f" JOIN checkpoints y ON y.checkpoint_id = p.b WHERE {alike}",
+                    [v for pair in chunk for v in pair],
+                ):
+                    same.add((row[0], row[1]))
+        return same
+
     def row_times(self, checkpoint_ids: Sequence[str]) -> dict[str, str]:
         wanted = list(dict.fromkeys(checkpoint_ids))
         found: dict[str, str] = {}
