@@ -322,8 +322,10 @@ def key_paths(value: Any, prefix: str = "") -> set[str]:
 
 
 def untraced(paths: set[str]) -> set[str]:
-    """Key paths of a run page as a store without spans gives them."""
-    return {p for p in paths if not p.startswith((".trace.attempts[]", ".rows[].calls[]"))}
+    """Key paths of a run page as a store without spans gives them (no decision taken
+    outside localui is known without the resume's span)."""
+    traced = (".trace.attempts[]", ".rows[].calls[]", ".decisions[]")
+    return {p for p in paths if not p.startswith(traced)}
 
 
 @pytest.fixture
