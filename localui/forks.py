@@ -21,6 +21,7 @@ they were sent:
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,17 +124,30 @@ def cache_writers(entries: Sequence[CacheEntry], rows: Sequence[RowHeader]) -> d
     """How many ``@idempotent`` results each row's call stored, judged by time: the SDK
     writes a step's row before it runs it, and the call stores its result while it runs,
     so the newest step row written before an entry is the one that wrote it."""
-    steps = [(runs.parse_time(r.created_at), r) for r in rows if not is_pause(r)]
+    if not entries:
+        return {}
+    # In time order (rows come oldest first, so the sort finds them sorted; it is
+    # stable, so of rows written at one instant the later stays later), the newest
+    # before an entry is found by bisection, not by a pass over every row per entry.
+    steps = sorted(
+        (
+            (when, r)
+            for r in rows
+            if not is_pause(r)
+            for when in [runs.parse_time(r.created_at)]
+            if when is not None
+        ),
+        key=lambda step: step[0],
+    )
+    times = [when for when, _ in steps]
     written: dict[str, int] = {}
     for entry in entries:
         at = runs.parse_time(entry.created_at)
         if at is None:
             continue
-        best = None
-        for when, row in steps:
-            if when is not None and when <= at:
-                best = row
-        if best is not None:
+        before = bisect.bisect_right(times, at)
+        if before:
+            best = steps[before - 1][1]
             written[best.checkpoint_id] = written.get(best.checkpoint_id, 0) + 1
     return written
 

@@ -222,7 +222,9 @@ def owner_path(paths: Sequence[str | None]) -> str | None:
     """The shallowest of a run's ``agent_path`` values that names an owner, the first of
     them on a tie (``paths`` in the order the rows were written); None when none does."""
     best: str | None = None
-    for path in paths:
+    # A run's thousands of rows carry a handful of paths: each is judged once, in the
+    # order first written, so a tie still goes to the first.
+    for path in dict.fromkeys(paths):
         if path and execution_owner(path) is not None:
             if best is None or path_depth(path) < path_depth(best):
                 best = path
