@@ -16,7 +16,7 @@ from localui import edits, names, runs
 from localui.actions import ActionService, Outcome, result_text
 from localui.errors import BadRequest, LocalUIError, NotFound, Refused
 from localui.offloop import off_loop
-from localui.records import EDIT, FORK_ORIGIN_NODE, FORK_ORIGIN_STEP
+from localui.records import EDIT, FORK_ORIGIN_NODE, FORK_ORIGIN_STEP, RowDetail
 from localui.registry import project_scope, run_tools
 
 
@@ -27,15 +27,12 @@ class Branching:
     def __init__(self, actions: ActionService) -> None:
         self.actions = actions
 
-    # --- fork ----------------------------------------------------------
-
-    async def fork(
-        self, execution_id: str, *, checkpoint_id: str | None, new_input: str | None
-    ) -> Outcome:
-        self.actions.preflight.ensure_writable()
-        facts = await off_loop(self.actions.store.get_run, execution_id)
-        if facts is None:
-            raise NotFound(f"no run with execution id {execution_id!r} in this store")
+    async def _branch_point(
+        self, execution_id: str, checkpoint_id: str | None
+    ) -> tuple[RowDetail | None, runs.Owner, Any]:
+        """The row named to branch from (None when the SDK picks it), the run's owner and
+        its runner here; or the refusal that stops the branch before anything is written."""
+        detail = None
         if checkpoint_id:
             detail = await off_loop(self.actions.store.get_row, checkpoint_id)
             if detail is None or detail.header.execution_id != execution_id:
@@ -47,9 +44,21 @@ class Branching:
         problem = self.actions.preflight.fork_problem(owner)
         if problem is not None:
             raise Refused(problem)
-        agent = self.actions.registry.get(owner.name)
-        if agent is None:
+        runner = self.actions.registry.get(owner.name)
+        if runner is None:
             raise Refused(f"no runner named {owner.name!r} is registered here")
+        return detail, owner, runner
+
+    # --- fork ----------------------------------------------------------
+
+    async def fork(
+        self, execution_id: str, *, checkpoint_id: str | None, new_input: str | None
+    ) -> Outcome:
+        self.actions.preflight.ensure_writable()
+        facts = await off_loop(self.actions.store.get_run, execution_id)
+        if facts is None:
+            raise NotFound(f"no run with execution id {execution_id!r} in this store")
+        _, owner, agent = await self._branch_point(execution_id, checkpoint_id)
         context = await self.actions.context_of(owner, "afork", execution_id)
         given = {"context": context} if context is not None else {}
         project = await off_loop(self.actions.store.get_project_id, execution_id)
@@ -102,19 +111,8 @@ class Branching:
         actor = names.typed_name("actor", actor) or "someone"
         if not checkpoint_id:
             raise BadRequest("checkpoint_id (the row to edit and go on from) is required")
-        detail = await off_loop(self.actions.store.get_row, checkpoint_id)
-        if detail is None or detail.header.execution_id != execution_id:
-            raise NotFound(f"run {execution_id!r} has no row {checkpoint_id!r}")
-        refusal = runs.fork_refusal(detail.header)
-        if refusal is not None:
-            raise Refused(refusal.reason)
-        owner = runs.run_owner(await off_loop(self.actions.store.list_rows, execution_id))
-        problem = self.actions.preflight.fork_problem(owner)
-        if problem is not None:
-            raise Refused(problem)
-        runner = self.actions.registry.get(owner.name)
-        if runner is None:
-            raise Refused(f"no runner named {owner.name!r} is registered here")
+        detail, owner, runner = await self._branch_point(execution_id, checkpoint_id)
+        assert detail is not None  # a checkpoint id was named: its row, or NotFound
         project = await off_loop(self.actions.store.get_project_id, execution_id)
         if owner.kind == runs.CHAIN:
             if state is None:

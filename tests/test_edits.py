@@ -47,6 +47,16 @@ def rows_with_tool_result(copy: Copy, execution_id: str) -> Any:
     raise AssertionError("the run has no row after a tool's result")
 
 
+def paused_chain(copy: Copy) -> tuple[str, Any, Any]:
+    """The demo's paused chain: its id, its pending pause and the row the pause waits at."""
+    execution_id = copy.report.run_id("chain-paused")
+    pending = copy.store.get_pending(execution_id)
+    assert pending is not None
+    paused_row = copy.store.get_row(pending.checkpoint_id)
+    assert paused_row is not None
+    return execution_id, pending, paused_row
+
+
 @pytest.mark.postgres
 def test_an_edited_tool_result_is_what_the_model_sees(copy: Copy) -> None:
     execution_id = copy.report.run_id("completed")
@@ -347,12 +357,8 @@ def test_a_paused_chain_is_approved_with_its_state_edited(copy: Copy) -> None:
     from localui.backends import open_users
     from localui.backends.users import new_token, token_hash
 
-    execution_id = copy.report.run_id("chain-paused")
+    execution_id, pending, paused_row = paused_chain(copy)
     agent_paused = copy.report.run_id("paused-1")
-    pending = copy.store.get_pending(execution_id)
-    assert pending is not None
-    paused_row = copy.store.get_row(pending.checkpoint_id)
-    assert paused_row is not None
     state = {**paused_row.state_snapshot, "order_id": "Z-9"}
     settings = dataclasses.replace(copy.settings, sign_in=sign_in_settings())
     users = open_users(settings, writable=True)
@@ -441,11 +447,7 @@ def test_an_approval_with_an_edited_state_whose_process_died_is_carried_out_with
 
     from localui.records import STATE_EDIT
 
-    execution_id = copy.report.run_id("chain-paused")
-    pending = copy.store.get_pending(execution_id)
-    assert pending is not None
-    paused_row = copy.store.get_row(pending.checkpoint_id)
-    assert paused_row is not None
+    execution_id, pending, paused_row = paused_chain(copy)
     state = {**paused_row.state_snapshot, "order_id": "Q-4"}
     log = copy.backend.decision_log(writable=True)
     try:

@@ -12,6 +12,7 @@ lines).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from collections.abc import Callable, Iterator
@@ -167,16 +168,7 @@ def build_decisions_page(
 ) -> DecisionsPage:
     """A page of the record; with ``kind=outside``, of the pauses decided outside
     localui (``outside`` reads them: :func:`localui.views.outside.outside_page`)."""
-    paged = DecisionQuery(
-        actor=query.actor,
-        agent=query.agent,
-        outcome=query.outcome,
-        kind=query.kind,
-        since=query.since,
-        until=query.until,
-        after=after,
-        limit=limit,
-    )
+    paged = dataclasses.replace(query, after=after, limit=limit)
     if query.kind == OUTSIDE:
         page = outside(paged) if outside is not None else DecisionPage(entries=(), next_key=None)
     else:
@@ -220,16 +212,7 @@ def export_chunks(
     after: tuple[str, str] | None = None
     link = run_links(urls)
     while True:
-        paged = DecisionQuery(
-            actor=query.actor,
-            agent=query.agent,
-            outcome=query.outcome,
-            kind=query.kind,
-            since=query.since,
-            until=query.until,
-            after=after,
-            limit=EXPORT_CHUNK,
-        )
+        paged = dataclasses.replace(query, after=after, limit=EXPORT_CHUNK)
         if query.kind == OUTSIDE:
             found = outside(paged) if outside is not None else DecisionPage((), None)
             rows: tuple[tuple[Any, ...], ...] = tuple(_export_row(e) for e in found.entries)
