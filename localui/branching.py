@@ -10,13 +10,14 @@ run is never written.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from localui import edits, names, runs
 from localui.actions import ActionService, Outcome, result_text
 from localui.errors import BadRequest, LocalUIError, NotFound, Refused
 from localui.offloop import off_loop
-from localui.records import EDIT, FORK_ORIGIN_NODE, FORK_ORIGIN_STEP, RowDetail
+from localui.records import EDIT, FORK_ORIGIN_NODE, FORK_ORIGIN_STEP, Claim, RowDetail
 from localui.registry import project_scope, run_tools
 
 
@@ -48,6 +49,30 @@ class Branching:
         if runner is None:
             raise Refused(f"no runner named {owner.name!r} is registered here")
         return detail, owner, runner
+
+    async def _record_edit(
+        self,
+        branch_id: str,
+        execution_id: str,
+        checkpoint_id: str,
+        found: Sequence[Any],
+        actor: str,
+        agent: str,
+    ) -> Claim:
+        """Who edited what, kept on the branch (kind ``edit``) in the decision record."""
+        return await off_loop(
+            lambda: self.actions.decisions.claim(
+                kind=EDIT,
+                execution_id=branch_id,
+                checkpoint_id=checkpoint_id,
+                approved=None,
+                actor=actor,
+                reason="",
+                still_pending=lambda: False,
+                metadata=edits.edit_record(execution_id, checkpoint_id, tuple(found)),
+                agent=agent,
+            )
+        )
 
     # --- fork ----------------------------------------------------------
 
@@ -141,18 +166,8 @@ class Branching:
         loaded = await off_loop(_loaded_messages, messages)
         context = await self.actions.context_of(owner, "aresume", execution_id)
         branch_id = str(uuid.uuid4())
-        claim = await off_loop(
-            lambda: self.actions.decisions.claim(
-                kind=EDIT,
-                execution_id=branch_id,
-                checkpoint_id=checkpoint_id,
-                approved=None,
-                actor=actor,
-                reason="",
-                still_pending=lambda: False,
-                metadata=edits.edit_record(execution_id, checkpoint_id, found),
-                agent=owner.name,
-            )
+        claim = await self._record_edit(
+            branch_id, execution_id, checkpoint_id, found, actor, owner.name
         )
         store = self.actions.pauses.checkpointer_of(owner)
         try:
@@ -234,18 +249,8 @@ class Branching:
                 execution_id, "edit", "failed", None, f"{type(exc).__name__}: {exc}", None
             )
         branch_id = str(result.execution_id)
-        claim = await off_loop(
-            lambda: self.actions.decisions.claim(
-                kind=EDIT,
-                execution_id=branch_id,
-                checkpoint_id=checkpoint_id,
-                approved=None,
-                actor=actor,
-                reason="",
-                still_pending=lambda: False,
-                metadata=edits.edit_record(execution_id, checkpoint_id, found),
-                agent=chain.name,
-            )
+        claim = await self._record_edit(
+            branch_id, execution_id, checkpoint_id, found, actor, chain.name
         )
         status = "paused" if result.status == "paused" else result.status or "completed"
         output = result_text(result.output)
