@@ -234,10 +234,7 @@ def trace_index(settings: Settings, backend: Backend) -> SpanIndex | None:
     path = settings.traces or (
         str(backend.target.sqlite_path) if backend.target.sqlite_path is not None else None
     )
-    if path is None:
-        return None
-    # A first fold of many spans waits for the runs index's first build: the runs list first.
-    return SpanIndex(path, wait_for=lambda: backend.store.indexing() is not None)
+    return SpanIndex(path) if path is not None else None
 
 
 class TemplateCache(FileSystemBytecodeCache):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -302,37 +301,6 @@ def test_a_large_backlog_is_indexed_in_the_background(
     index = SpanIndex(store_copy, index_dir=tmp_path / "idx", background_from=0)
     try:
         assert index.attempts(seeded.id("completed")) == ()
-        index.wait(timeout=30)
-        assert not index.indexing
-        (attempt,) = index.attempts(seeded.id("completed")) or ()
-        assert attempt.root.text("agent.output") == "Done: refunded 40.00 on A-1001."
-    finally:
-        index.close()
-
-
-def test_a_background_fold_waits_while_the_runs_index_is_first_built(
-    store_copy: Path, seeded: Seeded, tmp_path: Path
-) -> None:
-    """The two share one interpreter: the spans wait for the runs list's index first."""
-    import threading
-
-    building = threading.Event()
-    building.set()
-    asked = threading.Event()
-
-    def runs_index_building() -> bool:
-        asked.set()
-        return building.is_set()
-
-    index = SpanIndex(
-        store_copy, index_dir=tmp_path / "idx", background_from=0, wait_for=runs_index_building
-    )
-    try:
-        assert index.attempts(seeded.id("completed")) == ()
-        assert asked.wait(timeout=10), "the fold never asked"
-        time.sleep(1.5)  # three looks at the runs index, each saying it is still building
-        assert index.indexing, "the fold went on while the runs index was being built"
-        building.clear()
         index.wait(timeout=30)
         assert not index.indexing
         (attempt,) = index.attempts(seeded.id("completed")) or ()

@@ -7,8 +7,7 @@ import os
 import sqlite3
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,8 +120,6 @@ READY, OFF, INDEXING = "ready", "off", "indexing"
 #: Spans folded per transaction while catching up, so a large first fold
 #: holds the index's write lock only briefly at a time.
 _BATCH = 10_000
-#: How often a background fold asks whether what it waits for (``wait_for``) is done.
-WAIT_SECONDS = 0.5
 
 
 def _index_dir() -> Path:
@@ -182,14 +179,8 @@ class SpanIndex:
         *,
         index_dir: Path | None = None,
         background_from: int = BACKGROUND_FROM,
-        wait_for: Callable[[], bool] | None = None,
     ) -> None:
         self.background_from = background_from
-        #: While this says so (the runs index's first build, which the runs list waits
-        #: on), a background fold waits: both are threads of one process, sharing its
-        #: interpreter, and on a store of a million traced runs the two at once took the
-        #: runs index twice as long (105 s instead of 48).
-        self.wait_for = wait_for
         self.traces_path = Path(traces_path).resolve()
         name = hashlib.sha256(str(self.traces_path).encode()).hexdigest()[:24]
         self.path = (index_dir or _index_dir()) / f"spans-{name}.sqlite"
@@ -308,8 +299,6 @@ class SpanIndex:
         """Fold up to ``newest`` a batch at a time, letting requests in between."""
         try:
             while True:
-                while not self._closed and self._waiting():
-                    time.sleep(WAIT_SECONDS)
                 with self.lock:
                     if self._closed:
                         return
@@ -320,14 +309,6 @@ class SpanIndex:
         except sqlite3.Error:
             # The next request starts again from the mark the last batch left.
             return
-
-    def _waiting(self) -> bool:
-        if self.wait_for is None:
-            return False
-        try:
-            return self.wait_for()
-        except Exception:
-            return False  # what it waits on cannot say: fold on rather than wait for ever
 
     def _fold(self, mark: int, upto: int) -> None:
         with transaction(self._conn):
