@@ -11,6 +11,7 @@ from pathlib import Path
 from conftest import ClientFactory, Seeded
 
 from localui.backends.traces import SpanIndex
+from localui.backends.traces.index import INDEXING
 from localui.views.trace import NO_SPANS, TRACING_OFF
 
 
@@ -305,6 +306,37 @@ def test_a_large_backlog_is_indexed_in_the_background(
         assert not index.indexing
         (attempt,) = index.attempts(seeded.id("completed")) or ()
         assert attempt.root.text("agent.output") == "Done: refunded 40.00 on A-1001."
+    finally:
+        index.close()
+
+
+def test_pages_do_not_wait_for_a_batch_being_folded(
+    store_copy: Path, seeded: Seeded, tmp_path: Path
+) -> None:
+    """While a large backlog is folded a batch at a time, under the index's lock, a page
+    answers at once without spans instead of waiting for the batch."""
+    import threading
+
+    index = SpanIndex(store_copy, index_dir=tmp_path / "idx", background_from=0)
+    run = seeded.id("completed")
+    try:
+        with index.lock:
+            # What a page's first look does under the lock: it starts the fold, whose
+            # first batch then waits for the lock, held here as a batch holds it.
+            assert index._refresh() == INDEXING
+            assert index.indexing
+            answers: list[object] = []
+            looking = threading.Thread(
+                target=lambda: answers.extend(
+                    [index.summaries([run]), index.attempts(run), index.resolutions(run)]
+                )
+            )
+            looking.start()
+            looking.join(timeout=5)
+            assert not looking.is_alive(), "a page waited for the batch being folded"
+        assert answers == [{}, (), ()]
+        index.wait(timeout=30)
+        assert run in (index.summaries([run]) or {})
     finally:
         index.close()
 

@@ -385,7 +385,9 @@ class SpanIndex:
 
     @property
     def indexing(self) -> bool:
-        """A large backlog of spans is being folded in: pages show none until it is."""
+        """A large backlog of spans is being folded in: pages show none until it is,
+        and do not wait for it: a fold holds the lock a batch of spans at a time, and a
+        runs list that waited for each batch answered in 200-280 ms instead of 7."""
         builder = self._builder
         return builder is not None and builder.is_alive()
 
@@ -398,6 +400,8 @@ class SpanIndex:
     def summaries(self, execution_ids: Sequence[str]) -> dict[str, RunSummary] | None:
         """What the runs list shows of each run that left spans; None without a
         ``spans`` table."""
+        if self.indexing:
+            return {}  # as below, without waiting for the batch being folded
         with self.lock:
             state = self._refresh()
             if state != READY:
@@ -429,6 +433,8 @@ class SpanIndex:
 
     def resolutions(self, execution_id: str) -> tuple[Resolution, ...]:
         """Every resolution of the run's pauses the SDK recorded, oldest first."""
+        if self.indexing:
+            return ()
         with self.lock:
             if self._refresh() != READY:
                 return ()
@@ -463,6 +469,8 @@ class SpanIndex:
         if before is not None:
             where.append("(at < ? OR (at = ? AND id < ?))")
             params += [before[0], before[0], str(before[1])]
+        if self.indexing:
+            return ()
         with self.lock:
             if self._refresh() != READY:
                 return ()
@@ -476,6 +484,8 @@ class SpanIndex:
     def attempts(self, execution_id: str) -> tuple[Attempt, ...] | None:
         """The run's attempts with their spans, oldest first; None without a ``spans``
         table (tracing was off), empty when tracing was on but the run left no span."""
+        if self.indexing:
+            return ()
         with self.lock:
             state = self._refresh()
             if state != READY:
