@@ -300,6 +300,7 @@ def create_app(
         )
         if settings.sign_in.required:
             auth.users = opened.users(writable=False)
+        auth.keys.open(opened.session_keys(writable=not settings.read_only))
         actions = ActionService(
             settings=settings,
             store=opened.store,
@@ -330,7 +331,7 @@ def create_app(
             feed=feed,
             traces=traces,
             auth=auth,
-            signer=Signer(),
+            signer=Signer(auth.keys),
             live_renders=LiveRenders(feed=feed),
             metrics=metrics,
             seeding=seeding,
@@ -376,6 +377,7 @@ def create_app(
             if auth.users is not None:
                 auth.users.close()
                 auth.users = None
+            auth.keys.close()
             if owned:
                 opened.close()
 

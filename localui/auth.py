@@ -14,10 +14,12 @@ prunes. This middleware refuses every unsafe method to a viewer; each action
 checks its own role too (:func:`require`), so no route is left open by being
 mounted where the middleware does not look.
 
-Sessions are signed (``itsdangerous``) with a key made at start and kept only in
-memory: whoever can read the store cannot forge one, and a restart signs
-everyone out. A session names its person and the token it was opened with, so a
-removed person or a reset token ends it within :data:`CACHE_SECONDS`.
+Sessions are signed (``itsdangerous``) with the store's keys (``localui.keyring``), so
+every localui process on the store accepts them, after a restart too, under one
+cookie name. A session names its person, the token it was opened with and an id of
+its own: a removed person, a reset token or a changed role is honoured within
+:data:`CACHE_SECONDS`, and a session signed out on any process within about a second
+(``localui.keyring.REFRESH_SECONDS``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from localui.backends.base import UserDirectory
 from localui.backends.users import check_name, token_hash
 from localui.errors import BadRequest, Forbidden, LifespanNotRun, Unavailable
+from localui.keyring import KeyRing
 from localui.offloop import off_loop
 from localui.records import User
 from localui.roles import ROLES
@@ -257,13 +260,16 @@ class Locked(Exception):
 class Authenticator:
     """Tokens, sessions and the proxy header for one app; made by ``create_app``."""
 
-    def __init__(self, policy: SignIn, *, port: int, token: str) -> None:
+    def __init__(
+        self, policy: SignIn, *, port: int, token: str, keys: KeyRing | None = None
+    ) -> None:
         self.policy = policy
         self.token = token
         self._owner_digest = token_hash(token)
-        # Per process, never stored: see the module docstring.
-        self._serializer = URLSafeTimedSerializer(secrets.token_bytes(32), salt="localui-session")
-        self.cookie = f"localui_session_{port}"
+        self.keys = keys if keys is not None else KeyRing()
+        self._port = port
+        #: The serializer of the keys it was made with (made again when they change).
+        self._signing: tuple[tuple[bytes, ...], URLSafeTimedSerializer] | None = None
         self.throttle = Throttle(policy)
         self.trusted = parse_networks(policy.trusted_proxies)
         self.users: UserDirectory | None = None
@@ -346,8 +352,26 @@ class Authenticator:
         cookie = _cookie(_header(scope, b"cookie") or "", self.cookie_name(scope))
         return await self.person_for_session(cookie, since) if cookie is not None else None
 
+    @property
+    def cookie(self) -> str:
+        """The session cookie's name without its TLS prefix: the store's on a store
+        that keeps keys (every process on it uses the one name, as a load balancer
+        shows one origin), else this port's (cookies do not tell ports apart)."""
+        return f"localui_session_{self.keys.ring or self._port}"
+
+    def _serializer(self) -> URLSafeTimedSerializer:
+        secrets_now = self.keys.secrets()
+        if self._signing is None or self._signing[0] != secrets_now:
+            # A list of keys: itsdangerous signs with the last and accepts any of them.
+            serializer = URLSafeTimedSerializer(list(secrets_now), salt="localui-session")
+            self._signing = (secrets_now, serializer)
+        return self._signing[1]
+
     def session_value(self, person: Person, mark: str) -> str:
-        return self._serializer.dumps({"n": person.name, "v": person.via, "m": mark})
+        session = secrets.token_urlsafe(12)
+        return self._serializer().dumps(
+            {"n": person.name, "v": person.via, "m": mark, "s": session}
+        )
 
     def _session_data(self, value: str) -> Any:
         """The signed payload of a session cookie, or None; a cookie checked in the last
@@ -357,7 +381,7 @@ class Authenticator:
         if cached is not None and cached[0] > now:
             return cached[1]
         try:
-            data = self._serializer.loads(value, max_age=self.policy.session_seconds)
+            data = self._serializer().loads(value, max_age=self.policy.session_seconds)
         except BadSignature:
             data = None
         self._sessions[value] = (now + CACHE_SECONDS, data)
@@ -366,8 +390,13 @@ class Authenticator:
         return data
 
     async def person_for_session(self, value: str, since: float = 0.0) -> Person | None:
+        await self.keys.fresh()
         data = self._session_data(value)
-        if not isinstance(data, dict):
+        if data is None and await self.keys.fresh(soon=True):
+            # Perhaps signed by another process with a key made since they were read.
+            self._sessions.pop(value, None)
+            data = self._session_data(value)
+        if not isinstance(data, dict) or self.keys.ended(data.get("s")):
             return None
         name, via, mark = data.get("n"), data.get("v"), data.get("m")
         if not isinstance(name, str) or not isinstance(mark, str):
@@ -407,6 +436,13 @@ class Authenticator:
             samesite="lax",
             secure=tls,
         )
+
+    async def end_session(self, value: str) -> None:
+        """Sign a session out for every process on the store (its cookie is cleared
+        by :meth:`clear_session`; a copy of it kept elsewhere stops working too)."""
+        data = self._session_data(value)
+        if isinstance(data, dict) and isinstance(data.get("s"), str):
+            await self.keys.end(data["s"], time.time() + self.policy.session_seconds)
 
     def clear_session(self, response: Response, scope: Scope) -> None:
         tls = self.over_tls(scope)

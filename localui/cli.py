@@ -354,7 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("list", "List the people and their roles."),
         ("remove", "Remove a person: their link and sessions stop working."),
         ("reset", "Give a person a new link: the old one and its sessions stop working."),
-        ("set", "Change a person's groups (each --group once; none at all clears them)."),
+        (
+            "set",
+            "Change a person's groups (each --group once; none at all clears them) or,"
+            " with --role, their role (their groups stay unless --group is given too).",
+        ),
     ):
         command = users_sub.add_parser(name, help=what, description=what)
         if name != "list":
@@ -367,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
             )
         if name == "add":
             command.add_argument("--role", required=True, choices=ROLES)
+        if name == "set":
+            command.add_argument("--role", default=None, choices=ROLES)
         if name in ("add", "set"):
             command.add_argument(
                 "--group",
@@ -384,6 +390,32 @@ def build_parser() -> argparse.ArgumentParser:
                 "--url",
                 default=f"http://{APP_HOST}:{DEFAULT_PORT}/",
                 help="The server's address as the person opens it, for the printed link.",
+            )
+    keys = sub.add_parser(
+        "keys",
+        help="The keys that sign sessions, shared by every server of a store.",
+        description="The keys that sign sessions, previews and links, kept in the store so"
+        " that every server of it accepts one session, after a restart too.",
+    )
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    for name, what in (
+        ("list", "List the keys: generation, made, accepted until."),
+        (
+            "rotate",
+            "Make a new key to sign with; sessions signed with the older ones are accepted"
+            " for --grace more, then end.",
+        ),
+    ):
+        command = keys_sub.add_parser(name, help=what, description=what)
+        command.add_argument("--store", default=None, help="The store, as for serve.")
+        command.add_argument("--pg-app-schema", default="localui", metavar="SCHEMA")
+        if name == "rotate":
+            command.add_argument(
+                "--grace",
+                default="1d",
+                metavar="AGE",
+                help="How long sessions signed with the older keys stay valid (30m, 12h, 1d;"
+                " 0s ends them at once). Default 1d.",
             )
     notifications = sub.add_parser(
         "notifications", help="What was announced, and each target's deliveries."
@@ -976,10 +1008,15 @@ def run_users(args: argparse.Namespace) -> int:
             return 1 if pairs else 0
         name = check_name(args.name)
         if args.users_command == "set":
-            changed = users.set_groups(name, check_groups(args.group))
+            changed = users.by_name(name)
+            if changed is not None and args.role is not None:
+                changed = users.set_role(name, args.role)
+            if changed is not None and (args.role is None or args.group):
+                changed = users.set_groups(name, check_groups(args.group))
             if changed is None:
                 return fail(f"no user {name!r}")
-            print(f"localui: {name} is in groups: {', '.join(changed.groups) or 'none'}")
+            groups = ", ".join(changed.groups) or "none"
+            print(f"localui: {name} is {changed.role}, in groups: {groups}")
             return 0
         if args.users_command == "remove":
             if not users.remove(name):
@@ -1010,6 +1047,54 @@ def run_users(args: argparse.Namespace) -> int:
         return fail(str(exc))
     finally:
         users.close()
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    """``localui keys list|rotate``: the keys every server of the store signs with."""
+    import time
+    from datetime import UTC, datetime
+
+    from localui.backends import open_session_keys, target_of
+    from localui.views.params import parse_age
+
+    store = args.store or default_store()
+    settings = Settings(store=store, pg_app_schema=args.pg_app_schema)
+    sqlite_path = target_of(settings).sqlite_path
+    if sqlite_path is not None and not sqlite_path.is_file():
+        return fail(f"no store at {store} (pass --store or set FASTAIAGENT_LOCAL_DB)")
+    try:
+        grace = parse_age(args.grace, "--grace") if args.keys_command == "rotate" else None
+        keys = open_session_keys(settings, writable=args.keys_command == "rotate")
+    except LocalUIError as exc:
+        return fail(str(exc))
+
+    def when(stamp: float) -> str:
+        return datetime.fromtimestamp(stamp, UTC).isoformat(timespec="seconds")
+
+    try:
+        if grace is not None:
+            listed = keys.rotate(grace.total_seconds())
+        else:
+            shared = keys.shared(time.time())
+            if shared is None:
+                print("localui: no keys yet: the first server of this store makes them")
+                return 0
+            listed = shared.keys
+        for key in listed:
+            until = (
+                "signs now" if key.retires_at is None else f"accepted until {when(key.retires_at)}"
+            )
+            print(f"key {key.generation}\tmade {when(key.created_at)}\t{until}")
+        if grace is not None:
+            print(
+                f"localui: key {listed[-1].generation} signs from now on; every server of the"
+                " store takes it up within a second"
+            )
+        return 0
+    except LocalUIError as exc:
+        return fail(str(exc))
+    finally:
+        keys.close()
 
 
 def run_notifications(args: argparse.Namespace) -> int:
@@ -1075,6 +1160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_users(args)
     if args.command == "notifications":
         return run_notifications(args)
+    if args.command == "keys":
+        return run_keys(args)
     if args.command == "decisions":
         return run_decisions_export(args)
     return run_demo(args)

@@ -11,7 +11,15 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from localui.backends.base import STATES, Backend, Outbox, Store, StoreTarget, UserDirectory
+from localui.backends.base import (
+    STATES,
+    Backend,
+    Outbox,
+    SessionKeys,
+    Store,
+    StoreTarget,
+    UserDirectory,
+)
 from localui.backends.urls import is_postgres_url
 from localui.settings import Settings
 
@@ -70,6 +78,20 @@ def open_users(settings: Settings, *, writable: bool) -> UserDirectory:
 
     assert target.sqlite_path is not None
     return SQLiteUsers(target.sqlite_path, writable=writable)
+
+
+def open_session_keys(settings: Settings, *, writable: bool) -> SessionKeys:
+    """The signing keys of the store ``settings`` names, without opening the store
+    (``localui keys``). A server asks its backend (``Backend.session_keys``)."""
+    target = target_of(settings)
+    if target.pg_dsn is not None:
+        from localui.backends.postgres.keys import PostgresKeys
+
+        return PostgresKeys(target.pg_dsn, schema=settings.pg_app_schema, writable=writable)
+    from localui.backends.sqlite.keys import SQLiteKeys
+
+    assert target.sqlite_path is not None
+    return SQLiteKeys(target.sqlite_path, writable=writable)
 
 
 def open_outbox(settings: Settings) -> Outbox:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from localui.backends.decisions import ABANDONED_AFTER_SECONDS
+from localui.backends.keys import Key, Shared
 from localui.backends.notifications import Notice, Notification, TargetStatus
 from localui.records import (
     AttentionCounts,
@@ -426,11 +427,36 @@ class UserDirectory(Protocol):
         """A person's groups, replaced; None if no such person."""
         ...
 
+    def set_role(self, name: str, role: str) -> User | None:
+        """Change a person's role; None when there is no such person."""
+        ...
+
     def set_token(self, name: str, digest: str) -> User | None:
         """A new token for a person (the old one stops working); None if no such person."""
         ...
 
     def remove(self, name: str) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class SessionKeys(Protocol):
+    """The keys sessions, previews and links are signed with, and the sessions ended
+    by signing out, shared by every process on the store (``localui.backends.keys``)."""
+
+    def shared(self, ended_after: float) -> Shared | None:
+        """The keys still accepted and the sign-outs since ``ended_after`` (Unix
+        seconds); a writable one makes the tables and the first key when there are
+        none, a read-only one answers None until then."""
+        ...
+
+    def rotate(self, grace_seconds: float) -> tuple[Key, ...]:
+        """A new newest key; the older ones are accepted ``grace_seconds`` more."""
+        ...
+
+    def end_session(self, session_id: str, expires_at: float) -> None:
+        """Record a session signed out (kept until it would have expired anyway)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -493,6 +519,10 @@ class Backend(Protocol):
 
     def outbox(self) -> Outbox:
         """The notifications outbox in the store's own database (the caller closes it)."""
+        ...
+
+    def session_keys(self, *, writable: bool) -> SessionKeys:
+        """The keys every process on the store signs with (``localui.backends.keys``)."""
         ...
 
     def users(self, *, writable: bool) -> UserDirectory:

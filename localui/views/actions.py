@@ -134,8 +134,12 @@ def _older_than(text: str | None) -> str:
     return (text or "7d").strip()
 
 
-def _signer(request: Request) -> Signer:
-    return context(request).signer
+async def _signer(request: Request) -> Signer:
+    """The signer, with the store's keys as they are now (another process may have
+    rotated them)."""
+    signer = context(request).signer
+    await signer.keys.fresh()
+    return signer
 
 
 async def prune_preview(request: Request) -> Response:
@@ -159,7 +163,7 @@ async def prune_preview(request: Request) -> Response:
         runs=preview.runs,
         pauses_kept=preview.pauses_kept,
         resumable_cache=preview.resumable_cache,
-        prune_token=_signer(request).sign(PRUNE_PURPOSE, preview.cutoff),
+        prune_token=(await _signer(request)).sign(PRUNE_PURPOSE, preview.cutoff),
         read_only=actions.settings.read_only,
     )
     return await respond(request, "pages/prune.html", page)
@@ -181,7 +185,7 @@ async def prune_now(request: Request) -> Response:
             "GET /prune.json?older_than=7d, then POST both back"
         )
     cutoff = parse_instant("cutoff", cutoff_text)
-    if not _signer(request).verify(PRUNE_PURPOSE, cutoff_text, token):
+    if not await (await _signer(request)).check(PRUNE_PURPOSE, cutoff_text, token):
         raise Forbidden(
             "this cutoff is not one a preview of this server showed: preview again, "
             "then prune what it shows"

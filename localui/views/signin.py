@@ -103,6 +103,11 @@ async def signin(request: Request) -> Response:
 
 
 async def signout(request: Request) -> Response:
+    auth = context(request).auth
     response = RedirectResponse(urls_of(request).path("signin"), status_code=303)
-    context(request).auth.clear_session(response, request.scope)
+    value = request.cookies.get(auth.cookie_name(request.scope))
+    if value:
+        # Ended for every process on the store, not only forgotten by this browser.
+        await auth.end_session(value)
+    auth.clear_session(response, request.scope)
     return response

@@ -9,6 +9,7 @@ from localui.backends.base import (
     DecisionLog,
     Outbox,
     Prunes,
+    SessionKeys,
     StoreTarget,
     UserDirectory,
 )
@@ -61,6 +62,11 @@ class PostgresBackend:
         from localui.backends.postgres.notifications import PostgresOutbox
 
         return PostgresOutbox(self.dsn, schema=self.app_schema)
+
+    def session_keys(self, *, writable: bool) -> SessionKeys:
+        from localui.backends.postgres.keys import PostgresKeys
+
+        return PostgresKeys(self.dsn, schema=self.app_schema, writable=writable)
 
     def users(self, *, writable: bool) -> UserDirectory:
         return PostgresUsers(self.dsn, schema=self.app_schema, writable=writable)

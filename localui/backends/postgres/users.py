@@ -144,6 +144,12 @@ class PostgresUsers:
         )
         return user_from_row(row, iso) if row is not None else None
 
+    def set_role(self, name: str, role: str) -> User | None:
+        row = self._changed(
+            "UPDATE {table} SET role = %s WHERE name = %s RETURNING {columns}", (role, name)
+        )
+        return user_from_row(row, iso) if row is not None else None
+
     def set_groups(self, name: str, groups: Sequence[str]) -> User | None:
         row = self._changed(
             "UPDATE {table} SET user_groups = %s WHERE name = %s RETURNING {columns}",

@@ -12,6 +12,7 @@ from localui.backends.base import (
     DecisionLog,
     Outbox,
     Prunes,
+    SessionKeys,
     StoreTarget,
     UserDirectory,
 )
@@ -50,6 +51,11 @@ class SQLiteBackend:
         from localui.backends.sqlite.notifications import SQLiteOutbox
 
         return SQLiteOutbox(self.path)
+
+    def session_keys(self, *, writable: bool) -> SessionKeys:
+        from localui.backends.sqlite.keys import SQLiteKeys
+
+        return SQLiteKeys(self.path, writable=writable)
 
     def users(self, *, writable: bool) -> UserDirectory:
         return SQLiteUsers(self.path, writable=writable)

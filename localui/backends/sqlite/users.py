@@ -129,6 +129,11 @@ class SQLiteUsers:
             )
         return self.by_name(name)
 
+    def set_role(self, name: str, role: str) -> User | None:
+        with self._lock:
+            self._conn.execute(f"UPDATE {TABLE} SET role = ? WHERE name = ?", (role, name))
+        return self.by_name(name)
+
     def set_groups(self, name: str, groups: Sequence[str]) -> User | None:
         with self._lock:
             self._conn.execute(
