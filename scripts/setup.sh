@@ -90,12 +90,13 @@ postgres_bin_dir() {
     [[ -n $initdb ]] && dirname "$initdb"
 }
 
-# Debian's Chromium (browser tests) and PostgreSQL server (backend tests), in
-# one apt transaction, only when missing.
+# Debian's Chromium (browser tests), PostgreSQL server (backend tests) and HAProxy
+# (replicas behind a load balancer), in one apt transaction, only when missing.
 ensure_system_packages() {
     local missing=()
     [[ -x /usr/bin/chromium ]] || missing+=(chromium)
     postgres_bin_dir >/dev/null || missing+=(postgresql)
+    [[ -x /usr/sbin/haproxy ]] || missing+=(haproxy)
     if ((${#missing[@]})); then
         apt_install "${missing[@]}"
     fi

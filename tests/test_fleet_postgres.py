@@ -337,11 +337,18 @@ class EventStream:
     events: list[tuple[float, str, str]] = field(default_factory=list)
     opened: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Sent with the request (a session cookie).
+    headers: dict[str, str] = field(default_factory=dict)
+    #: The response's headers, once it opened.
+    answered: dict[str, str] = field(default_factory=dict)
 
     def read(self) -> None:
         event, data = "message", []
         try:
-            with httpx.stream("GET", self.url, timeout=httpx.Timeout(10, read=30)) as response:
+            with httpx.stream(
+                "GET", self.url, headers=self.headers, timeout=httpx.Timeout(10, read=30)
+            ) as response:
+                self.answered = dict(response.headers)
                 self.opened.set()
                 for line in response.iter_lines():
                     if line.startswith("event:"):
