@@ -90,14 +90,40 @@ postgres_bin_dir() {
     [[ -n $initdb ]] && dirname "$initdb"
 }
 
-# Debian's Chromium (browser tests), PostgreSQL server (backend tests) and HAProxy
-# (replicas behind a load balancer), in one apt transaction, only when missing.
+# Debian's Chromium (browser tests), PostgreSQL server (backend tests), HAProxy
+# (replicas behind a load balancer) and faketime (an OpenID Provider whose clock is
+# off), in one apt transaction, only when missing.
 ensure_system_packages() {
     local missing=()
     [[ -x /usr/bin/chromium ]] || missing+=(chromium)
     postgres_bin_dir >/dev/null || missing+=(postgresql)
     [[ -x /usr/sbin/haproxy ]] || missing+=(haproxy)
+    [[ -x /usr/bin/faketime ]] || missing+=(faketime)
     if ((${#missing[@]})); then
         apt_install "${missing[@]}"
     fi
+}
+
+# The OpenID Provider the sign-in tests start (tests/oidc: panva's oidc-provider),
+# installed from its lock file with `npm ci` when node_modules is missing or older
+# than the lock. Node.js 20.19 or later comes with the machine: Debian's is too old.
+ensure_oidc_provider() {
+    local dir=tests/oidc
+    if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+        echo "setup: the tests' OpenID Provider needs Node.js (20.19 or later) and npm" >&2
+        return 1
+    fi
+    if [[ -f $dir/node_modules/.package-lock.json &&
+        ! $dir/package-lock.json -nt $dir/node_modules/.package-lock.json ]]; then
+        return 0
+    fi
+    echo "setup: npm ci --prefix $dir" >&2
+    local log
+    log=$(mktemp)
+    if ! npm ci --prefix "$dir" --no-audit --no-fund >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        return 1
+    fi
+    rm -f "$log"
 }

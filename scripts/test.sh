@@ -198,7 +198,8 @@ no_test_selected() {
 EXTRA_ARGS=("$@")
 
 step "set up .venv" ensure_venv
-step "install Chromium, PostgreSQL, HAProxy" ensure_system_packages
+step "install Chromium, PostgreSQL, HAProxy, faketime" ensure_system_packages
+step "npm ci tests/oidc" ensure_oidc_provider
 step "start PostgreSQL" start_postgres
 step "ruff check" .venv/bin/ruff check localui bench tests playwright_tests examples
 step "ruff format --check" .venv/bin/ruff format --check localui bench tests playwright_tests examples
