@@ -24,8 +24,8 @@
 // redirect_uri with ?code=…&state=…. Consent is not asked: the client is first-party,
 // so whatever scopes and claims it asks for are granted. The ID token itself carries
 // name, preferred_username, email and groups (for the scopes asked), as localui reads
-// them from there. Codes are single-use. It prints "listening on <issuer>" when ready
-// and logs each request and each refused one to stdout.
+// them from there. Codes are single-use. It prints "listening on http://127.0.0.1:<port>"
+// when ready, and logs each request and each refused one to stdout.
 
 import { createServer } from 'node:http';
 import { randomBytes } from 'node:crypto';
