@@ -30,6 +30,7 @@ from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed, LiveRenders
 from localui.metrics import RequestTiming, app_metrics
 from localui.notify.watcher import Watcher, make_watcher
+from localui.oidc import OpenIDSignIn
 from localui.paths import cache_dir, static_dir, templates_dir
 from localui.recovery import RecoverySweep
 from localui.registry import Registry
@@ -179,6 +180,8 @@ def build_routes() -> list[Route | Mount]:
         Route("/prune", action_views.prune_now, methods=["POST"], name="prune_now"),
         Route("/signin", signin_views.signin, methods=["GET", "POST"], name="signin"),
         Route("/signout", signin_views.signout, methods=["POST"], name="signout"),
+        Route("/signin/oidc", signin_views.oidc_start, name="signin_oidc"),
+        Route("/signin/oidc/callback", signin_views.oidc_callback, name="signin_oidc_callback"),
         Mount("/static", app=PrecompressedStatics(static_dir()), name="static"),
     ]
 
@@ -288,6 +291,8 @@ def create_app(
     # (a middleware) holds it; the fleet it reads is opened by the lifespan.
     metrics = app_metrics(settings)
     auth.scraper_token = metrics.token
+    oidc_config = settings.sign_in.oidc
+    oidc = OpenIDSignIn(oidc_config, auth.keys) if oidc_config is not None else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -332,6 +337,7 @@ def create_app(
             traces=traces,
             auth=auth,
             signer=Signer(auth.keys),
+            oidc=oidc,
             live_renders=LiveRenders(feed=feed),
             metrics=metrics,
             seeding=seeding,

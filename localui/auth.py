@@ -66,8 +66,9 @@ TOKEN_PARAM = "token"
 @dataclass(frozen=True, slots=True)
 class Person:
     """Who a request comes from. ``via``: ``owner`` (the start-up token), ``user``
-    (a personal token), ``proxy`` (a trusted proxy's header), or ``open`` (sign-in
-    is off: everyone may do everything, and names their approver by hand)."""
+    (a personal token), ``proxy`` (a trusted proxy's header), ``oidc`` (the team's
+    OpenID Provider, ``localui.oidc``), or ``open`` (sign-in is off: everyone may do
+    everything, and names their approver by hand)."""
 
     name: str
     role: str
@@ -77,7 +78,7 @@ class Person:
 
     @property
     def signed_in(self) -> bool:
-        return self.via in ("owner", "user", "proxy")
+        return self.via in ("owner", "user", "proxy", "oidc")
 
     def may(self, role: str) -> bool:
         return ROLES.index(self.role) >= ROLES.index(role)
@@ -368,10 +369,17 @@ class Authenticator:
         return self._signing[1]
 
     def session_value(self, person: Person, mark: str) -> str:
-        session = secrets.token_urlsafe(12)
-        return self._serializer().dumps(
-            {"n": person.name, "v": person.via, "m": mark, "s": session}
-        )
+        data: dict[str, Any] = {
+            "n": person.name,
+            "v": person.via,
+            "m": mark,
+            "s": secrets.token_urlsafe(12),
+        }
+        if person.via == "oidc":
+            # The provider is not asked again while the session lasts: its role and
+            # groups as they were at sign-in travel with it.
+            data.update(r=person.role, g=list(person.groups))
+        return self._serializer().dumps(data)
 
     def _session_data(self, value: str) -> Any:
         """The signed payload of a session cookie, or None; a cookie checked in the last
@@ -412,6 +420,11 @@ class Authenticator:
             if not hmac.compare_digest(mark, user.token_mark):
                 return None  # the token was reset: sessions opened with the old one end
             return Person(user.name, user.role, "user", user.groups)
+        if via == "oidc" and self.policy.oidc is not None:
+            role, groups = data.get("r"), data.get("g")
+            if role not in ROLES or not isinstance(groups, list):
+                return None
+            return Person(name, str(role), "oidc", tuple(str(g) for g in groups))
         return None
 
     def cookie_name(self, scope: Scope) -> str:
@@ -664,7 +677,7 @@ class AuthMiddleware:
             person = await self.auth.person_for_session(cookie)
         if person is not None:
             return person
-        if path == "/signin":
+        if path == "/signin" or path.startswith("/signin/oidc"):
             return None
         return self.unauthenticated(scope, headers, "Sign in to see this server.")
 

@@ -25,6 +25,7 @@ from localui.settings import (
     EVENT_CHOICES,
     LOOPBACK_NAMES,
     Notifications,
+    OpenIDConnect,
     Settings,
     SignIn,
 )
@@ -143,6 +144,47 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="ADDRESS",
         help="An address or network (10.0.0.0/8) of the proxy whose headers are believed.",
+    )
+    auth.add_argument(
+        "--oidc-issuer",
+        default="",
+        metavar="URL",
+        help="Sign in at this OpenID Provider (its issuer URL, as its discovery document names"
+        " it), beside tokens. Register {public URL}/signin/oidc/callback as the redirect URI.",
+    )
+    auth.add_argument("--oidc-client-id", default="", metavar="ID")
+    auth.add_argument(
+        "--oidc-client-secret-file",
+        default="",
+        metavar="FILE",
+        help="A file holding the client's secret (kept out of the command line).",
+    )
+    auth.add_argument(
+        "--oidc-role",
+        action="append",
+        default=[],
+        metavar="GROUP=ROLE",
+        help="People in GROUP get ROLE (viewer, approver, operator; the highest of their"
+        " groups wins). Repeatable; someone in no mapped group is refused.",
+    )
+    auth.add_argument(
+        "--oidc-name-claim",
+        default="preferred_username",
+        metavar="CLAIM",
+        help="The ID token's claim decisions name the person by (default preferred_username).",
+    )
+    auth.add_argument(
+        "--oidc-groups-claim",
+        default="groups",
+        metavar="CLAIM",
+        help="The ID token's claim listing the person's groups (default groups); they are"
+        " also the groups an approval policy's group:NAME matches.",
+    )
+    auth.add_argument(
+        "--oidc-scopes",
+        default="openid profile email groups",
+        metavar="SCOPES",
+        help="The scopes asked for (default: openid profile email groups).",
     )
 
 
@@ -619,9 +661,66 @@ def sign_in_problem(args: argparse.Namespace) -> str | None:
 
     try:
         parse_networks(tuple(args.trusted_proxy))
+        oidc_of(args)
     except LocalUIError as exc:
         return str(exc)
     return None
+
+
+def oidc_of(args: argparse.Namespace) -> OpenIDConnect | None:
+    """The ``--oidc-*`` options, checked and the secret read; :class:`BadRequest` says
+    what is wrong in one line."""
+    from urllib.parse import urlsplit
+
+    from localui.errors import BadRequest
+
+    given = [args.oidc_client_id, args.oidc_client_secret_file, *args.oidc_role]
+    if not args.oidc_issuer:
+        if any(given):
+            raise BadRequest(
+                "--oidc-client-id, --oidc-client-secret-file and --oidc-role need --oidc-issuer"
+            )
+        return None
+    if args.no_auth:
+        raise BadRequest("--no-auth and --oidc-issuer contradict each other: pick one")
+    issuer = urlsplit(args.oidc_issuer)
+    local = (issuer.hostname or "") in LOOPBACK_NAMES or (issuer.hostname or "").startswith("127.")
+    if issuer.scheme != "https" and not (issuer.scheme == "http" and local):
+        raise BadRequest(
+            f"--oidc-issuer {args.oidc_issuer!r}: give an https:// URL (plain http only on this"
+            " machine: the client's secret and people's tokens would cross the network unread)"
+        )
+    if not args.oidc_client_id or not args.oidc_client_secret_file:
+        raise BadRequest("--oidc-issuer needs --oidc-client-id and --oidc-client-secret-file")
+    try:
+        secret = Path(args.oidc_client_secret_file).read_text().strip()
+    except OSError as exc:
+        raise BadRequest(
+            f"--oidc-client-secret-file {args.oidc_client_secret_file}: {exc.strerror}"
+        ) from exc
+    if not secret:
+        raise BadRequest(f"--oidc-client-secret-file {args.oidc_client_secret_file} is empty")
+    roles = []
+    for pair in args.oidc_role:
+        group, _, role = pair.partition("=")
+        if not group.strip() or role.strip() not in ROLES:
+            raise BadRequest(
+                f"--oidc-role {pair!r}: give GROUP=ROLE, ROLE one of {', '.join(ROLES)}"
+            )
+        roles.append((group.strip(), role.strip()))
+    if not roles:
+        raise BadRequest(
+            "--oidc-issuer needs at least one --oidc-role GROUP=ROLE: no group, no access"
+        )
+    return OpenIDConnect(
+        issuer=args.oidc_issuer,
+        client_id=args.oidc_client_id,
+        client_secret=secret,
+        name_claim=args.oidc_name_claim,
+        groups_claim=args.oidc_groups_claim,
+        roles=tuple(roles),
+        scopes=args.oidc_scopes,
+    )
 
 
 def sign_in_lines(settings: Settings, url: str) -> list[str]:
@@ -640,6 +739,13 @@ def sign_in_lines(settings: Settings, url: str) -> list[str]:
         lines.append(
             f"people signed in by the proxy at {', '.join(sign_in.trusted_proxies)}"
             f" are named by its {sign_in.proxy_user_header} header"
+        )
+    if sign_in.oidc is not None:
+        mapped = ", ".join(f"{group}={role}" for group, role in sign_in.oidc.roles)
+        lines.append(
+            f"people sign in at the OpenID Provider {sign_in.oidc.issuer} ({mapped}); its"
+            f" redirect URI is {url.rstrip('/')}/signin/oidc/callback unless --public-url"
+            " says otherwise"
         )
     lines.append(f"sign in at {url}?token={sign_in.token} (as {sign_in.owner}, operator)")
     lines.append(f"scripts send the header: Authorization: Bearer {sign_in.token}")
@@ -713,6 +819,7 @@ def _settings(args: argparse.Namespace, store: str) -> Settings:
             proxy_default_role=args.auth_proxy_default_role,
             proxy_groups_header=args.auth_proxy_groups_header,
             trusted_proxies=tuple(args.trusted_proxy),
+            oidc=oidc_of(args),
         ),
     )
 

@@ -18,6 +18,24 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", APP_HOST)
 
 
 @dataclass(frozen=True, slots=True)
+class OpenIDConnect:
+    """Sign-in at the team's identity provider (``localui.oidc``)."""
+
+    #: The issuer's URL, as its discovery document names it.
+    issuer: str
+    client_id: str
+    client_secret: str
+    #: The ID token's claim that names the person.
+    name_claim: str = "preferred_username"
+    #: The ID token's claim that lists the person's groups.
+    groups_claim: str = "groups"
+    #: (group, role) pairs: a person gets the highest role of their groups; a person in
+    #: none of them is refused.
+    roles: tuple[tuple[str, str], ...] = ()
+    scopes: str = "openid profile email groups"
+
+
+@dataclass(frozen=True, slots=True)
 class SignIn:
     """Who may use the server, and how they prove it (``localui.auth``)."""
 
@@ -52,6 +70,8 @@ class SignIn:
     global_window: float = 60.0
     #: How long a session cookie stays good.
     session_seconds: int = 7 * 86400
+    #: Sign-in at an OpenID Provider beside tokens and the proxy, when set.
+    oidc: OpenIDConnect | None = None
 
 
 #: How long an unfinished decision's process may stay silent before another process

@@ -8,6 +8,8 @@ of the store: whoever sees it has not proved who they are.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
@@ -23,6 +25,8 @@ from localui.auth import (
     safe_next,
     without_token,
 )
+from localui.errors import NotFound
+from localui.oidc import CALLBACK_PATH, FLOW_SECONDS, OpenIDSignIn, Refused
 from localui.settings import Settings
 from localui.views.state import context
 from localui.views.urls import Urls, urls_of, urls_of_scope
@@ -69,8 +73,13 @@ def _page(
     next_url: str,
     status: int,
 ) -> Response:
+    oidc = settings.sign_in.oidc
     html = templates.get_template("pages/signin.html").render(
-        message=message, next_url=next_url, settings=settings, urls=urls
+        message=message,
+        next_url=next_url,
+        settings=settings,
+        urls=urls,
+        provider=urlsplit(oidc.issuer).netloc if oidc is not None else "",
     )
     return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
 
@@ -110,4 +119,76 @@ async def signout(request: Request) -> Response:
         # Ended for every process on the store, not only forgotten by this browser.
         await auth.end_session(value)
     auth.clear_session(response, request.scope)
+    return response
+
+
+# --- sign-in at the team's OpenID Provider (localui.oidc) -----------------------------
+
+
+def _oidc(request: Request) -> OpenIDSignIn:
+    oidc = context(request).oidc
+    if oidc is None:
+        raise NotFound("this server does not sign in with an OpenID Provider (--oidc-issuer)")
+    return oidc
+
+
+def _callback_url(request: Request) -> str:
+    """Where the provider sends the browser back: under ``--public-url`` when set (what
+    is registered at the provider), else this server's own address."""
+    ctx = context(request)
+    public = ctx.settings.notifications.public_url
+    if public:
+        return public.rstrip("/") + CALLBACK_PATH
+    scheme = "https" if ctx.auth.over_tls(request.scope) else "http"
+    root = request.scope.get("root_path", "").rstrip("/")
+    return f"{scheme}://{request.url.netloc}{root}{CALLBACK_PATH}"
+
+
+def _flow_cookie(request: Request, response: Response, oidc: OpenIDSignIn, value: str) -> None:
+    tls = context(request).auth.over_tls(request.scope)
+    response.set_cookie(
+        oidc.cookie,
+        value,
+        max_age=FLOW_SECONDS if value else 0,
+        path=request.scope.get("root_path") or "/",
+        httponly=True,
+        # Lax: the provider's redirect back is a top-level GET from another site.
+        samesite="lax",
+        secure=tls,
+    )
+
+
+async def oidc_start(request: Request) -> Response:
+    """Off to the provider, with a fresh state, nonce and PKCE verifier in a cookie."""
+    ctx = context(request)
+    oidc = _oidc(request)
+    next_url = safe_next(request.query_params.get("next", ""), request.scope.get("root_path", ""))
+    if person_of(request).signed_in:
+        return RedirectResponse(next_url, status_code=303)
+    try:
+        url, value = await oidc.start(next_url, _callback_url(request))
+    except Refused as exc:
+        return _page(ctx.templates, ctx.settings, urls_of(request), str(exc), next_url, exc.status)
+    response = RedirectResponse(url, status_code=303)
+    _flow_cookie(request, response, oidc, value)
+    return response
+
+
+async def oidc_callback(request: Request) -> Response:
+    """Back from the provider: the state checked, the code traded, the ID token checked,
+    the person signed in with the role their groups give; else a page that says why."""
+    ctx = context(request)
+    oidc = _oidc(request)
+    home = (request.scope.get("root_path") or "") + "/"
+    try:
+        person, flow = await oidc.finish(
+            dict(request.query_params), request.cookies.get(oidc.cookie), _callback_url(request)
+        )
+    except Refused as exc:
+        response = _page(ctx.templates, ctx.settings, urls_of(request), str(exc), home, exc.status)
+    else:
+        response = RedirectResponse(flow.next_url, status_code=303)
+        ctx.auth.set_session(response, request.scope, person, "")
+    # Spent either way: the same answer from the provider cannot be brought back.
+    _flow_cookie(request, response, oidc, "")
     return response

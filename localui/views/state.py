@@ -29,6 +29,7 @@ from localui.live import BrowserStreams, ChangeFeed, LiveRenders
 from localui.metrics import AppMetrics
 from localui.notify.watcher import Watcher
 from localui.offloop import off_loop
+from localui.oidc import OpenIDSignIn
 from localui.records import SeedProgress
 from localui.registry import Registry
 from localui.settings import Settings
@@ -83,6 +84,8 @@ class AppState:
     seeding: Seeding | None = None
     #: Records and sends notifications; None when no target is configured.
     watcher: Watcher | None = None
+    #: Sign-in at the team's OpenID Provider; None without ``--oidc-issuer``.
+    oidc: OpenIDSignIn | None = None
 
     @property
     def store(self) -> Store:
