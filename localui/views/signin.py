@@ -14,8 +14,10 @@ from starlette.templating import Jinja2Templates
 from starlette.types import Scope
 
 from localui.auth import (
+    SIGNIN_KEY,
     Locked,
     Person,
+    SigninAttempt,
     SigninPage,
     SwitchPage,
     client_key,
@@ -90,13 +92,16 @@ async def signin(request: Request) -> Response:
     try:
         found = await auth.check_token(str(form.get("token") or "").strip(), client)
     except Locked as exc:
+        request.scope[SIGNIN_KEY] = SigninAttempt(None, "form")
         response = _page(ctx.templates, ctx.settings, urls_of(request), str(exc), next_url, 429)
         response.headers["Retry-After"] = str(max(1, round(exc.seconds)))
         return response
     if found is None:
+        request.scope[SIGNIN_KEY] = SigninAttempt(None, "form")
         message = "That token is not valid (or no longer is): ask for a new one."
         return _page(ctx.templates, ctx.settings, urls_of(request), message, next_url, 401)
     person, mark = found
+    request.scope[SIGNIN_KEY] = SigninAttempt(person, "form")
     response = RedirectResponse(next_url, status_code=303)
     auth.set_session(response, request.scope, person, mark)
     return response

@@ -22,7 +22,7 @@ from starlette.templating import Jinja2Templates
 from localui import runs
 from localui.actions import ActionService
 from localui.auth import Authenticator, Person
-from localui.backends.base import Backend, Store
+from localui.backends.base import AuditLog, Backend, Store
 from localui.backends.traces import SpanIndex
 from localui.errors import LifespanNotRun
 from localui.live import BrowserStreams, ChangeFeed, LiveRenders
@@ -83,6 +83,9 @@ class AppState:
     seeding: Seeding | None = None
     #: Records and sends notifications; None when no target is configured.
     watcher: Watcher | None = None
+    #: Every change made through localui (``/audit``); None only in an app state
+    #: built without the lifespan.
+    audit: AuditLog | None = None
 
     @property
     def store(self) -> Store:
