@@ -11,6 +11,7 @@ real, the rows read back from the store's own table and changed there with plain
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 import subprocess
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import pytest
-from helpers import JSON, TEST_TOKEN, sign_in_settings
+from helpers import JSON, TEST_TOKEN, run_cli, sign_in_settings
 from starlette.routing import BaseRoute, Mount, Route
 from test_backends import (  # noqa: F401  (fixtures the backend fixture needs)
     Backend,
@@ -360,3 +361,52 @@ def test_a_read_only_server_reads_the_log_and_writes_none(backend: Backend) -> N
     assert desk.client.get("/audit.json", headers=OWNER).json()["entries"] == []
     assert desk.client.post("/prune", data={"older_than": "1d"}, headers=OWNER).status_code == 403
     assert desk.client.get("/audit.json", headers=OWNER).json()["entries"] == []
+
+
+# --- the command line ----------------------------------------------------------------
+
+
+def store_args(desk: Acting) -> list[str]:
+    opened = desk.client.app.state.localui.backend
+    if opened.target.sqlite_path is not None:
+        return ["--store", str(opened.target.sqlite_path)]
+    return ["--store", opened.dsn, "--pg-app-schema", opened.app_schema]
+
+
+def test_cli_user_changes_are_rows_and_verify_and_export_read_the_chain(
+    backend: Backend,
+) -> None:
+    desk = serve(backend)
+    where = store_args(desk)
+    assert run_cli("users", "add", "Ann", "--role", "approver", *where).returncode == 0
+    assert run_cli("users", "set", "Ann", "--group", "finance", *where).returncode == 0
+    assert run_cli("users", "remove", "Nobody", *where).returncode == 2
+    assert run_cli("users", "reset", "Ann", *where).returncode == 0
+    assert run_cli("users", "remove", "Ann", *where).returncode == 0
+    got = [(r.action, r.via, r.method, r.outcome, r.detail) for r in rows(desk)]
+    assert got == [
+        ("user_add", "cli", "CLI", "ok", '{"groups":[],"role":"approver","user":"Ann"}'),
+        ("user_groups", "cli", "CLI", "ok", '{"groups":["finance"],"user":"Ann"}'),
+        ("user_remove", "cli", "CLI", "refused", '{"user":"Nobody"}'),
+        ("user_reset", "cli", "CLI", "ok", '{"user":"Ann"}'),
+        ("user_remove", "cli", "CLI", "ok", '{"user":"Ann"}'),
+    ]
+    assert all("token" not in r.detail for r in rows(desk))
+
+    verified = run_cli("audit", "verify", *where)
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stdout.startswith("localui: 5 audit row(s), every hash and link intact")
+    assert rows(desk)[-1].hash in verified.stdout
+    exported = run_cli("audit", "export", "--format", "jsonl", *where)
+    lines = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert [line["id"] for line in lines] == [1, 2, 3, 4, 5]
+    assert lines[2]["hash"] == rows(desk)[2].hash
+    as_csv = run_cli("audit", "export", *where).stdout.splitlines()
+    assert as_csv[0].startswith("id,at,actor") and len(as_csv) == 6
+
+    raw_sql(desk, "UPDATE {t} SET outcome = 'ok' WHERE id = 3")
+    raw_sql(desk, "DELETE FROM {t} WHERE id = 4")
+    broken = run_cli("audit", "verify", *where)
+    assert broken.returncode == 1
+    assert "row 3 was changed" in broken.stderr
+    assert "row 4 removed: row 5 follows row 3" in broken.stderr
