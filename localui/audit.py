@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -137,10 +138,15 @@ class AuditEntry:
 EVENT_FIELDS = tuple(f.name for f in fields(AuditEvent))
 
 
+_event_values = operator.attrgetter(*EVENT_FIELDS)
+#: One encoder for every hash: ``json.dumps`` with options makes a new one per call,
+#: which was a third of ``localui audit verify``'s time at a million rows.
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def entry_hash(id: int, at: str, event: AuditEvent | AuditEntry, prev_hash: str) -> str:
     """SHA-256 of a row's fields and the hash before it, as JSON of a fixed order."""
-    values = [id, at, *(getattr(event, name) for name in EVENT_FIELDS), prev_hash]
-    text = json.dumps(values, ensure_ascii=False, separators=(",", ":"))
+    text = _encode([id, at, *_event_values(event), prev_hash])
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 

@@ -12,6 +12,7 @@ from psycopg import sql
 
 from localui.audit import GENESIS, AuditEntry, AuditEvent, AuditPage, AuditQuery, chained, instant
 from localui.backends.audit import (
+    COLUMN_NAMES,
     COLUMNS,
     INDEXES,
     TABLE,
@@ -22,10 +23,11 @@ from localui.backends.audit import (
 )
 from localui.backends.postgres.pool import Pool, identifier
 
-
-def _instant(value: Any) -> str:
-    """A ``timestamptz`` as the text that was hashed (:func:`localui.audit.instant`)."""
-    return instant(value) if isinstance(value, datetime) else str(value)
+#: The SELECT list: ``at`` as the text that was hashed (:func:`localui.audit.instant`),
+#: written by the server, which at a million rows is seconds of ``localui audit
+#: verify`` less than converting each value in Python.
+_AT = """to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS at"""
+_SELECT = ", ".join(_AT if name == "at" else name for name in COLUMN_NAMES)
 
 
 class PostgresAuditLog:
@@ -124,10 +126,10 @@ class PostgresAuditLog:
     def list_entries(self, query: AuditQuery) -> AuditPage:
         where, params = filters(query, "%s")
         rows = self._rows(
-            f"SELECT {COLUMNS} FROM {{table}} WHERE {where} ORDER BY id DESC LIMIT %s",
+            f"SELECT {_SELECT} FROM {{table}} WHERE {where} ORDER BY id DESC LIMIT %s",
             (*params, query.limit + 1),
         )
-        entries = tuple(entry_from_values(r, _instant) for r in rows[: query.limit])
+        entries = tuple(entry_from_values(r) for r in rows[: query.limit])
         more = len(rows) > query.limit
         return AuditPage(entries=entries, next_key=entries[-1].id if more else None)
 
@@ -135,13 +137,12 @@ class PostgresAuditLog:
         after = 0
         while True:
             rows = self._rows(
-                f"SELECT {COLUMNS} FROM {{table}} WHERE id > %s ORDER BY id LIMIT %s",
+                f"SELECT {_SELECT} FROM {{table}} WHERE id > %s ORDER BY id LIMIT %s",
                 (after, WALK_BATCH),
             )
             if not rows:
                 return
-            for row in rows:
-                yield entry_from_values(row, _instant)
+            yield from map(entry_from_values, rows)
             after = rows[-1][0]
 
     def close(self) -> None:

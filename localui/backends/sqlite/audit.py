@@ -140,8 +140,7 @@ class SQLiteAuditLog:
             rows = self._batch(after)
             if not rows:
                 return
-            for row in rows:
-                yield entry_from_values(row)
+            yield from map(entry_from_values, rows)
             after = rows[-1][0]
 
     def close(self) -> None:
