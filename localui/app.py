@@ -20,6 +20,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp
 
 from localui.actions import ActionService
+from localui.auditing import AuditMiddleware, AuditRecorder
 from localui.auth import Authenticator, AuthMiddleware, template_values
 from localui.backends import open_backend
 from localui.backends.base import Backend, Changes
@@ -40,6 +41,7 @@ from localui.signing import Signer
 from localui.views import actions as action_views
 from localui.views import approvals as approval_views
 from localui.views import attention as attention_views
+from localui.views import audit as audit_views
 from localui.views import bulk_decide as bulk_decide_views
 from localui.views import bulk_resume as bulk_resume_views
 from localui.views import bundle as bundle_views
@@ -163,6 +165,8 @@ def build_routes() -> list[Route | Mount]:
         *page_routes("/notifications", notification_views.notifications_page, "notifications"),
         *page_routes("/attention", attention_views.attention_list, "attention"),
         Route("/decisions.csv", decision_views.decisions_csv, name="decisions_csv"),
+        Route("/audit.csv", audit_views.audit_csv, name="audit_csv"),
+        *page_routes("/audit", audit_views.audit_list, "audit"),
         *page_routes("/decisions", decision_views.decisions_list, "decisions"),
         Route("/metrics", metrics_views.metrics_page, name="metrics"),
         Route("/live/nav", live_views.live_nav, name="live_nav"),
@@ -293,6 +297,8 @@ def create_app(
     auth.scraper_token = metrics.token
     oidc_config = settings.sign_in.oidc
     oidc = OpenIDSignIn(oidc_config, auth.keys) if oidc_config is not None else None
+    # Held by the middleware from the start; the lifespan opens the log it writes.
+    recorder = AuditRecorder()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -306,6 +312,10 @@ def create_app(
         if settings.sign_in.required:
             auth.users = opened.users(writable=False)
         auth.keys.open(opened.session_keys(writable=not settings.read_only))
+        # A read-only server changes nothing, so it records nothing; it still reads.
+        audit_log = opened.audit_log(writable=not settings.read_only)
+        if not settings.read_only:
+            recorder.log = audit_log
         actions = ActionService(
             settings=settings,
             store=opened.store,
@@ -342,6 +352,7 @@ def create_app(
             metrics=metrics,
             seeding=seeding,
             watcher=watcher,
+            audit=audit_log,
         )
         metrics.fleet.open(opened.store, decisions)
         # A read-only server changes nothing, so it carries no decision out either.
@@ -378,6 +389,8 @@ def create_app(
             await asyncio.gather(*app.state.localui.background, return_exceptions=True)
             metrics.fleet.close()
             decisions.close()
+            recorder.log = None
+            audit_log.close()
             if traces is not None:
                 traces.close()
             if auth.users is not None:
@@ -390,6 +403,8 @@ def create_app(
     return LocalUIApp(
         routes=build_routes(),
         middleware=[
+            # Outside the guards and sign-in, so what they refuse is recorded too.
+            Middleware(AuditMiddleware, recorder=recorder),
             Middleware(RequestTiming, metrics=metrics),
             Middleware(GuardMiddleware, host_names=settings.host_names),
             Middleware(BodyLimitMiddleware),

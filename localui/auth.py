@@ -61,6 +61,9 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 SCOPE_KEY = "localui.person"
 #: The query parameter of a sign-in link.
 TOKEN_PARAM = "token"
+#: Where a request that tried a token keeps how it went (a :class:`SigninAttempt`),
+#: for the audit log (``localui.auditing``).
+SIGNIN_KEY = "localui.signin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,15 @@ class Person:
     @property
     def can_operate(self) -> bool:
         return self.may(OPERATOR)
+
+
+@dataclass(frozen=True, slots=True)
+class SigninAttempt:
+    """A token tried: whom it signed in (None: nobody, or refused for too many bad
+    tokens), and ``by`` a ``link``, a ``bearer`` header or the sign-in ``form``."""
+
+    person: Person | None
+    by: str
 
 
 OPEN = Person(name="", role=OPERATOR, via="open")
@@ -664,8 +676,10 @@ class AuthMiddleware:
             try:
                 found = await self.auth.check_token(authorization[7:].strip(), client)
             except Locked as exc:
+                scope[SIGNIN_KEY] = SigninAttempt(None, "bearer")
                 return self.locked(scope, headers, exc)
             if found is None:
+                scope[SIGNIN_KEY] = SigninAttempt(None, "bearer")
                 return self.refuse(scope, headers, 401, "That token is not valid.")
             return found[0]
         if method in ("GET", "HEAD"):
@@ -692,12 +706,13 @@ class AuthMiddleware:
         self, scope: Scope, receive: Receive, send: Send, person: Person, headers: dict[str, str]
     ) -> None:
         changing_who = _path(scope) in ("/signin", "/signout")
+        # Set before a refusal too: the audit log records whom it refused.
+        scope[SCOPE_KEY] = person
         if scope.get("method", "GET") not in SAFE_METHODS and not person.can_decide:
             if not changing_who:
                 message = f"{person.name} is signed in as a viewer: viewers change nothing."
                 await self.refuse(scope, headers, 403, message)(scope, receive, send)
                 return
-        scope[SCOPE_KEY] = person
         await self.app(scope, receive, send)
 
     async def _link(
@@ -706,8 +721,10 @@ class AuthMiddleware:
         try:
             found = await self.auth.check_token(token, client)
         except Locked as exc:
+            scope[SIGNIN_KEY] = SigninAttempt(None, "link")
             return self.locked(scope, headers, exc)
         if found is None:
+            scope[SIGNIN_KEY] = SigninAttempt(None, "link")
             message = "That sign-in link is not valid (or no longer is): ask for a new one."
             return self.unauthenticated(scope, headers, message)
         person, mark = found
@@ -720,6 +737,7 @@ class AuthMiddleware:
             return self.switch_page(scope, current, person, token)
         response = RedirectResponse(without_token(scope), status_code=303)
         self.auth.set_session(response, scope, person, mark)
+        scope[SIGNIN_KEY] = SigninAttempt(person, "link")
         return response
 
     def unavailable(self, scope: Scope, headers: dict[str, str], exc: Unavailable) -> Response:

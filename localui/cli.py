@@ -10,10 +10,11 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localui.audit import NOTIFICATION_RETRY, USER_ACTIONS
 from localui.contexts import ContextFactory, RunContexts
 from localui.errors import LocalUIError
 from localui.policy import Policy, PolicyError, load_policy
@@ -476,6 +477,22 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument(
                 "--target", default=None, metavar="ID", help="Only this target's (as listed)."
             )
+    audit_parser = sub.add_parser(
+        "audit", help="The audit log: every change made through localui, hash-chained."
+    )
+    audit_sub = audit_parser.add_subparsers(dest="audit_command", required=True)
+    for name, what in (
+        (
+            "verify",
+            "Check every row's hash and link; exit 1 naming each row changed or removed.",
+        ),
+        ("export", "Write every row, oldest first, to standard output as CSV or JSON lines."),
+    ):
+        command = audit_sub.add_parser(name, help=what, description=what)
+        command.add_argument("--store", default=None, help="The store, as for serve.")
+        command.add_argument("--pg-app-schema", default="localui", metavar="SCHEMA")
+        if name == "export":
+            command.add_argument("--format", choices=("csv", "jsonl"), default="csv")
     return parser
 
 
@@ -1114,19 +1131,31 @@ def run_users(args: argparse.Namespace) -> int:
                 print(f"localui: {a!r} and {b!r} look alike: a two-person rule counts them once")
             return 1 if pairs else 0
         name = check_name(args.name)
+        action = USER_ACTIONS[args.users_command]
+        command = f"localui users {args.users_command}"
+
+        def record(done: bool, **detail: Any) -> None:
+            record_change(settings, action, command, {"user": name, **detail}, done=done)
+
         if args.users_command == "set":
             changed = users.by_name(name)
             if changed is not None and args.role is not None:
                 changed = users.set_role(name, args.role)
             if changed is not None and (args.role is None or args.group):
                 changed = users.set_groups(name, check_groups(args.group))
+            detail: dict[str, Any] = {"groups": list(changed.groups)} if changed else {}
+            if args.role is not None:
+                detail["role"] = args.role
+            record(changed is not None, **detail)
             if changed is None:
                 return fail(f"no user {name!r}")
             groups = ", ".join(changed.groups) or "none"
             print(f"localui: {name} is {changed.role}, in groups: {groups}")
             return 0
         if args.users_command == "remove":
-            if not users.remove(name):
+            removed = users.remove(name)
+            record(removed)
+            if not removed:
                 return fail(f"no user {name!r}")
             print(f"localui: removed {name}; their link and sessions no longer work")
             return 0
@@ -1134,13 +1163,20 @@ def run_users(args: argparse.Namespace) -> int:
         if args.users_command == "add":
             alike = look_alikes(name, (u.name for u in users.list_users()))
             if alike:
+                record(False, role=args.role, looks_like=alike[0])
                 return fail(
                     f"{name!r} looks like {alike[0]!r}, who is already a user: people must"
                     " tell names apart (pick another, or reset or remove theirs)"
                 )
-            user = users.add(name, args.role, token_hash(token), check_groups(args.group))
+            try:
+                user = users.add(name, args.role, token_hash(token), check_groups(args.group))
+            except LocalUIError:
+                record(False, role=args.role)
+                raise
+            record(True, role=args.role, groups=list(user.groups))
         else:
             found = users.set_token(name, token_hash(token))
+            record(found is not None)
             if found is None:
                 return fail(f"no user {name!r}")
             user = found
@@ -1181,6 +1217,13 @@ def run_keys(args: argparse.Namespace) -> int:
     try:
         if grace is not None:
             listed = keys.rotate(grace.total_seconds())
+            record_change(
+                settings,
+                "keys_rotate",
+                "localui keys rotate",
+                {"grace": args.grace, "generation": listed[-1].generation},
+                done=True,
+            )
         else:
             shared = keys.shared(time.time())
             if shared is None:
@@ -1232,6 +1275,13 @@ def run_notifications(args: argparse.Namespace) -> int:
             again = outbox.retry_failed(
                 now=now, give_up_at=now + Notifications().retry_for, target=args.target
             )
+            record_change(
+                settings,
+                NOTIFICATION_RETRY,
+                "localui notifications retry",
+                {"target": mask_urls(args.target) if args.target else None, "again": again},
+                done=True,
+            )
             print(f"localui: {again} given-up announcement(s) will be sent again")
             return 0
         # Rows recorded before targets were masked may still hold a URL's path.
@@ -1255,6 +1305,74 @@ def run_notifications(args: argparse.Namespace) -> int:
         outbox.close()
 
 
+def run_audit(args: argparse.Namespace) -> int:
+    """``localui audit verify|export``: the chain checked, or written out in its order."""
+    from localui.audit import ChainCheck
+    from localui.backends import open_audit, target_of
+    from localui.views.audit import export_lines
+
+    settings = Settings(store=args.store or default_store(), pg_app_schema=args.pg_app_schema)
+    sqlite_path = target_of(settings).sqlite_path
+    if sqlite_path is not None and not sqlite_path.is_file():
+        return fail(f"no store at {settings.store} (pass --store or set FASTAIAGENT_LOCAL_DB)")
+    try:
+        log = open_audit(settings, writable=False)
+    except LocalUIError as exc:
+        return fail(str(exc))
+    try:
+        if args.audit_command == "export":
+            from localui.freetext import for_terminal
+
+            shown = for_terminal if sys.stdout.isatty() else None
+            for chunk in export_lines(log.walk(), args.format):
+                sys.stdout.write(shown(chunk) if shown else chunk)
+            sys.stdout.flush()
+            return 0
+        checked = ChainCheck()
+        for entry in log.walk():
+            checked.see(entry)
+        for problem in checked.problems:
+            print(f"localui: {problem.message}", file=sys.stderr)
+        if not checked.intact:
+            print(
+                f"localui: the audit log is broken: {len(checked.problems)} problem(s)"
+                f" in {checked.count} row(s)",
+                file=sys.stderr,
+            )
+            return 1
+        last = checked.last
+        newest = f"; the newest is row {last.id}, hash {last.hash}" if last is not None else ""
+        print(f"localui: {checked.count} audit row(s), every hash and link intact{newest}")
+        return 0
+    except LocalUIError as exc:
+        return fail(str(exc))
+    finally:
+        log.close()
+
+
+def record_change(
+    settings: Settings,
+    action: str,
+    command: str,
+    detail: Mapping[str, Any],
+    *,
+    done: bool,
+) -> None:
+    """The command line's change as a row of the store's audit log; a row that cannot be
+    written is said loudly, and the change stands."""
+    from localui.auditing import cli_event
+    from localui.backends import open_audit
+
+    try:
+        log = open_audit(settings, writable=True)
+        try:
+            log.append(cli_event(action, command, detail, done=done))
+        finally:
+            log.close()
+    except LocalUIError as exc:
+        print(f"localui: the audit log could not record this {command}: {exc}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
@@ -1271,4 +1389,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_keys(args)
     if args.command == "decisions":
         return run_decisions_export(args)
+    if args.command == "audit":
+        return run_audit(args)
     return run_demo(args)

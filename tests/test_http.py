@@ -625,11 +625,12 @@ def test_cross_site_get_is_answered(client: TestClient) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["/", "/approvals", "/cache", "/attention", "/decisions", "/prune", "/notifications"]
+    "path",
+    ["/", "/approvals", "/cache", "/attention", "/decisions", "/prune", "/notifications", "/audit"],
 )
 def test_the_nav_leads_to_every_page_it_names(client: TestClient, path: str) -> None:
-    """Every page's nav names the same pages (Notifications for operators, as the
-    signed-in owner here is); each link answers 200."""
+    """Every page's nav names the same pages (Notifications and Audit for operators, as
+    the signed-in owner here is); each link answers 200."""
     html = client.get(path).text
     nav = html.split('<nav aria-label="Main">', 1)[1].split("</nav>", 1)[0]
     links = re.findall(r'<a href="([^"]+)">([A-Za-z]+)', nav)
@@ -641,6 +642,7 @@ def test_the_nav_leads_to_every_page_it_names(client: TestClient, path: str) -> 
         "Decisions",
         "Prune",
         "Notifications",
+        "Audit",
     ]
     for href, _ in links:
         assert client.get(href).status_code == 200, href

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 RUNS_FILTERS = ("state", "agent", "q", "after", "outbox")
 QUEUE = ("order", "after")
 DECISION_FILTERS = ("approver", "agent", "outcome", "kind", "since", "until", "after")
+AUDIT_FILTERS = ("person", "action", "run", "since", "until", "after")
 #: The policy's typed fields, as a form sends them.
 FIELDS = tuple(f"field.{n}" for n in ("amount", "count", "channel", "note", "urgent"))
 
@@ -141,12 +142,17 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "static": ((), ()),
     "signin": (("next", "token"), ("token", "next")),
     "signout": ((), ()),
+    "signin_oidc": (("next",), ()),
+    "signin_oidc_callback": (("code", "state", "iss", "error", "error_description"), ()),
     "attention": (("after",), ()),
     "attention_json": (("after",), ()),
     "bulk_resume": ((), ("pick", "confirm", "actor")),
     "decisions": (DECISION_FILTERS, ()),
     "decisions_json": (DECISION_FILTERS, ()),
     "decisions_csv": (DECISION_FILTERS, ()),
+    "audit": (AUDIT_FILTERS, ()),
+    "audit_json": (AUDIT_FILTERS, ()),
+    "audit_csv": (AUDIT_FILTERS, ()),
     "metrics": ((), ()),
 }
 

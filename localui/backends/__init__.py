@@ -13,6 +13,7 @@ from pathlib import Path
 
 from localui.backends.base import (
     STATES,
+    AuditLog,
     Backend,
     Outbox,
     SessionKeys,
@@ -30,6 +31,7 @@ __all__ = [
     "StoreTarget",
     "UserDirectory",
     "is_busy",
+    "open_audit",
     "is_postgres_url",
     "open_backend",
     "open_outbox",
@@ -106,6 +108,20 @@ def open_outbox(settings: Settings) -> Outbox:
 
     assert target.sqlite_path is not None
     return SQLiteOutbox(target.sqlite_path)
+
+
+def open_audit(settings: Settings, *, writable: bool) -> AuditLog:
+    """The audit log of the store ``settings`` names, without opening the store
+    (``localui audit``, and the command line's own changes). A server asks its backend."""
+    target = target_of(settings)
+    if target.pg_dsn is not None:
+        from localui.backends.postgres.audit import PostgresAuditLog
+
+        return PostgresAuditLog(target.pg_dsn, schema=settings.pg_app_schema, writable=writable)
+    from localui.backends.sqlite.audit import SQLiteAuditLog
+
+    assert target.sqlite_path is not None
+    return SQLiteAuditLog(target.sqlite_path, writable=writable)
 
 
 def is_busy(exc: BaseException) -> bool:

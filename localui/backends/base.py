@@ -13,11 +13,12 @@ call them off the event loop. Implementations never write the SDK's tables.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from localui.audit import AuditEntry, AuditEvent, AuditPage, AuditQuery
 from localui.backends.decisions import ABANDONED_AFTER_SECONDS
 from localui.backends.keys import Key, Shared
 from localui.backends.notifications import Notice, Notification, TargetStatus
@@ -461,6 +462,25 @@ class SessionKeys(Protocol):
     def close(self) -> None: ...
 
 
+class AuditLog(Protocol):
+    """Every change made through localui, hash-chained (``localui.audit``): appends for
+    the server and the command line, reads for ``/audit`` and ``localui audit``."""
+
+    def append(self, event: AuditEvent) -> AuditEntry:
+        """``event`` as the chain's next row (serialised across processes)."""
+        ...
+
+    def list_entries(self, query: AuditQuery) -> AuditPage:
+        """A page of rows, newest first."""
+        ...
+
+    def walk(self) -> Iterator[AuditEntry]:
+        """Every row, oldest first, read a batch at a time."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class Prunes(Protocol):
     """The one SDK checkpointer method the app calls: prune goes through the SDK."""
 
@@ -527,6 +547,10 @@ class Backend(Protocol):
 
     def users(self, *, writable: bool) -> UserDirectory:
         """The users table in the store's own database (the caller closes it)."""
+        ...
+
+    def audit_log(self, *, writable: bool) -> AuditLog:
+        """The audit log in the store's own database (the caller closes it)."""
         ...
 
     def checkpointer(self) -> Prunes:

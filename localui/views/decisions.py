@@ -27,12 +27,17 @@ from starlette.responses import Response, StreamingResponse
 from localui import csvsafe
 from localui.backends.base import DecisionLog
 from localui.backends.decisions import EXPORT_FIELDS
-from localui.errors import BadRequest
 from localui.offloop import off_loop
 from localui.records import DecisionEntry, DecisionPage, DecisionQuery
 from localui.shortids import shortest_unique
 from localui.views.outside import OUTSIDE, outside_page
-from localui.views.params import decode_cursor, encode_cursor, parse_age, parse_instant
+from localui.views.params import (
+    decode_cursor,
+    encode_cursor,
+    filter_values,
+    iso_or_none,
+    parse_when,
+)
 from localui.views.respond import html_only, nav_ahead, respond
 from localui.views.state import context
 from localui.views.urls import Urls, tilde_encode, urls_of
@@ -104,34 +109,17 @@ class DecisionsPage:
     csv_url: str = html_only("")
 
 
-def _instant(name: str, text: str | None, now: datetime) -> str | None:
-    """An age before now (``7d``) or an ISO instant, as UTC ISO text; None when empty."""
-    if not text:
-        return None
-    value = text.strip()
-    if value[:1].isdigit() and value[-1:].lower() in "smhdw" and "-" not in value:
-        return (now - parse_age(value, name)).isoformat()
-    return parse_instant(name, value).isoformat()
-
-
 def parse_filters(request: Request) -> tuple[DecisionFilters, DecisionQuery]:
     """The filters as given, and the query they make (without a page position)."""
-    params = request.query_params
-    values: dict[str, str | None] = {}
-    for name in FILTERS:
-        value = (params.get(name) or "").strip() or None
-        if value is not None and len(value) > 200:
-            raise BadRequest(f"{name} is longer than 200 characters")
-        values[name] = value
-    filters = DecisionFilters(**values)
+    filters = DecisionFilters(**filter_values(request.query_params, FILTERS))
     now = datetime.now(UTC)
     query = DecisionQuery(
         actor=filters.approver,
         agent=filters.agent,
         outcome=filters.outcome,
         kind=filters.kind,
-        since=_instant("since", filters.since, now),
-        until=_instant("until", filters.until, now),
+        since=iso_or_none(parse_when("since", filters.since, now)),
+        until=iso_or_none(parse_when("until", filters.until, now)),
     )
     return filters, query
 

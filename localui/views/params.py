@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -69,6 +70,36 @@ def parse_instant(name: str, text: str) -> datetime:
     if not now - MAX_AGE <= instant <= now + MAX_AGE:
         raise BadRequest(f"{name}={text!r} is out of range: give {INSTANT_FORMS}")
     return instant
+
+
+def parse_when(name: str, text: str | None, now: datetime) -> datetime | None:
+    """An age before ``now`` (``7d``) or an ISO instant, in UTC; None when empty."""
+    if not text:
+        return None
+    value = text.strip()
+    if value[:1].isdigit() and value[-1:].lower() in "smhdw" and "-" not in value:
+        return now - parse_age(value, name)
+    return parse_instant(name, value)
+
+
+#: The longest value a page's filter takes.
+MAX_FILTER_CHARS = 200
+
+
+def filter_values(params: Mapping[str, str], names: Sequence[str]) -> dict[str, str | None]:
+    """Each named filter of a listing as given, trimmed; None when empty. A value longer
+    than :data:`MAX_FILTER_CHARS` is a 400."""
+    values: dict[str, str | None] = {}
+    for name in names:
+        value = (params.get(name) or "").strip() or None
+        if value is not None and len(value) > MAX_FILTER_CHARS:
+            raise BadRequest(f"{name} is longer than {MAX_FILTER_CHARS} characters")
+        values[name] = value
+    return values
+
+
+def iso_or_none(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
 
 
 #: The longest JSON pair taken (a bulk pick, a cursor's content): room for two long

@@ -16,8 +16,10 @@ from starlette.templating import Jinja2Templates
 from starlette.types import Scope
 
 from localui.auth import (
+    SIGNIN_KEY,
     Locked,
     Person,
+    SigninAttempt,
     SigninPage,
     SwitchPage,
     client_key,
@@ -99,13 +101,16 @@ async def signin(request: Request) -> Response:
     try:
         found = await auth.check_token(str(form.get("token") or "").strip(), client)
     except Locked as exc:
+        request.scope[SIGNIN_KEY] = SigninAttempt(None, "form")
         response = _page(ctx.templates, ctx.settings, urls_of(request), str(exc), next_url, 429)
         response.headers["Retry-After"] = str(max(1, round(exc.seconds)))
         return response
     if found is None:
+        request.scope[SIGNIN_KEY] = SigninAttempt(None, "form")
         message = "That token is not valid (or no longer is): ask for a new one."
         return _page(ctx.templates, ctx.settings, urls_of(request), message, next_url, 401)
     person, mark = found
+    request.scope[SIGNIN_KEY] = SigninAttempt(person, "form")
     response = RedirectResponse(next_url, status_code=303)
     auth.set_session(response, request.scope, person, mark)
     return response
@@ -185,8 +190,10 @@ async def oidc_callback(request: Request) -> Response:
             dict(request.query_params), request.cookies.get(oidc.cookie), _callback_url(request)
         )
     except Refused as exc:
+        request.scope[SIGNIN_KEY] = SigninAttempt(None, "oidc")  # for the audit log
         response = _page(ctx.templates, ctx.settings, urls_of(request), str(exc), home, exc.status)
     else:
+        request.scope[SIGNIN_KEY] = SigninAttempt(person, "oidc")
         response = RedirectResponse(flow.next_url, status_code=303)
         ctx.auth.set_session(response, request.scope, person, "")
     # Spent either way: the same answer from the provider cannot be brought back.

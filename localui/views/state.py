@@ -22,7 +22,7 @@ from starlette.templating import Jinja2Templates
 from localui import runs
 from localui.actions import ActionService
 from localui.auth import Authenticator, Person
-from localui.backends.base import Backend, Store
+from localui.backends.base import AuditLog, Backend, Store
 from localui.backends.traces import SpanIndex
 from localui.errors import LifespanNotRun
 from localui.live import BrowserStreams, ChangeFeed, LiveRenders
@@ -86,6 +86,9 @@ class AppState:
     watcher: Watcher | None = None
     #: Sign-in at the team's OpenID Provider; None without ``--oidc-issuer``.
     oidc: OpenIDSignIn | None = None
+    #: Every change made through localui (``/audit``); None only in an app state
+    #: built without the lifespan.
+    audit: AuditLog | None = None
 
     @property
     def store(self) -> Store:

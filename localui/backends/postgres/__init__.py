@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from localui import runs
 from localui.backends.base import (
+    AuditLog,
     ChangeSource,
     DecisionLog,
     Outbox,
@@ -70,6 +71,11 @@ class PostgresBackend:
 
     def users(self, *, writable: bool) -> UserDirectory:
         return PostgresUsers(self.dsn, schema=self.app_schema, writable=writable)
+
+    def audit_log(self, *, writable: bool) -> AuditLog:
+        from localui.backends.postgres.audit import PostgresAuditLog
+
+        return PostgresAuditLog(self.dsn, schema=self.app_schema, writable=writable)
 
     def checkpointer(self) -> Prunes:
         return PostgresPrune(self.dsn, schema=self.schema)

@@ -8,6 +8,7 @@ from typing import cast
 
 from localui import runs
 from localui.backends.base import (
+    AuditLog,
     ChangeSource,
     DecisionLog,
     Outbox,
@@ -59,6 +60,11 @@ class SQLiteBackend:
 
     def users(self, *, writable: bool) -> UserDirectory:
         return SQLiteUsers(self.path, writable=writable)
+
+    def audit_log(self, *, writable: bool) -> AuditLog:
+        from localui.backends.sqlite.audit import SQLiteAuditLog
+
+        return SQLiteAuditLog(self.path, writable=writable)
 
     def checkpointer(self) -> Prunes:
         from fastaiagent.checkpointers import SQLiteCheckpointer
