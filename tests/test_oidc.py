@@ -14,6 +14,7 @@ the desk is handed to the desk's client, so a test can tamper with it or replay 
 from __future__ import annotations
 
 import html
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import httpx
 import pytest
 from conftest import BASE_URL
+from helpers import TEST_TOKEN
 from oidc_provider import OpenIDProvider, new_key
 from test_auth import serve
 from test_backends import (  # noqa: F401  (fixtures the backend fixture needs)
@@ -115,6 +117,12 @@ def test_people_sign_in_at_the_provider_with_their_groups_role(
     # Signing out ends it, as for any session.
     desk.post("/signout")
     assert desk.get("/approvals").status_code == 401
+    # The audit log says who signed in at the provider, and who out.
+    owner = {"Authorization": f"Bearer {TEST_TOKEN}"}
+    entries = desk.get("/audit.json", headers=owner).json()["entries"]
+    said = [(e["action"], e["actor"], e["via"], json.loads(e["detail"])) for e in entries]
+    assert ("signin", "ann", "oidc", {"by": "oidc"}) in said
+    assert ("signout", "ann", "oidc", {}) in said
 
 
 def test_the_provider_down_is_said_plainly_and_open_sessions_go_on(
@@ -170,6 +178,9 @@ def test_someone_in_no_mapped_group_is_refused_and_told_why(
     assert "nora is signed in at the identity provider, but none of their groups" in shown(came)
     assert "--oidc-role GROUP=ROLE" in shown(came)
     assert desk.get("/approvals").status_code == 401
+    owner = {"Authorization": f"Bearer {TEST_TOKEN}"}
+    [refused] = desk.get("/audit.json?action=signin_failed", headers=owner).json()["entries"]
+    assert (refused["status"], json.loads(refused["detail"])) == (403, {"by": "oidc"})
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
