@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
@@ -44,6 +44,11 @@ ACTIONS: Mapping[str, str] = {
     "signin": "signin",
     "signout": "signout",
 }
+#: Where a view names what a request turned out to do, when its route alone does not
+#: tell (an approval that was one vote of a two-person rule; a fork of an edited row).
+ACTION_KEY = "localui.audit.action"
+VOTE = "vote"
+EDIT = "edit"
 #: The action of a request no route answers (a 404 or 405 of the router).
 NO_ROUTE = "no_route"
 SIGNIN = "signin"
@@ -73,6 +78,11 @@ def outcome_of(status: int) -> str:
     if status < 400:
         return OK
     return REFUSED if status < 500 else ERROR
+
+
+def note_action(scope: MutableMapping[str, Any], action: str) -> None:
+    """Record ``action`` for this request's row in place of its route's."""
+    scope[ACTION_KEY] = action
 
 
 def action_of(route_name: str | None) -> str:

@@ -93,7 +93,8 @@ def request_event(scope: Scope, status: int, routes: Any) -> AuditEvent:
     method = scope.get("method", "GET")
     if method not in SAFE_METHODS:
         name, params = route_of(routes, scope)
-        action = audit.action_of(name)
+        noted = scope.get(audit.ACTION_KEY)
+        action = noted if isinstance(noted, str) else audit.action_of(name)
         value = params.get("execution_id")
         execution_id = value if isinstance(value, str) else None
     else:

@@ -257,6 +257,14 @@ def test_two_people_approve_and_the_tool_gets_both_names_and_the_typed_amount(
     assert desk.run_ends(run) == ["completed"]
     [decision] = desk.decisions(run)
     assert (decision["actor"], bool(decision["approved"])) == ("bob", True)
+    # The audit log tells the vote from the approval that completed the count.
+    owner = {"Authorization": f"Bearer {TEST_TOKEN}"}
+    audited = desk.client.get(f"/audit.json?run={run}", headers=owner).json()["entries"]
+    assert [(e["action"], e["actor"], e["status"]) for e in reversed(audited)] == [
+        ("vote", "ada", 200),
+        ("approve", "ada", 409),
+        ("approve", "bob", 200),
+    ]
     # The record keeps exactly what the tool was handed: a recovery hands it the same.
     assert decision["metadata"] == {
         "approver": "bob",

@@ -80,7 +80,10 @@ def test_an_edited_tool_result_is_what_the_model_sees(copy: Copy) -> None:
         branch = answer.json()["new_execution_id"]
         page = client.get(f"/runs/{branch}")
         source_page = client.get(f"/runs/{execution_id}")
+        audited = client.get(f"/audit.json?run={execution_id}").json()["entries"]
     assert every_row(copy.store, execution_id) == before, "the source run changed"
+    # The audit log calls it an edit, not a plain fork.
+    assert [(e["action"], e["status"]) for e in audited] == [("edit", 200)]
     # The model was called again, saw the edited result, and answered from it.
     assert answer.json()["output"] == "Done: refunded 1.00 on A-1003 (edited).", answer.json()
     assert [e for e in events if e.startswith("tool:")] == [], "no tool ran again"

@@ -41,13 +41,20 @@ def test_users_have_groups_that_add_sets_and_list_shows(
 
     changed = users_cli(served_store, "set", "bob", "--group", "finance", cwd=tmp_path)
     assert changed.returncode == 0, changed.stderr
-    assert changed.stdout.strip() == "localui: bob is in groups: finance"
+    assert changed.stdout.strip() == "localui: bob is viewer, in groups: finance"
     cleared = users_cli(served_store, "set", "ada", cwd=tmp_path)
-    assert cleared.stdout.strip() == "localui: ada is in groups: none"
+    assert cleared.stdout.strip() == "localui: ada is approver, in groups: none"
     assert listed(served_store, tmp_path) == [
         ["ada", "approver", "groups -"],
         ["bob", "viewer", "groups finance"],
     ]
+    # A role changed keeps the groups; with --group too, both change.
+    promoted = users_cli(served_store, "set", "bob", "--role", "operator", cwd=tmp_path)
+    assert promoted.stdout.strip() == "localui: bob is operator, in groups: finance"
+    both = users_cli(served_store, "set", "ada", "--role", "viewer", "--group", "ops", cwd=tmp_path)
+    assert both.stdout.strip() == "localui: ada is viewer, in groups: ops"
+    missing = users_cli(served_store, "set", "nobody", "--role", "viewer", cwd=tmp_path)
+    assert missing.returncode == 2 and "no user 'nobody'" in missing.stderr
 
     assert_one_line_error(
         users_cli(served_store, "set", "nobody", "--group", "x", cwd=tmp_path), "no user 'nobody'"
@@ -56,7 +63,7 @@ def test_users_have_groups_that_add_sets_and_list_shows(
         assert_one_line_error(
             users_cli(served_store, "set", "bob", "--group", bad, cwd=tmp_path), "group"
         )
-    assert listed(served_store, tmp_path)[1] == ["bob", "viewer", "groups finance"]
+    assert listed(served_store, tmp_path)[1] == ["bob", "operator", "groups finance"]
 
 
 OLD_USERS = """CREATE TABLE {table} (

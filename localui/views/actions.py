@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
-from localui import edits, freetext
+from localui import audit, edits, freetext
 from localui.auth import OPERATOR, require
 from localui.branching import Branching
 from localui.errors import BadRequest, Forbidden, Refused
@@ -84,6 +84,7 @@ async def fork_run(request: Request) -> Response:
             state = edits.parse_state(fields["state"])
         else:
             messages = await edited_messages(actions, execution_id, checkpoint_id, fields)
+        audit.note_action(request.scope, audit.EDIT)
         outcome = await Branching(actions).fork_edited(
             execution_id,
             checkpoint_id=checkpoint_id,

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from starlette.requests import Request
 from starlette.responses import Response
 
-from localui import edits
+from localui import audit, edits
 from localui.actions import ActionService
 from localui.auth import APPROVER, OPEN, OPERATOR, Person, person_of, require
 from localui.backends.shared import pending_key
@@ -279,6 +279,8 @@ async def _decide(request: Request, approved: bool) -> Response:
         fields=fields_of(form),
         state=edits.parse_state(str(state)) if state is not None else None,
     )
+    if outcome.status == "voted":
+        audit.note_action(request.scope, audit.VOTE)  # one vote of a two-person rule
     response = await answer_outcome(request, outcome, urls_of(request).approval(execution_id))
     if not person.signed_in:
         # No accounts here: remember who this browser's approver is, for the next card.
