@@ -100,6 +100,18 @@ def built_seconds(path: Path) -> float | None:
         return None
 
 
+def build_of(path: Path) -> str:
+    """Which build the store at ``path`` is (a digest of its description, which names
+    its sample runs): a PostgreSQL copy of another build of the same size holds other
+    ids, so it is copied again rather than reused (two workdirs, one server)."""
+    import hashlib
+
+    try:
+        return hashlib.sha256(_description(path).read_bytes()).hexdigest()[:12]
+    except OSError:
+        return "unsaved"
+
+
 def forget(path: Path) -> None:
     """Drop the description first: a store half rewritten is then never reused."""
     _description(path).unlink(missing_ok=True)

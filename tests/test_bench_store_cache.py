@@ -84,6 +84,11 @@ def test_a_postgresql_copy_is_made_once_then_found(tmp_path: Path) -> None:
         second = only_build(tmp_path, "--backend", "postgres")
         assert f"found in PostgreSQL {schema}" in second
         assert "copied to PostgreSQL" not in second
+        # Another build of the same size (another workdir) holds other runs: copied again.
+        other = tmp_path / "other"
+        other.mkdir()
+        third = only_build(other, "--backend", "postgres")
+        assert f"copied to PostgreSQL {schema}" in third
     finally:
         drop_schema(dsn, schema)
 
