@@ -37,8 +37,16 @@ import httpx
 
 from bench import pg, report, store_cache, writes
 from bench.app_tables import fresh_app_tables
+from bench.audit import run_audit_bench
 from bench.browser import page_weights
-from bench.budgets import BULK_RESUME_BUDGETS, Verdict, all_passed, judge
+from bench.budgets import (
+    AUDIT_BUDGETS,
+    BULK_RESUME_BUDGETS,
+    TEAM_BUDGETS,
+    Verdict,
+    all_passed,
+    judge,
+)
 from bench.bulk_resume import RUNS as BULK_RESUME_RUNS
 from bench.bulk_resume import run_bulk_bench
 from bench.demo_start import measure_demo
@@ -88,6 +96,7 @@ from bench.stores import (
     build_store,
     make_templates,
 )
+from bench.team import measure_team
 
 DEFAULT_WORKDIR = Path(tempfile.gettempdir()) / "localui-bench"
 DEFAULT_OUT = REPO / "bench" / "results" / "latest.md"
@@ -626,7 +635,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-fleet",
         action="store_true",
-        help="on PostgreSQL, skip the fleet figure (two servers while a third process writes)",
+        help="on PostgreSQL, skip the fleet figure (two servers while a third process writes)"
+        " and the team figures (two replicas behind HAProxy)",
+    )
+    parser.add_argument(
+        "--audit-rows",
+        type=int,
+        default=1_000_000,
+        help="audit rows the audit log's figures are measured at (0: not measured)",
     )
     parser.add_argument(
         "--no-writes",
@@ -785,6 +801,7 @@ def _main(
                 # own: another bench on the same server must not drop it mid-run.
                 target = PgTarget(dsn, f"bench_{size}", f"bench_{size}_localui_{os.getpid()}")
                 key = store_cache.store_key(runs=size, pending=pending, spans=False)
+                key += f", build {store_cache.build_of(store.path)}"
                 if not args.fresh_stores and pg.copied_key(dsn, target.schema) == key:
                     log(f"store {store.label} found in PostgreSQL {target.schema}")
                 else:
@@ -818,6 +835,8 @@ def _main(
             log(sdk_note)
 
     runs: list[StoreRun] = []
+    team_verdicts: list[Verdict] = []
+    team_errors: list[str] = []
     targets = BenchTargets.start(workdir) if args.notify_targets else None
     for store in stores:
         at_largest = store.runs == largest
@@ -851,6 +870,20 @@ def _main(
                 app_path=app_path,
                 log=log,
             )
+        if options.pg is not None and at_largest and not args.no_fleet:
+            log(f"measuring a team's two replicas behind HAProxy (load {os.getloadavg()[0]:.1f})")
+            team = measure_team(
+                store,
+                options.pg,
+                requests=args.requests,
+                warmup=args.warmup,
+                app_path=app_path,
+                log=log,
+            )
+            team_verdicts += judge(
+                {store.label: team.figures}, runs=largest, with_sdk_ui=False, budgets=TEAM_BUDGETS
+            )
+            team_errors += team.errors
         runs.append(StoreRun(store=store, localui=local, sdk=sdk, fleet=fleet))
 
     if targets is not None:
@@ -902,6 +935,20 @@ def _main(
             {label: resumed}, runs=largest, with_sdk_ui=False, budgets=BULK_RESUME_BUDGETS
         )
         errors += bulk_errors
+    if args.audit_rows > 0:
+        # A store of its own (the figures depend on the audit rows, not the runs), in a
+        # process of its own.
+        log(f"measuring the audit log, {args.audit_rows:,} rows (load {os.getloadavg()[0]:.1f})")
+        audited, audit_errors = run_audit_bench(
+            backend=args.backend, dsn=dsn, rows=args.audit_rows, app_path=app_path
+        )
+        label = next(r.store.label for r in runs if r.store.runs == largest)
+        for key, value in audited.items():
+            log(f"  audit {key}: {value:.2f}")
+        verdicts += judge({label: audited}, runs=largest, with_sdk_ui=False, budgets=AUDIT_BUDGETS)
+        errors += audit_errors
+    verdicts += team_verdicts
+    errors += team_errors
     errors += [e for r in runs if r.fleet is not None for e in r.fleet.errors]
     errors += demo.errors if demo is not None else []
     errors += [

@@ -298,3 +298,45 @@ def judge(
 
 def all_passed(verdicts: Sequence[Verdict]) -> bool:
     return all(v.passed for v in verdicts)
+
+
+#: Several replicas behind a load balancer (``bench.team``; PostgreSQL only).
+TEAM_BUDGETS: tuple[Budget, ...] = (
+    Budget(
+        "team_pages",
+        "runs list and run page p50 through HAProxy over two replicas, over one replica direct",
+        1.3,
+        "x",
+        ("team_pages_ratio",),
+    ),
+    Budget(
+        "team_seen",
+        "a run written by another process, on the runs list of each replica (worst of 5)",
+        1.0,
+        "s",
+        ("team_seen_s",),
+    ),
+    Budget(
+        "team_restart",
+        "people signed out by a replica's restart (5 signed in)",
+        0,
+        "",
+        ("team_signed_out",),
+    ),
+)
+
+
+#: The audit log at a million rows (``bench.audit``; both backends).
+AUDIT_BUDGETS: tuple[Budget, ...] = (
+    Budget(
+        "audit_page", "/audit first page p50, a million audit rows", 15, "ms", ("audit_page_ms",)
+    ),
+    Budget("audit_verify", "localui audit verify of a million rows", 10, "s", ("audit_verify_s",)),
+    Budget(
+        "audit_append",
+        "an audited action's extra work (one append to the chain) p50",
+        2,
+        "ms",
+        ("audit_append_ms",),
+    ),
+)

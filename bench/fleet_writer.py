@@ -41,12 +41,31 @@ async def _write(agent: Any, prompt: str, rate: float, seconds: float) -> tuple[
     return ids, completed
 
 
+async def _on_demand(agent: Any, prompt: str) -> list[str]:
+    """One run for each line read from standard input, each ended before the next; once
+    written, ``written ID SECONDS`` (the Unix time its last row was in the store)."""
+    ids: list[str] = []
+    loop = asyncio.get_running_loop()
+    print("writing", flush=True)
+    while await loop.run_in_executor(None, sys.stdin.readline):
+        execution_id = str(uuid.uuid4())
+        ids.append(execution_id)
+        await agent.arun(prompt, execution_id=execution_id)
+        print(f"written {execution_id} {time.time():.6f}", flush=True)
+    return ids
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fleet_writer")
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--schema", required=True)
     parser.add_argument("--rate", type=float, default=50.0, help="runs started per second")
-    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--seconds", type=float, default=0.0)
+    parser.add_argument(
+        "--on-demand",
+        action="store_true",
+        help="one run per line of standard input, each reported once written (not --rate)",
+    )
     parser.add_argument("--ids", type=Path, required=True, help="where the run ids go")
     args = parser.parse_args()
     # Before the SDK reads its configuration: no traces, no ./.fastaiagent.
@@ -65,7 +84,11 @@ def main() -> int:
     agent = build_agent(checkpointer)
     started = time.monotonic()
     try:
-        ids, completed = asyncio.run(_write(agent, prompt, args.rate, args.seconds))
+        if args.on_demand:
+            ids = asyncio.run(_on_demand(agent, prompt))
+            completed = len(ids)
+        else:
+            ids, completed = asyncio.run(_write(agent, prompt, args.rate, args.seconds))
     finally:
         checkpointer.close()
     args.ids.write_text("\n".join(ids))

@@ -135,6 +135,7 @@ def _start(
     env: dict[str, str],
     workdir: Path,
     quiet: bool = False,
+    ready: str = "/",
 ) -> Server:
     if quiet:
         wait_until_quiet()
@@ -154,13 +155,13 @@ def _start(
                     f"{name} exited with {proc.returncode} before answering: {server.log_tail()}"
                 )
             try:
-                if client.get(f"{base_url}/").status_code == 200:
+                if client.get(f"{base_url}{ready}").status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             if time.perf_counter() > deadline:
                 server.stop()
-                raise RuntimeError(f"{name} gave no 200 on / within {START_TIMEOUT_S:.0f} s")
+                raise RuntimeError(f"{name} gave no 200 on {ready} within {START_TIMEOUT_S:.0f} s")
             time.sleep(0.005)
     server.startup_s = time.perf_counter() - started
     server.startup_cpu_s = server.cpu_seconds()
@@ -290,14 +291,18 @@ def start_localui(
     policy: Path | None = None,
     notify: Sequence[str] = (),
     quiet: bool = False,
+    sign_in: bool = False,
+    port: int | None = None,
 ) -> Server:
     """``python -m localui serve`` on ``store`` (or on ``pg``'s schema); its own files
     (the SQLite runs index) go to ``cache_dir`` through ``XDG_CACHE_HOME``, so a fresh
     dir means a cold start (on PostgreSQL, a fresh app schema does). ``policy``: served
     under that approval policy (``--policy``); ``notify``: the notification options it
     is given (``--webhook``, ``--notify`` …), so its watcher runs; ``quiet``: started
-    once the machine is quiet (:func:`wait_until_quiet`), for a start that is timed."""
-    port = free_port()
+    once the machine is quiet (:func:`wait_until_quiet`), for a start that is timed;
+    ``sign_in``: with sign-in on (people need links of their own, ``localui users add``);
+    ``port``: on that port (a replica started again where its balancer expects it)."""
+    port = free_port() if port is None else port
     workdir = Path(tempfile.mkdtemp(prefix="localui-bench-serve-"))
     where = [str(store)]
     extra: dict[str, str] = {}
@@ -306,15 +311,18 @@ def start_localui(
         # The bench's agent binds to this store (bench/agents.py).
         extra = {"LOCALUI_BENCH_PG_DSN": pg.dsn, "LOCALUI_BENCH_PG_SCHEMA": pg.schema}
     command = [sys.executable, "-m", "localui", "serve", "--store", *where, "--port", str(port)]
-    # Pages are timed as a page's work; what sign-in adds is measured in process.
-    command.append("--no-auth")
+    if not sign_in:
+        # Pages are timed as a page's work; what sign-in adds is measured in process.
+        command.append("--no-auth")
     if agents:
         command += ["--agents", *AGENTS_SPECS]
     if policy is not None:
         command += ["--policy", str(policy)]
     command += list(notify)
     env = clean_env(XDG_CACHE_HOME=str(cache_dir), PYTHONPATH=pythonpath(app_path), **extra)
-    return _start("localui", command, port=port, env=env, workdir=workdir, quiet=quiet)
+    # With sign-in on, every page but the static files wants a session.
+    ready = "/static/localui.css" if sign_in else "/"
+    return _start("localui", command, port=port, env=env, workdir=workdir, quiet=quiet, ready=ready)
 
 
 def start_sdk_ui(store: Path, *, venv: Path) -> Server:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.budgets import BUDGETS, BULK_RESUME_BUDGETS, applicable
+from bench.budgets import AUDIT_BUDGETS, BUDGETS, BULK_RESUME_BUDGETS, TEAM_BUDGETS, applicable
 from bench.model import LOCALUI_METRICS, LOCALUI_PAGES, SDK_METRICS, TRACED_ONLY
 from bench.notify import NOTIFY_BUDGETS, WATCHER_BUDGETS
 from bench.traced import CHAIN_NODES
@@ -85,6 +85,9 @@ def bench_run(out_dir: Path, backend: str) -> tuple[int, str, dict, str]:
             # 1,000 by default (bench/bulk_resume.py); a few here, for the rows.
             "--bulk-resume-runs",
             "20",
+            # A million by default (bench/audit.py); a few thousand here, for the rows.
+            "--audit-rows",
+            "2000",
             "--out",
             str(out),
             "--workdir",
@@ -208,6 +211,9 @@ def test_every_budget_is_judged_and_the_exit_status_agrees(
         *WATCHER_BUDGETS,
         *NOTIFY_BUDGETS,
         *BULK_RESUME_BUDGETS,
+        *AUDIT_BUDGETS,
+        # Two replicas behind HAProxy: on PostgreSQL only.
+        *(TEAM_BUDGETS if backend == "postgres" else ()),
     )
     assert list(judged) == [b.what for b in applying]
     # The traced chain's page is timed where a store has spans: not on PostgreSQL.
