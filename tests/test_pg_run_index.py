@@ -585,3 +585,53 @@ def test_a_prune_after_a_build_in_chunks_leaves_the_index_right(pg_store: Any) -
     finally:
         store.close()
         plain.close()
+
+
+def test_a_run_written_while_the_search_index_is_made_is_listed_at_once(
+    pg_store: Any, tmp_path: Path
+) -> None:
+    """The trigram index a first build in chunks makes last takes a while at a million
+    runs; meanwhile runs written elsewhere must still reach the runs list, so it is made
+    concurrently and the catch-ups go on beside it. Here an open snapshot in another
+    connection holds the concurrent build at its end for as long as the test needs."""
+    import psycopg
+
+    store = open_store(pg_store, index_background_from_rows=0, index_chunk_rows=3)
+    assert store.runs_index is not None
+    t = store.runs_index.tables
+    holder = psycopg.connect(pg_store.dsn)
+    holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    holder.execute("SELECT 1").fetchone()  # a snapshot: CREATE INDEX CONCURRENTLY waits
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            store.list_runs(RunQuery(limit=4))
+            building = pg_store.raw.query(
+                "SELECT 1 AS x FROM pg_stat_activity"
+                " WHERE starts_with(query, 'CREATE INDEX CONCURRENTLY') AND state = 'active'"
+            )
+            if building:
+                break
+            assert time.monotonic() < deadline, "the search index was never begun"
+            time.sleep(0.05)
+        [new] = write_runs(pg_store, tmp_path, ["completed"])
+        listed = store.list_runs(RunQuery(limit=4))
+        assert listed.indexing is None
+        assert new in [r.execution_id for r in listed.runs]
+        # The search index is still being made (held by the snapshot above).
+        meta = {r["key"]: r["value"] for r in pg_store.raw.query(f"SELECT * FROM {t.meta}")}
+        assert "search_index_pending" in meta, meta
+    finally:
+        holder.rollback()
+        holder.close()
+        store.runs_index.complete()
+        store.close()
+    searched = open_store(pg_store)
+    try:
+        valid = pg_store.raw.query(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)",
+            (t.qualified_index("search"),),
+        )
+        assert [r["indisvalid"] for r in valid] == [True]
+    finally:
+        searched.close()

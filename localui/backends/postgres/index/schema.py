@@ -244,8 +244,11 @@ def trigram_schema(cur: Any) -> str | None:
     return trigram_schema(cur)
 
 
-def trigram_index(t: Tables, trgm_schema: str) -> str:
+def trigram_index(t: Tables, trgm_schema: str, *, concurrently: bool = False) -> str:
+    """``concurrently``: built beside writes to the runs (outside any transaction), as
+    the background build makes it, so catch-ups go on meanwhile."""
+    how = "CONCURRENTLY " if concurrently else ""
     return (
-        f"CREATE INDEX IF NOT EXISTS {t.index('search')} ON {t.runs}"
+        f"CREATE INDEX {how}IF NOT EXISTS {t.index('search')} ON {t.runs}"
         f" USING gin (search {_quoted(trgm_schema)}.gin_trgm_ops)"
     )

@@ -256,8 +256,10 @@ class IndexSync:
             if looks.up_to_date(self):
                 # Another read of this page (the nav's, beside its own) looked meanwhile.
                 return True
-            if self._builder is not None:
-                return self._readable_while_building
+            if self._builder is not None and not self._readable_while_building:
+                return False
+            # A builder still at work on a readable index (its trigram index, its
+            # vacuum, or a rebuild after a prune) leaves the catch-ups to this.
             failure, self._failure = self._failure, None
             if failure is not None:
                 raise Unavailable(
@@ -284,16 +286,22 @@ class IndexSync:
             "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (self.t.lock_key,)
         ).fetchone()[0]
         meta = self._meta(cur)
+        building = self._builder is not None
         if not locked:
             # Another process is bringing the index up to date: read it as it is
             # when built, and look again next time.
             if meta.get("built") == "1":
                 return True, None
             # A build under way elsewhere: take chunks in turns with it.
-            self._start_builder(rows=self._store_rows(cur, store), readable=False)
+            if not building:
+                self._start_builder(rows=self._store_rows(cur, store), readable=False)
             return False, None
         if store is None:
             self._clear(cur, gate)
+        elif self._needs_build(meta, gate) and building:
+            # This process's builder is at it: the index as it is, until it is done.
+            conn.rollback()
+            return self._readable_while_building, None
         elif self._needs_build(meta, gate):
             rows = self._store_rows(cur, store)
             if rows >= self._background_from_rows:
@@ -302,12 +310,11 @@ class IndexSync:
                 self._start_builder(rows=rows, readable=readable)
                 return readable, None
             self._build(cur, store, gate, first=meta.get("built") != "1")
-        elif _SEARCH_PENDING in meta:
-            # Left by a build in chunks (here or in a process since gone).
-            conn.rollback()
-            self._start_builder(rows=0, readable=True)
-            return True, None
         else:
+            if _SEARCH_PENDING in meta and not building:
+                # Left by a build in chunks (here or in a process since gone): made
+                # concurrently by a builder, while the runs are kept up to date here.
+                self._start_builder(rows=0, readable=True)
             self._catch_up(cur, store, meta)
         return True, gate
 
@@ -441,30 +448,39 @@ class IndexSync:
                 self._clear(cur, gate)
                 return True
             if not self._needs_build(meta, gate):
-                if _SEARCH_PENDING in meta:
-                    self._make_search_index(cur)
-                    return False
-                self._catch_up(cur, store, meta)
-                return True
-            if _BUILD_AFTER not in meta or meta.get("table") != str(gate[2]):
-                self._start_build(cur, store, gate, first=meta.get("built") != "1")
-                return False
-            if meta.get("deleted") != str(gate[1]):
-                # Rows were deleted (a prune) while building: the runs folded so far may
-                # have lost rows, so the walk starts again, and runs left without any
-                # are swept out at the end. The catch-up cursors stay: older cursors
-                # only fold more again.
-                self._set_meta(
-                    cur,
-                    {
-                        _BUILD_AFTER: "",
-                        _BUILD_SWEEP: "1",
-                        _BUILD_SWEPT: None,
-                        "deleted": str(gate[1]),
-                    },
-                )
-                meta = self._meta(cur)
-            return self._fold_chunk(cur, store, meta)
+                if _SEARCH_PENDING not in meta:
+                    self._catch_up(cur, store, meta)
+                    return True
+            else:
+                return self._build_chunk(cur, store, gate, meta)
+        # Outside the transaction and its lock: built concurrently, beside the catch-ups
+        # that keep the runs list up to date meanwhile.
+        self._make_search_index(conn, cur)
+        return False
+
+    def _build_chunk(
+        self, cur: Any, store: StoreSql, gate: tuple[Any, ...], meta: dict[str, str]
+    ) -> bool:
+        """In the build step's transaction: start the build, or fold its next chunk."""
+        if _BUILD_AFTER not in meta or meta.get("table") != str(gate[2]):
+            self._start_build(cur, store, gate, first=meta.get("built") != "1")
+            return False
+        if meta.get("deleted") != str(gate[1]):
+            # Rows were deleted (a prune) while building: the runs folded so far may
+            # have lost rows, so the walk starts again, and runs left without any
+            # are swept out at the end. The catch-up cursors stay: older cursors
+            # only fold more again.
+            self._set_meta(
+                cur,
+                {
+                    _BUILD_AFTER: "",
+                    _BUILD_SWEEP: "1",
+                    _BUILD_SWEPT: None,
+                    "deleted": str(gate[1]),
+                },
+            )
+            meta = self._meta(cur)
+        return self._fold_chunk(cur, store, meta)
 
     def _start_build(
         self, cur: Any, store: StoreSql, gate: tuple[Any, ...], *, first: bool
@@ -600,12 +616,26 @@ class IndexSync:
         self._set_meta(cur, {_BUILD_SWEPT: str(found[0])})
         return False
 
-    def _make_search_index(self, cur: Any) -> None:
-        """The trigram index a first build in chunks left to make."""
+    def _make_search_index(self, conn: Any, cur: Any) -> None:
+        """The trigram index a first build in chunks left to make, built concurrently
+        (in autocommit, outside the index's lock): a plain ``CREATE INDEX`` holds off
+        every write to the runs for its whole length (16 s at a million runs), and so
+        every catch-up: a run written meanwhile was missing from every runs list."""
         trgm = schema.trigram_schema(cur)
         if trgm is not None:
-            cur.execute(schema.trigram_index(self.t, trgm))
-        self._set_meta(cur, {_SEARCH_PENDING: None})
+            name = self.t.qualified_index("search")
+            # A concurrent build cut short (the process stopped) leaves an invalid index
+            # that IF NOT EXISTS would keep for good: it is dropped and made again.
+            invalid = cur.execute(
+                "SELECT 1 FROM pg_index WHERE indexrelid = to_regclass(%s) AND NOT indisvalid",
+                (name,),
+            ).fetchone()
+            if invalid is not None:
+                cur.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+            cur.execute(schema.trigram_index(self.t, trgm, concurrently=True))
+        with conn.transaction():
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.t.lock_key,))
+            self._set_meta(cur, {_SEARCH_PENDING: None})
 
     # --- folding --------------------------------------------------------
 
