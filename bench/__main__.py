@@ -671,12 +671,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--only",
-        choices=("kill9", "bulk-resume"),
+        choices=("kill9", "bulk-resume", "team"),
         default=None,
         help="run one measurement alone: kill9 is kill -9 of localui at random moments"
         " during 100 approvals over 50 pauses, 5 rounds (bench/kill9.py); bulk-resume is"
         " --bulk-resume-runs crashed runs resumed from /attention in one go"
-        " (bench/bulk_resume.py)",
+        " (bench/bulk_resume.py); team is two replicas behind HAProxy on the largest"
+        " --sizes store (--backend postgres; bench/team.py)",
     )
     parser.add_argument(
         "--bulk-resume-runs",
@@ -823,6 +824,8 @@ def _main(
     if args.only_build:
         log(f"stores ready in {stores_dir}")
         return 0
+    if args.only == "team":
+        return _only_team(args, stores, pg_targets, app_path, log)
 
     venv: Path | None = None
     sdk_note = "not measured (--no-sdk-ui)"
@@ -995,6 +998,36 @@ def _main(
             log(f"ERROR {e}")
         return 2
     return 0 if all_passed(verdicts) else 1
+
+
+def _only_team(
+    args: argparse.Namespace,
+    stores: Sequence[BuiltStore],
+    pg_targets: Mapping[str, PgTarget],
+    app_path: Path,
+    log: Log,
+) -> int:
+    """``--only team``: the team figures alone, judged, on the largest store."""
+    largest = max(stores, key=lambda s: s.runs)
+    target = pg_targets.get(largest.label)
+    if target is None:
+        log("--only team needs --backend postgres")
+        return 2
+    log(f"measuring a team's two replicas behind HAProxy (load {os.getloadavg()[0]:.1f})")
+    team = measure_team(
+        largest, target, requests=args.requests, warmup=args.warmup, app_path=app_path, log=log
+    )
+    drop_schema(target.dsn, target.app_schema)
+    verdicts = judge(
+        {largest.label: team.figures}, runs=largest.runs, with_sdk_ui=False, budgets=TEAM_BUDGETS
+    )
+    for v in verdicts:
+        log(f"{'PASS' if v.passed else 'MISS'} {v.budget.what}: {v.worst:.4g} {v.budget.unit}")
+    for error in team.errors:
+        log(f"ERROR {error}")
+    if args.localui_path is None:
+        shutil.rmtree(app_path, ignore_errors=True)
+    return 2 if team.errors else 0 if all_passed(verdicts) else 1
 
 
 def _only_demo(args: argparse.Namespace, log: Log, app_path: Path) -> int:

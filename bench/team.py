@@ -34,7 +34,17 @@ import httpx
 from bench.fleet import _take_out
 from bench.haproxy import Balancer
 from bench.latency import time_in_turns, warm_up
-from bench.servers import REPO, PgTarget, Server, clean_env, free_port, pythonpath, start_localui
+from bench.servers import (
+    INDEX_POLL_S,
+    INDEX_TIMEOUT_S,
+    REPO,
+    PgTarget,
+    Server,
+    clean_env,
+    free_port,
+    pythonpath,
+    start_localui,
+)
 from bench.stores import BuiltStore
 
 Log = Callable[[str], None]
@@ -126,6 +136,9 @@ def measure_team(
         with Balancer(free_port(), addresses, workdir) as balancer:
             cookie = _session(balancer.url, tokens[0])
             headers = {"Cookie": cookie}
+            # Pages are timed on a complete runs index (the single-server figures leave
+            # one; a first start on the store builds it).
+            _wait_indexed(replicas[0].base_url, headers)
             _pages(result, balancer.url, replicas[0].base_url, headers, requests, warmup, log)
             writer = _writer(pg, app_path, ids_file)
             _seen(result, writer, [r.base_url for r in replicas], headers, log)
@@ -144,6 +157,15 @@ def measure_team(
             server.stop()
         _take_out(pg, ids_file)
     return result
+
+
+def _wait_indexed(base_url: str, headers: dict[str, str]) -> None:
+    deadline = time.monotonic() + INDEX_TIMEOUT_S
+    with httpx.Client(base_url=base_url, headers=headers, timeout=60) as client:
+        while client.get("/runs.json").json().get("indexing") is not None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the runs index was not ready within {INDEX_TIMEOUT_S:.0f} s")
+            time.sleep(INDEX_POLL_S)
 
 
 def _pages(
