@@ -31,7 +31,6 @@ from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed, LiveRenders
 from localui.metrics import RequestTiming, app_metrics
 from localui.notify.watcher import Watcher, make_watcher
-from localui.oidc import OpenIDSignIn
 from localui.paths import cache_dir, static_dir, templates_dir
 from localui.recovery import RecoverySweep
 from localui.registry import Registry
@@ -295,8 +294,12 @@ def create_app(
     # (a middleware) holds it; the fleet it reads is opened by the lifespan.
     metrics = app_metrics(settings)
     auth.scraper_token = metrics.token
-    oidc_config = settings.sign_in.oidc
-    oidc = OpenIDSignIn(oidc_config, auth.keys) if oidc_config is not None else None
+    oidc = None
+    if settings.sign_in.oidc is not None:
+        # Imported only here: its libraries are a server's memory for nothing otherwise.
+        from localui.oidc import OpenIDSignIn
+
+        oidc = OpenIDSignIn(settings.sign_in.oidc, auth.keys)
     # Held by the middleware from the start; the lifespan opens the log it writes.
     recorder = AuditRecorder()
 

@@ -8,6 +8,7 @@ of the store: whoever sees it has not proved who they are.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
@@ -28,10 +29,14 @@ from localui.auth import (
     without_token,
 )
 from localui.errors import NotFound
-from localui.oidc import CALLBACK_PATH, FLOW_SECONDS, OpenIDSignIn, Refused
 from localui.settings import Settings
 from localui.views.state import context
 from localui.views.urls import Urls, urls_of, urls_of_scope
+
+if TYPE_CHECKING:
+    # Its libraries (httpx, Authlib, joserfc: about 20 MB) load only on a server that
+    # signs in at an OpenID Provider: each function below imports it when called.
+    from localui.oidc import OpenIDSignIn
 
 
 def signin_page_renderer(templates: Jinja2Templates, settings: Settings) -> SigninPage:
@@ -140,6 +145,8 @@ def _oidc(request: Request) -> OpenIDSignIn:
 def _callback_url(request: Request) -> str:
     """Where the provider sends the browser back: under ``--public-url`` when set (what
     is registered at the provider), else this server's own address."""
+    from localui.oidc import CALLBACK_PATH
+
     ctx = context(request)
     public = ctx.settings.notifications.public_url
     if public:
@@ -150,6 +157,8 @@ def _callback_url(request: Request) -> str:
 
 
 def _flow_cookie(request: Request, response: Response, oidc: OpenIDSignIn, value: str) -> None:
+    from localui.oidc import FLOW_SECONDS
+
     tls = context(request).auth.over_tls(request.scope)
     response.set_cookie(
         oidc.cookie,
@@ -165,6 +174,8 @@ def _flow_cookie(request: Request, response: Response, oidc: OpenIDSignIn, value
 
 async def oidc_start(request: Request) -> Response:
     """Off to the provider, with a fresh state, nonce and PKCE verifier in a cookie."""
+    from localui.oidc import Refused
+
     ctx = context(request)
     oidc = _oidc(request)
     next_url = safe_next(request.query_params.get("next", ""), request.scope.get("root_path", ""))
@@ -182,6 +193,8 @@ async def oidc_start(request: Request) -> Response:
 async def oidc_callback(request: Request) -> Response:
     """Back from the provider: the state checked, the code traded, the ID token checked,
     the person signed in with the role their groups give; else a page that says why."""
+    from localui.oidc import Refused
+
     ctx = context(request)
     oidc = _oidc(request)
     home = (request.scope.get("root_path") or "") + "/"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from urllib.parse import quote, unquote
 
 from starlette.datastructures import FormData
@@ -29,11 +29,14 @@ from localui.live import BrowserStreams, ChangeFeed, LiveRenders
 from localui.metrics import AppMetrics
 from localui.notify.watcher import Watcher
 from localui.offloop import off_loop
-from localui.oidc import OpenIDSignIn
 from localui.records import SeedProgress
 from localui.registry import Registry
 from localui.settings import Settings
 from localui.signing import Signer
+
+if TYPE_CHECKING:
+    # Loaded by the app only when it signs in at an OpenID Provider (its libraries).
+    from localui.oidc import OpenIDSignIn
 
 T = TypeVar("T")
 
