@@ -38,26 +38,49 @@ def html_only(default: Any = dataclasses.MISSING) -> Any:
     return field(default=default, metadata=HIDDEN)
 
 
+#: What JSON holds as it is: most of a page's values, so tested first.
+_PLAIN = (str, int, type(None))
+#: The JSON fields of each view model class (its dataclass fields less the hidden).
+_JSON_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _json_fields(cls: type) -> tuple[str, ...]:
+    names = _JSON_FIELDS.get(cls)
+    if names is None:
+        names = tuple(
+            f.name for f in dataclasses.fields(cls) if not f.metadata.get("hidden_from_json")
+        )
+        _JSON_FIELDS[cls] = names
+    return names
+
+
 def to_jsonable(value: Any) -> Any:
-    """A view model as plain JSON data, leaving out presentation-only fields."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    """A view model as plain JSON data, leaving out presentation-only fields.
+
+    The plain values come first and each class's fields are listed once: a compare of
+    two 50-row runs is some 45,000 values, and asking each whether it was a dataclass,
+    then a Mapping, took 3 ms of its answer."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, float):
+        # The SDK stores NaN and Infinity as Python's json writes them; strict JSON has
+        # no such numbers, so they travel as the words.
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    cls = type(value)
+    if hasattr(cls, "__dataclass_fields__"):
         if isinstance(value, Unreadable):
             return {"unreadable": value.error}
-        return {
-            f.name: to_jsonable(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if not f.metadata.get("hidden_from_json")
-        }
+        return {name: to_jsonable(getattr(value, name)) for name in _json_fields(cls)}
     if isinstance(value, Mapping):
         return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
+    if isinstance(value, set | frozenset):
         return [to_jsonable(v) for v in value]
     if isinstance(value, datetime):
         return value.isoformat()
-    if isinstance(value, float) and not math.isfinite(value):
-        # The SDK stores NaN and Infinity as Python's json writes them; strict JSON has
-        # no such numbers, so they travel as the words.
-        return str(value)
     return value
 
 
