@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from localui.audit import AuditEntry, AuditEvent, AuditPage, AuditQuery
 from localui.backends.decisions import ABANDONED_AFTER_SECONDS
 from localui.backends.keys import Key, Shared
+from localui.backends.notes import Note
 from localui.backends.notifications import Notice, Notification, TargetStatus
 from localui.records import (
     AttentionCounts,
@@ -191,6 +192,9 @@ class Changes:
     #: Runs whose pause got a vote, or lost one, under a rule that needs several people:
     #: the pause stays, and what its card says of the rule changes.
     voted: frozenset[str] = frozenset()
+    #: Runs whose pause got a note (``localui.backends.notes``): the pause stays, and
+    #: its card shows one note more.
+    noted: frozenset[str] = frozenset()
     #: Something changed that cannot be pinned to runs (the schema): refresh all.
     everything: bool = False
     #: The feed's count of published changes; stamped by ``localui.live.ChangeFeed``.
@@ -204,6 +208,7 @@ class Changes:
             or self.pauses_removed
             or self.decided
             or self.voted
+            or self.noted
         )
 
     @property
@@ -218,7 +223,14 @@ class Changes:
         """Whether a page about this one run must be rendered again."""
         return self.everything or any(
             execution_id in ids
-            for ids in (self.runs, self.pauses_added, self.pauses_removed, self.decided, self.voted)
+            for ids in (
+                self.runs,
+                self.pauses_added,
+                self.pauses_removed,
+                self.decided,
+                self.voted,
+                self.noted,
+            )
         )
 
     def merge(self, other: Changes) -> Changes:
@@ -229,6 +241,7 @@ class Changes:
             pauses_removed=self.pauses_removed | other.pauses_removed,
             decided=self.decided | other.decided,
             voted=self.voted | other.voted,
+            noted=self.noted | other.noted,
             everything=self.everything or other.everything,
             seq=max(self.seq, other.seq),
         )
@@ -481,6 +494,32 @@ class AuditLog(Protocol):
     def close(self) -> None: ...
 
 
+class NoteLog(Protocol):
+    """Notes on pauses (``localui.backends.notes``): what people who may decide a pause
+    tell each other about it. Never a decision, never a vote."""
+
+    def add(self, execution_id: str, checkpoint_id: str, author: str, text: str) -> Note:
+        """A new note on the pause at ``checkpoint_id``, stamped now."""
+        ...
+
+    def for_pauses(
+        self, pauses: Sequence[tuple[str, str]]
+    ) -> Mapping[tuple[str, str], tuple[Note, ...]]:
+        """The notes on each ``(execution_id, checkpoint_id)``, oldest first, in one
+        query; pauses without notes are left out."""
+        ...
+
+    def for_run(self, execution_id: str) -> tuple[Note, ...]:
+        """Every note on any pause of the run, oldest first."""
+        ...
+
+    def written_since(self, after: tuple[str, int], limit: int) -> tuple[Note, ...]:
+        """Notes after ``(created_at, id)``, in that order: what a watcher offers."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class Prunes(Protocol):
     """The one SDK checkpointer method the app calls: prune goes through the SDK."""
 
@@ -551,6 +590,10 @@ class Backend(Protocol):
 
     def audit_log(self, *, writable: bool) -> AuditLog:
         """The audit log in the store's own database (the caller closes it)."""
+        ...
+
+    def notes(self, *, writable: bool) -> NoteLog:
+        """Notes on pauses in the store's own database (the caller closes it)."""
         ...
 
     def checkpointer(self) -> Prunes:

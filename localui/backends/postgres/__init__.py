@@ -8,6 +8,7 @@ from localui.backends.base import (
     AuditLog,
     ChangeSource,
     DecisionLog,
+    NoteLog,
     Outbox,
     Prunes,
     SessionKeys,
@@ -76,6 +77,11 @@ class PostgresBackend:
         from localui.backends.postgres.audit import PostgresAuditLog
 
         return PostgresAuditLog(self.dsn, schema=self.app_schema, writable=writable)
+
+    def notes(self, *, writable: bool) -> NoteLog:
+        from localui.backends.postgres.notes import PostgresNotes
+
+        return PostgresNotes(self.dsn, schema=self.app_schema, writable=writable)
 
     def checkpointer(self) -> Prunes:
         return PostgresPrune(self.dsn, schema=self.schema)

@@ -11,6 +11,7 @@ from localui.backends.base import (
     AuditLog,
     ChangeSource,
     DecisionLog,
+    NoteLog,
     Outbox,
     Prunes,
     SessionKeys,
@@ -65,6 +66,11 @@ class SQLiteBackend:
         from localui.backends.sqlite.audit import SQLiteAuditLog
 
         return SQLiteAuditLog(self.path, writable=writable)
+
+    def notes(self, *, writable: bool) -> NoteLog:
+        from localui.backends.sqlite.notes import SQLiteNotes
+
+        return SQLiteNotes(self.path, writable=writable)
 
     def checkpointer(self) -> Prunes:
         from fastaiagent.checkpointers import SQLiteCheckpointer
