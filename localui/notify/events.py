@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from localui import runs
+from localui.backends.notes import Note
 from localui.bundle import redact
 from localui.records import ALREADY_RESUMED, APPROVAL, Decision, PausedCall, Pending, RunFacts
 from localui.settings import CANCELLED_FAILURES
@@ -26,7 +27,9 @@ DECIDED = "run.decided"
 FAILED = "run.failed"
 STALLED = "run.stalled"
 OVERDUE = "pause.overdue"
-EVENT_TYPES = (PAUSED, DECIDED, FAILED, STALLED, OVERDUE)
+#: A person who may decide a pause left a note on it (``localui.backends.notes``).
+NOTED = "pause.noted"
+EVENT_TYPES = (PAUSED, DECIDED, FAILED, STALLED, OVERDUE, NOTED)
 #: ``--notify-on`` names: the part after the dot, and ``cancelled`` for the failures
 #: of runs someone cancelled on purpose (``failed`` alone leaves them out).
 SHORT_NAMES = {**{t.split(".", 1)[1]: t for t in EVENT_TYPES}, "cancelled": CANCELLED_FAILURES}
@@ -85,7 +88,7 @@ class Event:
     context: Any = None
     #: The paused call as it is written: ``refund(order="1042", amount=5000)``.
     call: str = ""
-    #: Decided: who, how, and what the SDK did with it.
+    #: Decided: who, how, and what the SDK did with it. Noted: ``actor`` wrote the note.
     actor: str = ""
     approved: bool | None = None
     outcome: str = ""
@@ -94,6 +97,8 @@ class Event:
     #: A pause's: the approval policy's rule that governs it ("" without one); its
     #: ``notify`` URLs are told too.
     rule: str = ""
+    #: Noted: the note's text, as its author wrote it.
+    text: str = ""
 
     @property
     def key(self) -> str:
@@ -219,6 +224,33 @@ def decided(decision: Decision, agent: str = "") -> Event | None:
         actor=decision.actor,
         approved=decision.approved,
         outcome=decision.outcome or "",
+    )
+
+
+def noted(note: Note, pending: Pending | None, rule: str = "") -> Event:
+    """A note left on a pause; its key names the note. ``pending`` is the pause when it
+    still waits at the note's row (what it is about, for the message), else None.
+    ``rule`` is the policy's rule of the pause: its ``notify`` URLs are told too, and
+    who may decide (the note's readers) follows from it."""
+    about: dict[str, Any] = {}
+    if pending is not None and pending.checkpoint_id == note.checkpoint_id:
+        owner = runs.pause_owner(pending.agent_path, pending.agent, pending.node_id)
+        about = {
+            "agent": pending.agent,
+            "runner": owner.describe(),
+            "reason": pending.reason,
+            "node_id": pending.node_id,
+        }
+    return Event(
+        type=NOTED,
+        execution_id=note.execution_id,
+        row=str(note.id),
+        at=note.created_at,
+        checkpoint_id=note.checkpoint_id,
+        actor=note.author,
+        text=note.text,
+        rule=rule,
+        **about,
     )
 
 

@@ -23,7 +23,7 @@ class Links:
 
 def link_of(event: Event, links: Links) -> str:
     """A pause's approval page while it waits, the run page otherwise."""
-    if event.type in (ev.PAUSED, ev.OVERDUE):
+    if event.type in (ev.PAUSED, ev.OVERDUE, ev.NOTED):
         return links.approval(event.execution_id)
     return links.run(event.execution_id)
 
@@ -57,6 +57,12 @@ def line_of(event: Event, url: str, now: datetime) -> str:
             f"Run {event.execution_id} of {event.agent or 'an agent'} was {verb} by"
             f" {event.actor}{why} (outcome: {event.outcome})."
         )
+    elif event.type == ev.NOTED:
+        where = f" — {who}" if who else ""
+        text = (
+            f"{event.actor} left a note on {_what(event)} of run {event.execution_id}{where}:"
+            f' "{event.text}"'
+        )
     elif event.type == ev.FAILED:
         text = (
             f"Run {event.execution_id} of {event.agent} {_failed_verb(event)} at"
@@ -85,6 +91,7 @@ def _title(batch: Sequence[Event]) -> str:
             ev.DECIDED: f"Decided: run {only.execution_id}",
             ev.FAILED: f"Run {_failed_verb(only)}: {only.execution_id}",
             ev.STALLED: f"Run stalled: {only.execution_id}",
+            ev.NOTED: f"Note from {only.actor}: {_what(only)}",
         }[only.type]
     if waiting == len(batch):
         return f"{waiting} runs wait for a person"
@@ -115,6 +122,8 @@ def webhook_body(event: Event, links: Links, redact_keys: frozenset[str]) -> dic
         data.update(actor=event.actor, approved=event.approved, outcome=event.outcome)
     if event.type == ev.OVERDUE:
         data["reminder"] = event.reminder
+    if event.type == ev.NOTED:
+        data.update(note_id=event.row, author=event.actor, text=event.text)
     if event.rule:
         data["rule"] = event.rule
     return {"type": event.type, "timestamp": event.at, "data": data}

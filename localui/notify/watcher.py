@@ -23,6 +23,9 @@ a page is open. What it does:
   failing in between leaves no change behind), a prune or a released claim is a
   change it cannot pin to runs, a read that failed is not read again, and while no
   localui runs nothing watches. What is recorded already costs one outbox query.
+- **Notes on pauses** (``pause.noted``): at once when written in this process
+  (:meth:`Watcher.offer`), and each sweep the notes written since the watcher began
+  (by any process), read from the notes table by time, like the decisions.
 - **Every poll interval, and at once after recording**: a round of the
   :class:`~localui.notify.sender.Sender`.
 
@@ -47,7 +50,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from localui import runs
-from localui.backends.base import Backend, Changes, DecisionLog, Outbox, Store
+from localui.backends.base import Backend, Changes, DecisionLog, NoteLog, Outbox, Store
+from localui.backends.notes import Note
 from localui.live import ChangeFeed, Resync, to_the_end
 from localui.notify import events as ev
 from localui.notify.events import Event
@@ -71,6 +75,8 @@ STALLED_PAGE = 100
 FAILED_PAGE = 100
 #: Decisions read per query while a sweep catches up with the decision record.
 DECIDED_PAGE = 200
+#: Notes read per query while a sweep catches up with the notes table.
+NOTES_PAGE = 200
 
 
 class Watcher:
@@ -88,6 +94,7 @@ class Watcher:
         sender: Sender,
         routes: Mapping[str, Sequence[Target]] | None = None,
         clock: Callable[[], float] = time.time,
+        notes: NoteLog | None = None,
     ) -> None:
         self.settings = settings
         self.notifications = settings.notifications
@@ -95,6 +102,7 @@ class Watcher:
         self.store = store
         self.decisions = decisions
         self.outbox = outbox
+        self.notes = notes
         routes = routes or {}
         #: Every target this process delivers to: its own, then the policy rules'.
         self.targets = tuple(
@@ -134,6 +142,10 @@ class Watcher:
         #: newest the last sweep read (recorded once that sweep's events are).
         self._decided_after: tuple[str, int] | None = None
         self._decided_read: tuple[str, int] | None = None
+        #: ``(created_at, id)`` of the newest note a sweep has recorded, and of the newest
+        #: the last sweep read (as for the decisions).
+        self._noted_after: tuple[str, int] | None = None
+        self._noted_read: tuple[str, int] | None = None
         #: Whether this process has moved the rows of the targets' former ids.
         self._adopted = False
 
@@ -312,6 +324,8 @@ class Watcher:
             found.extend(e for e in failed if e.key not in known)
         if ev.DECIDED in self._wanted:
             found.extend(self._decided_since_last_sweep())
+        if ev.NOTED in self._wanted and self.notes is not None:
+            found.extend(self._noted_since_last_sweep(self.notes))
         return [e for e in found if e.key not in self._offered], keys
 
     def _since_start(self) -> datetime:
@@ -379,6 +393,38 @@ class Watcher:
                     found.append(event)
         return found
 
+    def _noted_since_last_sweep(self, notes: NoteLog) -> list[Event]:
+        """The notes written since the last sweep (since :meth:`_since_start`, at first)
+        whose event the outbox does not hold yet, each with its pause's rule: a note
+        another process wrote, or one whose offer at once failed."""
+        after = self._noted_after or (self._since_start().isoformat(), 0)
+        written: list[Note] = []
+        while True:
+            page = notes.written_since(after, NOTES_PAGE)
+            written.extend(page)
+            if page:
+                after = (page[-1].created_at, page[-1].id)
+            if len(page) < NOTES_PAGE:
+                break
+        self._noted_read = after
+        found: list[Event] = []
+        for note in written:
+            pending = self.store.get_pending(note.execution_id)
+            waiting = None
+            if pending is not None and pending.checkpoint_id == note.checkpoint_id:
+                waiting = pending
+            rule = self._rule_of(waiting) if waiting is not None else ""
+            event = ev.noted(note, waiting, rule)
+            if event.key not in self._recorded({event.key}, rule):
+                found.append(event)
+        return found
+
+    async def offer(self, found: Sequence[Event]) -> None:
+        """Record events that happened in this process (a note just written) at once,
+        and wake the sender; a failure is said as the sweeps' are, and the next sweep
+        offers them again."""
+        await self._guarded(functools.partial(self.record, found))
+
     def _recorded(self, keys: set[str], rule: str = "") -> set[str]:
         """Those of ``keys`` the outbox holds already for every target they go to."""
         return self.outbox.recorded(keys, self._target_ids(rule)) if keys else set()
@@ -406,6 +452,7 @@ class Watcher:
         # the next sweep need not offer them again; what no longer waits is forgotten.
         self._offered = keys
         self._decided_after = self._decided_read or self._decided_after
+        self._noted_after = self._noted_read or self._noted_after
         self.swept_at = self._clock()
         return added
 
@@ -505,6 +552,7 @@ def make_watcher(
     backend: Backend,
     decisions: DecisionLog,
     links: Links,
+    notes: NoteLog | None = None,
 ) -> Watcher:
     """The watcher for ``settings``' targets, with its own outbox on ``backend`` (the
     caller closes it: ``watcher.outbox``). Raises ``TargetError`` for a bad target."""
@@ -520,6 +568,7 @@ def make_watcher(
         outbox=outbox,
         targets=targets,
         routes=routes,
+        notes=notes,
         sender=Sender(
             outbox,
             [*targets, *(t for ts in routes.values() for t in ts)],
