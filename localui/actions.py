@@ -27,7 +27,7 @@ from typing import Any
 from localui import edits, freetext, names, runs, words
 from localui.auth import Person
 from localui.backends import is_busy
-from localui.backends.base import DecisionLog, Store
+from localui.backends.base import DecisionLog, NoteLog, Store
 from localui.backends.decisions import ABANDONED_AFTER_SECONDS, HEARTBEATS_PER_LEASE
 from localui.contexts import RunContexts
 from localui.errors import (
@@ -116,8 +116,12 @@ class ActionService:
         decisions: DecisionLog,
         make_checkpointer: Callable[[], Any],
         contexts: RunContexts | None = None,
+        notes: NoteLog | None = None,
     ) -> None:
         self.settings = settings
+        #: Notes on pauses (``localui.views.notes``): read with the cards, never decided
+        #: on; None where no app opened them (cards then show none).
+        self.notes = notes
         self.store = store
         self.registry = registry
         #: The ``RunContext`` factories (``--context``) resumes and forks hand the tools.

@@ -52,6 +52,7 @@ from localui.views import edit as edit_views
 from localui.views import fork as fork_views
 from localui.views import live as live_views
 from localui.views import metrics as metrics_views
+from localui.views import notes as note_views
 from localui.views import notifications as notification_views
 from localui.views import row as row_views
 from localui.views import run as run_views
@@ -159,6 +160,12 @@ def build_routes() -> list[Route | Mount]:
             approval_views.reject,
             methods=["POST"],
             name="reject",
+        ),
+        Route(
+            "/approvals/{execution_id:localui_id}/notes",
+            note_views.add_note,
+            methods=["POST"],
+            name="add_note",
         ),
         *page_routes("/cache", cache_views.store_cache, "cache"),
         *page_routes("/notifications", notification_views.notifications_page, "notifications"),
@@ -319,6 +326,7 @@ def create_app(
         audit_log = opened.audit_log(writable=not settings.read_only)
         if not settings.read_only:
             recorder.log = audit_log
+        notes = opened.notes(writable=not settings.read_only)
         actions = ActionService(
             settings=settings,
             store=opened.store,
@@ -327,6 +335,7 @@ def create_app(
             decisions=decisions,
             make_checkpointer=opened.checkpointer,
             contexts=contexts,
+            notes=notes,
         )
         feed = ChangeFeed(opened.change_source(), interval=settings.poll_interval)
         watcher: Watcher | None = None
@@ -338,6 +347,7 @@ def create_app(
                 backend=opened,
                 decisions=decisions,
                 links=deep_links(app.router, link_base(settings)),
+                notes=notes,
             )
         traces = trace_index(settings, opened)
         app.state.localui = AppState(
@@ -394,6 +404,7 @@ def create_app(
             decisions.close()
             recorder.log = None
             audit_log.close()
+            notes.close()
             if traces is not None:
                 traces.close()
             if auth.users is not None:

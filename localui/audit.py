@@ -41,6 +41,7 @@ ACTIONS: Mapping[str, str] = {
     "edit_preview": "edit_preview",
     "fork_run": "fork",
     "prune_now": "prune",
+    "add_note": "note",
     "signin": "signin",
     "signout": "signout",
 }

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from localui import runs
-from localui.backends.base import DecisionLog, Store
+from localui.backends.base import DecisionLog, NoteLog, Store
+from localui.backends.notes import TABLE as NOTES_TABLE
 from localui.backends.sqlite.connect import connect
 from localui.backends.traces import SpanIndex
 from localui.errors import LocalUIError, NotFound
@@ -70,7 +71,11 @@ _PAYLOADS = ("state_snapshot", "node_input", "node_output", "interrupt_context")
 
 
 def run_record(
-    store: Store, execution_id: str, decisions: DecisionLog | None, traces: SpanIndex | None
+    store: Store,
+    execution_id: str,
+    decisions: DecisionLog | None,
+    traces: SpanIndex | None,
+    notes: NoteLog | None = None,
 ) -> dict[str, Any]:
     """One run as a bundle holds it."""
     headers = store.list_rows(execution_id)
@@ -135,6 +140,16 @@ def run_record(
             }
             for d in (decisions.list_for_run(execution_id) if decisions is not None else ())
         ],
+        # Notes people left on its pauses (``localui.backends.notes``): no decisions.
+        "notes": [
+            {
+                "checkpoint_id": n.checkpoint_id,
+                "author": n.author,
+                "text": n.text,
+                "created_at": n.created_at,
+            }
+            for n in (notes.for_run(execution_id) if notes is not None else ())
+        ],
         "forks": [link.execution_id for link in store.list_forks(execution_id)],
         "traced": attempts is not None,
         "spans": spans,
@@ -188,10 +203,13 @@ def build_bundle(
     decisions: DecisionLog | None = None,
     traces: SpanIndex | None = None,
     redact_keys: Iterable[str] = (),
+    notes: NoteLog | None = None,
 ) -> bytes:
     """The bundle file's bytes for ``execution_ids``."""
     keys = frozenset(redact_keys)
-    runs = [redact_run(run_record(store, eid, decisions, traces), keys) for eid in execution_ids]
+    runs = [
+        redact_run(run_record(store, eid, decisions, traces, notes), keys) for eid in execution_ids
+    ]
     document = {
         "format": _MAGIC,
         "version": FORMAT,
@@ -274,6 +292,8 @@ _DECISIONS = """INSERT INTO localui_decisions (kind, execution_id, checkpoint_id
     actor, reason, decided_at, outcome, detail, finished_at)
     VALUES (:kind, :execution_id, :checkpoint_id, :approved, :actor, :reason, :decided_at,
     :outcome, :detail, :finished_at)"""
+_NOTES = f"""INSERT INTO {NOTES_TABLE} (execution_id, checkpoint_id, author, text, created_at)
+    VALUES (:execution_id, :checkpoint_id, :author, :text, :created_at)"""
 
 
 #: The columns a bundle may fill, per table: names come from the file, so only these
@@ -307,8 +327,10 @@ def _insert(conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> None:
 
 def load_bundles(bundles: Sequence[Bundle], target: Path) -> None:
     """Write the bundles' runs into a new SQLite store at ``target``, laid out as the
-    SDK's (with the spans table only when a run was traced), and localui's decisions."""
+    SDK's (with the spans table only when a run was traced), and localui's decisions
+    and notes."""
     from localui.backends.sqlite.decisions import SQLiteDecisionLog
+    from localui.backends.sqlite.notes import SQLiteNotes
 
     traced = any(r.get("traced") for b in bundles for r in b.runs)
     conn = connect(target, "rwc")
@@ -323,6 +345,7 @@ def load_bundles(bundles: Sequence[Bundle], target: Path) -> None:
     finally:
         conn.close()
     SQLiteDecisionLog(target, writable=True).close()
+    SQLiteNotes(target, writable=True).close()
     conn = connect(target, "rwc")
     try:
         with conn:
@@ -330,8 +353,12 @@ def load_bundles(bundles: Sequence[Bundle], target: Path) -> None:
                 for run in bundle.runs:
                     for decision in run.get("decisions") or ():
                         conn.execute(_DECISIONS, {**decision, "execution_id": run["execution_id"]})
+                    for note in run.get("notes") or ():
+                        conn.execute(_NOTES, {**note, "execution_id": run["execution_id"]})
     except (sqlite3.Error, KeyError, TypeError) as exc:
-        raise BundleError(f"damaged bundle: its decisions cannot be loaded ({exc})") from None
+        raise BundleError(
+            f"damaged bundle: its decisions or notes cannot be loaded ({exc})"
+        ) from None
     finally:
         conn.close()
 

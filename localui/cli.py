@@ -236,10 +236,11 @@ def _add_notify_options(parser: argparse.ArgumentParser) -> None:
     )
     notify.add_argument(
         "--notify-on",
-        default="paused,decided,failed,cancelled,stalled,overdue",
+        default="paused,decided,failed,cancelled,stalled,overdue,noted",
         metavar="EVENTS",
         help="Which events to announce (default: paused,decided,failed,cancelled,stalled,"
-        "overdue). 'failed' is a run that failed or ran out of its timeout_seconds;"
+        "overdue,noted). 'noted' is a note left on a pause. 'failed' is a run that failed or"
+        " ran out of its timeout_seconds;"
         " 'cancelled' is the run.failed of a run someone cancelled on purpose (leave it out"
         " to hear of failures only).",
     )
@@ -1012,6 +1013,7 @@ def run_export(args: argparse.Namespace) -> int:
         return fail(str(exc))
     traces = trace_index(settings, backend)
     decisions = backend.decision_log(writable=False)
+    notes = backend.notes(writable=False)
     try:
         data = build_bundle(
             backend.store,
@@ -1019,10 +1021,12 @@ def run_export(args: argparse.Namespace) -> int:
             decisions=decisions,
             traces=traces,
             redact_keys=args.redact,
+            notes=notes,
         )
     except LocalUIError as exc:
         return fail(str(exc))
     finally:
+        notes.close()
         decisions.close()
         if traces is not None:
             traces.close()

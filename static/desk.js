@@ -95,6 +95,12 @@
         if (rule && freshRule && rule.textContent !== freshRule.textContent) {
           rule.replaceWith(document.importNode(freshRule, true));
         }
+        // Its notes too (a note left elsewhere); a note being typed stays.
+        var notes = item.querySelector(".pause-notes .notes-shown");
+        var freshNotes = freshById[item.id].querySelector(".pause-notes .notes-shown");
+        if (notes && freshNotes && notes.innerHTML !== freshNotes.innerHTML) {
+          notes.replaceWith(document.importNode(freshNotes, true));
+        }
         return;
       }
       if (item.classList.contains("gone")) return;

@@ -136,6 +136,11 @@ def build_approvals_page(
         if policy is not None and any(r.approvals > 1 for r in policy.rules)
         else {}
     )
+    notes = (
+        actions.notes.for_pauses([(p.execution_id, p.checkpoint_id or "") for p in page.items])
+        if actions.notes is not None
+        else {}
+    )
     now = datetime.now(UTC)
     cursor = encode_cursor(page.next_key) if page.next_key else None
     order = "newest" if newest_first else "oldest"
@@ -158,6 +163,7 @@ def build_approvals_page(
             short_id=shown[p.execution_id],
             person=person,
             votes=votes,
+            notes=notes,
         )
         for p in page.items
     )

@@ -21,6 +21,7 @@ async def run_bundle(request: Request) -> Response:
             decisions=ctx.actions.decisions,
             traces=ctx.traces,
             redact_keys=keys,
+            notes=ctx.actions.notes,
         )
     )
     # The file name is for the person saving it: keep only safe characters.

@@ -20,6 +20,7 @@ from markupsafe import Markup
 from localui import runs
 from localui.actions import ActionService
 from localui.auth import OPEN, Person
+from localui.backends.notes import Note
 from localui.errors import BadRequest
 from localui.policy import Field, Rule
 from localui.records import (
@@ -30,6 +31,7 @@ from localui.records import (
 )
 from localui.shortids import shortest_unique
 from localui.views.decision_views import VoteView, needed_words
+from localui.views.notes import NotesView, notes_view
 from localui.views.respond import html_only
 from localui.views.urls import Urls
 from localui.words import age_words, call_text, short_json
@@ -281,6 +283,9 @@ class ApprovalItem:
     context_size: str = html_only("")
     #: What the reason box says is needed.
     reason_hint: str = html_only("required to reject")
+    #: The notes people who may decide left on this pause (``views.notes``); null when
+    #: there is no paused row to bind one to.
+    notes: NotesView | None = None
 
 
 def needs_exact_check(paused: PausedCall | None) -> bool:
@@ -304,11 +309,12 @@ def approval_item(
     short_id: str | None = None,
     person: Person = OPEN,
     votes: Mapping[tuple[str, str], tuple[Vote, ...]] | None = None,
+    notes: Mapping[tuple[str, str], tuple[Note, ...]] | None = None,
 ) -> ApprovalItem:
     """One card; ``paused`` is its paused call when the caller read a page of them at
     once, else it is read here. A ``light`` card (the queue's) leaves its context table
     to be loaded when opened: a page of fifty stays as quick as the bare JSON. ``votes``
-    likewise: the page's votes, read at once, else this card's are read here."""
+    and ``notes`` likewise: the page's, read at once, else this card's are read here."""
     if paused is None and pending.checkpoint_id:
         paused = actions.store.paused_calls((pending,)).get(pending.checkpoint_id)
     context_value = pending.context
@@ -355,6 +361,7 @@ def approval_item(
         reason_hint="required"
         if shown_rule is not None and shown_rule.reason_required == "always"
         else "required to reject",
+        notes=notes_view(actions, pending, urls, person, notes=notes, rule=rule),
     )
 
 
@@ -391,7 +398,8 @@ class QueueCards:
 
     def key(self, ctx: Context, item: ApprovalItem, approver: str) -> Hashable:
         """Everything a light card shows or is drawn from (its context is not drawn),
-        its rule with the votes so far and whether the person looking may decide."""
+        its rule with the votes so far, its notes and whether the person looking may
+        decide."""
         return (
             item.rule,
             item.execution_id,
@@ -410,6 +418,7 @@ class QueueCards:
             item.effects,
             item.short_id,
             item.runner_missing,
+            item.notes,
             approver,
             ctx["person"],
             ctx["settings"].read_only,

@@ -161,8 +161,9 @@ class QueueView:
         )
 
     def affected_by(self, changes: Changes) -> bool:
-        # A vote leaves its pause in the queue and changes what the card says of its rule.
-        return changes.pauses_changed or bool(changes.voted)
+        # A vote leaves its pause in the queue and changes what the card says of its rule;
+        # a note leaves it too, and the card shows one note more.
+        return changes.pauses_changed or bool(changes.voted) or bool(changes.noted)
 
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         actions = ctx.actions

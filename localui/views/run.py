@@ -28,6 +28,7 @@ from localui.records import (
 from localui.views.cards import ApprovalItem
 from localui.views.decision_views import DecisionView
 from localui.views.lineage import ForkView, fork_view, lineage
+from localui.views.notes import NotesView, NoteView, earlier_notes, note_view
 from localui.views.outside import outside_views
 from localui.views.params import parse_count
 from localui.views.respond import html_only, nav_ahead, respond
@@ -105,6 +106,11 @@ class RunPage:
     approval: ApprovalItem | None = html_only(None)
     #: The approver this browser last decided as, to prefill the card.
     approver: str = html_only("")
+    #: Every note left on any pause of the run, oldest first (``views.notes``); those
+    #: of the pause it waits at show on its card too.
+    notes: tuple[NoteView, ...] = ()
+    #: The notes of pauses the run no longer waits at, one section per paused row.
+    earlier_notes: tuple[NotesView, ...] = html_only(())
 
 
 def _run_error(detail: RowDetail | None) -> str | None:
@@ -175,6 +181,8 @@ def build_run_page(
         recorded = actions.decisions.list_for_run(execution_id)
         orphan = orphan_view(actions, last, owner, recorded)
     age = runs.seconds_since(last.created_at)
+    run_notes = actions.notes.for_run(execution_id) if actions.notes is not None else ()
+    waiting_at = pending.checkpoint_id if pending is not None else None
     return RunPage(
         execution_id=execution_id,
         state=state,
@@ -207,6 +215,8 @@ def build_run_page(
         fork_problem=acting.fork_problem,
         approval=acting.approval,
         runner_missing=acting.runner_missing,
+        notes=tuple(note_view(n) for n in run_notes),
+        earlier_notes=earlier_notes(run_notes, execution_id, waiting_at),
     )
 
 
