@@ -159,6 +159,19 @@
     }
   }
 
+  // A card's own page: notes left elsewhere join the card's, and a note being typed stays.
+  document.addEventListener("htmx:sseBeforeMessage", function (event) {
+    var listener = event.target;
+    if (!(listener instanceof Element) || listener.getAttribute("sse-swap") !== "pause-notes") return;
+    event.preventDefault();
+    var target = document.querySelector(listener.getAttribute("hx-target"));
+    var fresh = new DOMParser().parseFromString(event.detail.data, "text/html").querySelector(".notes-shown");
+    var shown = target && target.querySelector(".notes-shown");
+    if (shown && fresh && shown.innerHTML !== fresh.innerHTML) {
+      shown.replaceWith(document.importNode(fresh, true));
+    }
+  });
+
   document.addEventListener("htmx:sseBeforeMessage", function (event) {
     var listener = event.target;
     if (!(listener instanceof Element) || listener.getAttribute("sse-swap") !== "queue") return;

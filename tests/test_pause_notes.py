@@ -533,9 +533,15 @@ async def test_a_note_reaches_an_open_queue_and_run_page(
         http(app) as client,
         open_stream(app, "/live/approvals", headers=heard) as queue,
         open_stream(app, f"/live/runs/{run}", headers=heard) as run_page,
+        open_stream(app, f"/live/approvals/{run}", headers=heard) as card_page,
     ):
         await queue.first("queue")
         await run_page.first("run-state")
+        opening = (await card_page.first("pause-notes"))["pause-notes"].data
+        assert "No notes yet." in page_text(opening, notes_id)
+        # The card's own page listens for them, for desk.js to take the notes alone.
+        html = (await client.get(f"/approvals/{run}", headers=html_of(ada))).text
+        assert f'sse-swap="pause-notes" hx-target="#{notes_id}"' in html
         posted = await client.post(
             f"/approvals/{run}/notes",
             data={"checkpoint_id": checkpoint_id, "text": NOTE},
@@ -550,6 +556,8 @@ async def test_a_note_reaches_an_open_queue_and_run_page(
         assert NOTE in page_text(pushed, notes_id)
         on_run = (await run_page.each({"run-state": says}))["run-state"].data
         assert NOTE in page_text(on_run, notes_id)
+        on_card = (await card_page.each({"pause-notes": says}))["pause-notes"].data
+        assert NOTE in page_text(on_card, notes_id)
 
 
 @pytest.fixture

@@ -195,8 +195,8 @@ class QueueView:
 
 @dataclass(frozen=True, slots=True)
 class ApprovalView:
-    """One card's own page: what the card says of its rule, and the decisions on it.
-    The card itself stays as drawn, with whatever the person typed in it."""
+    """One card's own page: what the card says of its rule, its notes, and the decisions
+    on it. The card itself stays as drawn, with whatever the person typed in it."""
 
     execution_id: str
     urls: Urls
@@ -211,15 +211,20 @@ class ApprovalView:
 
     def render(self, ctx: AppState, previous: Rendered | None) -> Rendered:
         page = build_approval_page(ctx.actions, self.execution_id, self.urls, self.person)
-        return Rendered(
-            fragments=tuple(
-                Fragment(event, render_partial(ctx, name, self.urls, page=page, live=True))
-                for event, name in (
-                    ("approval-rule", "partials/_approval_rule.html"),
-                    ("decisions", "partials/_decisions.html"),
-                )
+        fragments = tuple(
+            Fragment(event, render_partial(ctx, name, self.urls, page=page, live=True))
+            for event, name in (
+                ("approval-rule", "partials/_approval_rule.html"),
+                ("decisions", "partials/_decisions.html"),
             )
         )
+        notes = page.pending.notes if page.pending is not None else None
+        if notes is not None:
+            # Its notes while it waits: desk.js takes the notes from it, and leaves the
+            # note being typed as it is.
+            html = render_partial(ctx, "partials/pause_notes.html", self.urls, notes=notes)
+            fragments += (Fragment("pause-notes", html),)
+        return Rendered(fragments=fragments)
 
 
 NAV = NavView()
