@@ -125,6 +125,7 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "approve": ((), ("approver", "reason", "checkpoint_id", *FIELDS)),
     "reject": ((), ("approver", "reason", "checkpoint_id", *FIELDS)),
     "bulk_decide": ((), ("verb", "approver", "reason", "pick", *FIELDS)),
+    "add_note": ((), ("checkpoint_id", "text", "author")),
     "approval_context": ((), ()),
     "cache": (("older_than", "after"), ()),
     "cache_json": (("older_than", "after"), ()),

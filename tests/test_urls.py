@@ -199,9 +199,11 @@ def test_each_card_decides_its_own_run_and_nothing_else(odd: OddStore) -> None:
         assert attr(card.group(0), " action", r"/approve$") == [approve]
         (reject,) = attr(card.group(0), "formaction", r"/reject$")
         assert reject == approve.removesuffix("/approve") + "/reject"
-        (target,) = attr(card.group(0), "hx-target", r"^#")
+        # The decision's answer goes to the card's result (its notes' form to its notes).
+        (target,) = attr(card.group(0), "hx-target", r"-result$")
         assert target == f"#{card_id}-result"
-        (checkpoint_id,) = re.findall(r'name="checkpoint_id" value="([^"]*)"', card.group(0))
+        # Both forms, the decision's and the note's, bind to the one paused row shown.
+        (checkpoint_id,) = set(re.findall(r'name="checkpoint_id" value="([^"]*)"', card.group(0)))
         form = {"approver": "Ann Approver", "reason": "ok", "checkpoint_id": checkpoint_id}
         if n % 2:
             # A browser without JavaScript: the form posts, then follows the 303.
