@@ -16,8 +16,8 @@ and PostgreSQL has no rowid. What there is:
   not pinned to runs, so every view refreshes. The statistics reach other
   sessions when the deleting session goes idle (within seconds) or exits.
 - The pending table (small: one row per paused run), the app's own decision
-  record and its votes of rules that need several people, as the SQLite source
-  reads them.
+  record, its votes of rules that need several people and the notes on pauses,
+  as the SQLite source reads them.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 from localui.backends.base import Changes
 from localui.backends.changes import pause_changes
 from localui.backends.decisions import TABLE, VOTES_TABLE
+from localui.backends.notes import TABLE as NOTES_TABLE
 from localui.backends.postgres.pool import identifier, iso, one_line, server_of, table
 from localui.errors import Unavailable
 
@@ -47,6 +48,7 @@ class _Shape:
     pending: bool
     decisions: bool
     votes: bool
+    notes: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,8 @@ class _Cursor:
     decisions: tuple[int, int, datetime | None]
     #: The votes of rules that need several people: ``(max id, count)``.
     votes: tuple[int, int]
+    #: Notes on pauses: ``(max id, count)``.
+    notes: tuple[int, int] = (0, 0)
 
 
 class PostgresChangeSource:
@@ -89,6 +93,7 @@ class PostgresChangeSource:
         self._pending = table(self.schema, "pending_interrupts")
         self._decisions = table(self.app_schema, TABLE)
         self._votes = table(self.app_schema, VOTES_TABLE)
+        self._notes = table(self.app_schema, NOTES_TABLE)
         self._window = timedelta(seconds=window)
         #: Called with every SQL statement the source runs (tests count them).
         self._trace = trace
@@ -183,8 +188,8 @@ class PostgresChangeSource:
             " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'synced'"
             " AND NOT a.attisdropped"
             " WHERE (n.nspname = %s AND c.relname IN ('checkpoints', 'pending_interrupts'))"
-            " OR (n.nspname = %s AND c.relname IN (%s, %s))",
-            (self.schema, self.app_schema, TABLE, VOTES_TABLE),
+            " OR (n.nspname = %s AND c.relname IN (%s, %s, %s))",
+            (self.schema, self.app_schema, TABLE, VOTES_TABLE, NOTES_TABLE),
         ).fetchall()
         found = {(r[0], r[1]) for r in rows}
         return _Shape(
@@ -195,6 +200,7 @@ class PostgresChangeSource:
             # A reader not granted the votes (they came after the decisions) still
             # follows everything else.
             votes=any(r[0] == self.app_schema and r[1] == VOTES_TABLE and r[3] for r in rows),
+            notes=any(r[0] == self.app_schema and r[1] == NOTES_TABLE and r[3] for r in rows),
         )
 
     def _read_cursor(self, previous: _Cursor | None) -> _Cursor:
@@ -254,6 +260,10 @@ class PostgresChangeSource:
         if shape.votes:
             row = self._execute(f"SELECT max(id), count(*) FROM {self._votes}").fetchone()
             votes = (int(row[0] or 0), int(row[1] or 0))
+        notes = (0, 0)
+        if shape.notes:
+            row = self._execute(f"SELECT max(id), count(*) FROM {self._notes}").fetchone()
+            notes = (int(row[0] or 0), int(row[1] or 0))
         return _Cursor(
             shape=shape,
             newest_at=newest_at,
@@ -263,6 +273,7 @@ class PostgresChangeSource:
             pending=MappingProxyType(pending),
             decisions=decisions,
             votes=votes,
+            notes=notes,
         )
 
     def _compare(self, before: _Cursor, now: _Cursor) -> Changes:
@@ -310,11 +321,26 @@ class PostgresChangeSource:
             # before the last poll committed after it. Either way, not pinned to a run.
             if now.votes[1] != before.votes[1] + sum(cast.values()):
                 everything = True
+        noted: set[str] = set()
+        if now.notes != before.notes:
+            written = dict(
+                self._execute(
+                    f"SELECT execution_id, count(*) FROM {self._notes} WHERE id > %s"
+                    " GROUP BY execution_id",
+                    (before.notes[0],),
+                ).fetchall()
+            )
+            noted.update(str(e) for e in written)
+            # Notes are only added: more than the new ids is one whose id was handed out
+            # before the last poll committed after it, not pinned to a run.
+            if now.notes[1] != before.notes[1] + sum(written.values()):
+                everything = True
         return Changes(
             runs=frozenset(runs),
             pauses_added=added,
             pauses_removed=removed,
             decided=frozenset(decided),
             voted=frozenset(voted),
+            noted=frozenset(noted),
             everything=everything,
         )

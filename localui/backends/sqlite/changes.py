@@ -18,6 +18,7 @@ from types import MappingProxyType
 from localui.backends.base import Changes
 from localui.backends.changes import pause_changes
 from localui.backends.decisions import TABLE, VOTES_TABLE
+from localui.backends.notes import TABLE as NOTES_TABLE
 from localui.backends.sqlite.connect import connect
 from localui.backends.sqlite.files import SMALL_CACHE_KIB, decode_text
 
@@ -40,6 +41,8 @@ class _Cursor:
     decisions: tuple[int, int, str]
     #: The votes of rules that need several people: ``(max id, count)``.
     votes: tuple[int, int]
+    #: Notes on pauses: ``(max id, count)``.
+    notes: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,7 @@ class _Tables:
     pending: bool
     decisions: bool
     votes: bool
+    notes: bool = False
 
 
 class SQLiteChangeSource:
@@ -59,7 +63,8 @@ class SQLiteChangeSource:
     connection commits, so an idle poll is one statement that reads no table.
     Only when it moves are the cursors read, each an index lookup: the newest
     rowid, the newest synced row, the (small) pending table, the decision
-    record and the votes of rules that need several people, and a count of the
+    record, the votes of rules that need several people, the notes on pauses, and a
+    count of the
     checkpoints, which shows rows deleted (a prune by any process) at the next poll.
     """
 
@@ -165,6 +170,7 @@ class SQLiteChangeSource:
             pending="pending_interrupts" in names,
             decisions=TABLE in names,
             votes=VOTES_TABLE in names,
+            notes=NOTES_TABLE in names,
         )
         self._tables_version = schema_version
         return self._tables
@@ -203,6 +209,10 @@ class SQLiteChangeSource:
             # The votes of pauses being decided: a small table, read through its rowid.
             row = conn.execute(f"SELECT max(id), count(*) FROM {VOTES_TABLE}").fetchone()
             votes = (int(row[0] or 0), int(row[1] or 0))
+        notes = (0, 0)
+        if t.notes:
+            row = conn.execute(f"SELECT max(id), count(*) FROM {NOTES_TABLE}").fetchone()
+            notes = (int(row[0] or 0), int(row[1] or 0))
         return _Cursor(
             schema_version=schema_version,
             max_rowid=max_rowid,
@@ -211,6 +221,7 @@ class SQLiteChangeSource:
             pending=MappingProxyType(pending),
             decisions=decisions,
             votes=votes,
+            notes=notes,
         )
 
     def _compare(self, conn: sqlite3.Connection, before: _Cursor, now: _Cursor) -> Changes:
@@ -265,11 +276,26 @@ class SQLiteChangeSource:
             voted.update(str(e) for e in cast)
             if now.votes[1] != before.votes[1] + sum(cast.values()):
                 everything = True  # a vote withdrawn: we cannot tell whose
+        noted: set[str] = set()
+        if now.notes != before.notes:
+            # Notes are only added: a count other than the new ones is a note written
+            # beside this read that no id pins (every view refreshes).
+            written = dict(
+                conn.execute(
+                    f"SELECT execution_id, count(*) FROM {NOTES_TABLE} WHERE id > ?"
+                    " GROUP BY execution_id",
+                    (before.notes[0],),
+                ).fetchall()
+            )
+            noted.update(str(e) for e in written)
+            if now.notes[1] != before.notes[1] + sum(written.values()):
+                everything = True
         return Changes(
             runs=frozenset(runs),
             pauses_added=pauses_added,
             pauses_removed=pauses_removed,
             decided=frozenset(decided),
             voted=frozenset(voted),
+            noted=frozenset(noted),
             everything=everything,
         )
