@@ -475,14 +475,22 @@ def test_pause_noted_is_recorded_once_and_delivered_to_the_webhook(
             events=(ev.NOTED,),
             retry_initial=0.1,
             retry_max=0.4,
-            sweep_interval=0.3,
+            # One sweep at the start and none after: what is announced below comes at
+            # once (a note written here) or through the change feed (another process's).
+            sweep_interval=600.0,
             first_sweep_after=0.1,
         )
         client = desk.client_with(notifications=notifications, poll_interval=0.1)
+        state = client.app.state.localui  # type: ignore[attr-defined]
+        watcher = state.watcher
+        deadline = time.monotonic() + 30
+        while watcher.swept_at is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the first sweep is done: no later one comes
+        assert watcher.swept_at is not None
         checkpoint_id = desk.checkpoint_of(run, ada)
         posted = leave(desk, run, checkpoint_id, NOTE, ada, client)
         assert posted.status_code == 201
-        # Written by another process (its notes table): a sweep of this one announces it.
+        # Written by another process (its notes table): the feed tells this one.
         other = desk.notes.add(run, checkpoint_id, "bob", "invoice is in")
 
         def noted(received: list[Any]) -> list[dict[str, Any]]:
@@ -499,14 +507,14 @@ def test_pause_noted_is_recorded_once_and_delivered_to_the_webhook(
         assert by_author["bob"]["note_id"] == str(other.id)
 
         # Offered again (at once and by the sweeps): recorded and sent once all the same.
-        state = client.app.state.localui  # type: ignore[attr-defined]
-        watcher = state.watcher
         pending = state.store.get_pending(run)
         note = next(n for n in desk.notes.for_run(run) if n.author == "ada")
         again = ev.noted(note, pending, "refunds")
         client.portal.call(watcher.offer, [again])
         client.portal.call(watcher.offer, [again])
-        time.sleep(1.0)  # a few sweeps and rounds more: nothing else comes
+        # A sweep reads both notes, finds both announced, and records nothing.
+        assert watcher.sweep() == 0
+        time.sleep(1.0)  # a few sending rounds more: nothing else comes
         rows = desk.query(
             "SELECT event_key FROM {app}localui_notifications WHERE event_type = ?", (ev.NOTED,)
         )
@@ -558,6 +566,19 @@ async def test_a_note_reaches_an_open_queue_and_run_page(
         assert NOTE in page_text(on_run, notes_id)
         on_card = (await card_page.each({"pause-notes": says}))["pause-notes"].data
         assert NOTE in page_text(on_card, notes_id)
+
+        # A note another process writes reaches them too, through the change feed.
+        desk.notes.add(run, checkpoint_id, "bob", "invoice is in")
+
+        def says_bob(e: Any) -> bool:
+            return "invoice is in" in e.data
+
+        pushed = (await queue.each({"queue": says_bob}))["queue"].data
+        assert "invoice is in" in page_text(pushed, notes_id)
+        on_run = (await run_page.each({"run-state": says_bob}))["run-state"].data
+        assert "invoice is in" in page_text(on_run, notes_id)
+        on_card = (await card_page.each({"pause-notes": says_bob}))["pause-notes"].data
+        assert "invoice is in" in page_text(on_card, notes_id)
 
 
 @pytest.fixture

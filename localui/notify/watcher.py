@@ -24,8 +24,9 @@ a page is open. What it does:
   change it cannot pin to runs, a read that failed is not read again, and while no
   localui runs nothing watches. What is recorded already costs one outbox query.
 - **Notes on pauses** (``pause.noted``): at once when written in this process
-  (:meth:`Watcher.offer`), and each sweep the notes written since the watcher began
-  (by any process), read from the notes table by time, like the decisions.
+  (:meth:`Watcher.offer`), when the feed says a run got one (written by any process),
+  and each sweep the notes written since the watcher began, read from the notes table
+  by time, like the decisions.
 - **Every poll interval, and at once after recording**: a round of the
   :class:`~localui.notify.sender.Sender`.
 
@@ -210,6 +211,11 @@ class Watcher:
             event = ev.failed(facts) if facts is not None else None
             if event is not None:
                 found.append(event)
+        if ev.NOTED in self._wanted and self.notes is not None and changes.noted:
+            since = self._since_start().isoformat()
+            for execution_id in sorted(changes.noted):
+                fresh = [n for n in self.notes.for_run(execution_id) if n.created_at >= since]
+                found.extend(self._note_events(fresh))
         return found
 
     def _pause_events(self, pendings: Sequence[Pending], *, overdue: bool) -> list[Event]:
@@ -407,8 +413,13 @@ class Watcher:
             if len(page) < NOTES_PAGE:
                 break
         self._noted_read = after
+        return self._note_events(written)
+
+    def _note_events(self, notes: Sequence[Note]) -> list[Event]:
+        """The ``pause.noted`` of each note the outbox does not hold yet, with its
+        pause's rule while the run still waits at the note's row."""
         found: list[Event] = []
-        for note in written:
+        for note in notes:
             pending = self.store.get_pending(note.execution_id)
             waiting = None
             if pending is not None and pending.checkpoint_id == note.checkpoint_id:
