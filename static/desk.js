@@ -181,8 +181,10 @@
   });
 
   // A card being decided on this page keeps its place until its outcome arrives.
+  // (A note is not a decision: its form leaves the card where it is.)
   document.addEventListener("htmx:beforeRequest", function (event) {
-    var item = event.target instanceof Element && event.target.closest(".queue-item");
+    var item = event.target instanceof Element && !event.target.closest(".pause-notes") &&
+      event.target.closest(".queue-item");
     if (item) item.classList.add("deciding");
   });
   // The outcome is where the person looks next: focus moves there, and it stays.
