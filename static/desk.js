@@ -96,10 +96,10 @@
           rule.replaceWith(document.importNode(freshRule, true));
         }
         // Its notes too (a note left elsewhere); a note being typed stays.
-        var notes = item.querySelector(".pause-notes .notes-shown");
+        var shownNotes = item.querySelector(".pause-notes .notes-shown");
         var freshNotes = freshById[item.id].querySelector(".pause-notes .notes-shown");
-        if (notes && freshNotes && notes.innerHTML !== freshNotes.innerHTML) {
-          notes.replaceWith(document.importNode(freshNotes, true));
+        if (shownNotes && freshNotes && shownNotes.innerHTML !== freshNotes.innerHTML) {
+          shownNotes.replaceWith(document.importNode(freshNotes, true));
         }
         return;
       }
