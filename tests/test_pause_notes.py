@@ -584,3 +584,42 @@ async def test_a_note_reaches_an_open_queue_and_run_page(
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_read_only_server_shows_no_notes_and_makes_no_table(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    owner = {**JSON, "Authorization": f"Bearer {TEST_TOKEN}"}
+    if kind == "sqlite":
+        from conftest import Raw
+
+        path: Path = request.getfixturevalue("copy_store")()
+        reader = request.getfixturevalue("make_client")(
+            path, read_only=True, sign_in=sign_in_settings()
+        )
+        run = request.getfixturevalue("seeded").id("paused-1")
+
+        def has_table() -> bool:
+            found = Raw(path).query(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'localui_notes'"
+            )
+            return bool(found)
+
+    else:
+        store: PgStore = request.getfixturevalue("pg_store")
+        reader = request.getfixturevalue("make_pg_client")(
+            store, agents=[], read_only=True, sign_in=sign_in_settings()
+        )
+        run = request.getfixturevalue("pg_seeded").id("paused-1")
+
+        def has_table() -> bool:
+            found = store.raw.query(
+                "SELECT to_regclass(%s) AS t", (f"{store.app_schema}.localui_notes",)
+            )
+            return found[0]["t"] is not None
+
+    card = reader.get(f"/approvals/{run}.json", headers=owner).json()["pending"]
+    assert card["notes"]["notes"] == []
+    assert reader.get(f"/runs/{run}.json", headers=owner).json()["notes"] == []
+    assert not has_table()
