@@ -623,3 +623,43 @@ def test_a_read_only_server_shows_no_notes_and_makes_no_table(
     assert card["notes"]["notes"] == []
     assert reader.get(f"/runs/{run}.json", headers=owner).json()["notes"] == []
     assert not has_table()
+
+
+def test_pause_noted_reads_as_a_note_in_chat_and_in_a_webhook() -> None:
+    from datetime import UTC, datetime
+
+    from localui.backends.notes import Note
+    from localui.notify import formats
+    from localui.records import Pending
+
+    note = Note(7, "run-1", "ckpt-9", "ada", "called the customer", "2026-12-07T00:30:00+00:00")
+    pending = Pending(
+        execution_id="run-1",
+        agent="refund-bot",
+        node_id="turn:0/tool:refund",
+        reason="manager_approval",
+        context={},
+        agent_path=None,
+        created_at="2026-12-07T00:00:00+00:00",
+        checkpoint_id="ckpt-9",
+    )
+    event = ev.noted(note, pending, "refunds")
+    assert event.key == ev.event_key(ev.NOTED, "run-1", "7")
+    assert ev.parse_notify_on("noted") == {ev.NOTED}
+    links = formats.Links(approval=lambda e: f"https://desk/approvals/{e}", run=lambda e: e)
+    title, body = formats.message([event], links, datetime(2026, 12, 7, 1, tzinfo=UTC))
+    assert title == "Note from ada: node turn:0/tool:refund"
+    assert body == (
+        "ada left a note on node turn:0/tool:refund of run run-1 — refund-bot (Agent"
+        " 'refund-bot'): \"called the customer\"\nhttps://desk/approvals/run-1"
+    )
+    data = formats.webhook_body(event, links, frozenset())["data"]
+    assert (data["author"], data["text"], data["note_id"], data["rule"]) == (
+        "ada",
+        "called the customer",
+        "7",
+        "refunds",
+    )
+    # A note on a row the run no longer waits at still names its run and author.
+    later = ev.noted(note, None, "")
+    assert (later.agent, later.rule, later.actor) == ("", "", "ada")
