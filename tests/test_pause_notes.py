@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from helpers import JSON, TEST_TOKEN, run_cli, sign_in_settings
+from helpers import JSON, NO_SIGN_IN, TEST_TOKEN, run_cli, sign_in_settings
 from test_live import http, open_stream, running
 
 from bench.receiver import Receiver
@@ -328,6 +328,30 @@ def test_a_plain_form_goes_back_and_htmx_gets_the_notes_again(
     assert fragment.text.lstrip().startswith('<section class="pause-notes"')
     assert page_text(fragment.text).count("ada") == 3
     assert "Add note" in fragment.text
+
+
+def test_with_sign_in_off_the_writer_names_themselves(
+    open_desk: Callable[..., Desk], page_text: Callable[..., str]
+) -> None:
+    desk = open_desk(sign_in=NO_SIGN_IN)
+    run = desk.ids("paused-1")
+    checkpoint_id = desk.checkpoint_of(run, JSON)
+    # The card's form asks the name, offering the one this browser last gave.
+    desk.client.cookies.set("localui_approver", "Ann")
+    html = desk.client.get(f"/approvals/{run}").text
+    notes_id = f"notes-{dom_id(run)}-{dom_id(checkpoint_id)}"
+    assert 'name="author" value="Ann"' in html and "Add note" in page_text(html, notes_id)
+    nameless = leave(desk, run, checkpoint_id, NOTE, JSON)
+    assert nameless.status_code == 400 and "author is required" in error_of(nameless)
+    named = desk.client.post(
+        f"/approvals/{run}/notes",
+        data={"checkpoint_id": checkpoint_id, "text": NOTE, "author": " Ann Approver "},
+        headers=JSON,
+    )
+    assert named.status_code == 201, named.text
+    assert named.json()["author"] == "Ann Approver"
+    assert "localui_approver=Ann%20Approver" in named.headers["set-cookie"]
+    assert [n["author"] for n in desk.stored_notes(run)] == ["Ann Approver"]
 
 
 def test_who_may_not_leave_a_note_is_refused_and_nothing_is_kept(

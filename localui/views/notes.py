@@ -31,7 +31,7 @@ from localui.offloop import off_loop
 from localui.policy import Rule
 from localui.records import Pending
 from localui.views.respond import html_only, is_htmx, to_jsonable, wants_json
-from localui.views.state import actor_of, approver_of, context, remember_approver
+from localui.views.state import actor_of, context, remember_approver
 from localui.views.urls import Urls, dom_id, urls_of
 
 #: The longest note taken, in characters.
@@ -240,7 +240,8 @@ async def add_note(request: Request) -> Response:
             "partials/pause_notes.html",
             {
                 "notes": shown,
-                "approver": author if not person.signed_in else approver_of(request),
+                # Sign-in off: the name to offer for the next note is this one's.
+                "approver": author,
                 "settings": ctx.settings,
                 "urls": urls,
             },
