@@ -504,7 +504,13 @@ def test_pause_noted_is_recorded_once_and_delivered_to_the_webhook(
             sweep_interval=600.0,
             first_sweep_after=0.1,
         )
-        client = desk.client_with(notifications=notifications, poll_interval=0.1)
+        # The rule's own target is told of its pauses' notes too (Apprise's json://).
+        told = RULE + f'notify = ["json://127.0.0.1:{receiver.port}/rule"]\n'
+        client = desk.client_with(
+            notifications=notifications,
+            poll_interval=0.1,
+            policy=parse_policy(told, "policy.toml"),
+        )
         state = client.app.state.localui  # type: ignore[attr-defined]
         watcher = state.watcher
         deadline = time.monotonic() + 30
@@ -518,9 +524,15 @@ def test_pause_noted_is_recorded_once_and_delivered_to_the_webhook(
         other = desk.notes.add(run, checkpoint_id, "bob", "invoice is in")
 
         def noted(received: list[Any]) -> list[dict[str, Any]]:
-            return [b for b in map(verified, received) if b["type"] == ev.NOTED]
+            hooks = [r for r in received if r.path == "/hook"]
+            return [b for b in map(verified, hooks) if b["type"] == ev.NOTED]
+
+        def chat(received: list[Any]) -> str:
+            return " ".join(r.json()["message"] for r in received if r.path == "/rule")
 
         got = receiver.wait_for(lambda r: len(noted(r)) >= 2, 30)
+        said = chat(receiver.wait_for(lambda r: "invoice is in" in chat(r) and NOTE in chat(r), 30))
+        assert f"ada left a note on node turn:0/tool:refund of run {run}" in said
         by_author = {b["data"]["author"]: b["data"] for b in noted(got)}
         assert set(by_author) == {"ada", "bob"}
         data = by_author["ada"]
@@ -542,8 +554,9 @@ def test_pause_noted_is_recorded_once_and_delivered_to_the_webhook(
         rows = desk.query(
             "SELECT event_key FROM {app}localui_notifications WHERE event_type = ?", (ev.NOTED,)
         )
-        assert sorted(Counter(r["event_key"] for r in rows).values()) == [1, 1]
-        ids = Counter(r.headers["webhook-id"] for r in receiver.requests())
+        # Once for each of the two targets, the server's webhook and the rule's chat.
+        assert sorted(Counter(r["event_key"] for r in rows).values()) == [2, 2]
+        ids = Counter(r.headers["webhook-id"] for r in receiver.requests("/hook"))
         assert len(ids) == 2 and max(ids.values()) == 1
     # Not a decision: nothing was decided because of it.
     assert desk.decisions(run) == []
