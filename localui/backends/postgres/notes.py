@@ -51,6 +51,9 @@ class PostgresNotes:
                 f" {self.table}"
             ),
         )
+        #: Whether the table is known to exist (a writable log makes it now): once it
+        #: does, a read is one round trip, not two.
+        self._has_table = writable
         if writable:
             try:
                 self._create()
@@ -102,9 +105,13 @@ class PostgresNotes:
 
     def _rows(self, text: str, params: tuple[Any, ...]) -> tuple[Note, ...]:
         with self._pool.connection() as conn:
-            exists = conn.execute("SELECT to_regclass(%s)", (self._table.as_string(),)).fetchone()
-            if not exists[0]:
-                return ()
+            if not self._has_table:
+                exists = conn.execute(
+                    "SELECT to_regclass(%s)", (self._table.as_string(),)
+                ).fetchone()
+                if not exists[0]:
+                    return ()
+                self._has_table = True
             return tuple(_note(row) for row in conn.execute(self._sql(text), params))
 
     def for_pauses(
