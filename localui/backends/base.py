@@ -401,6 +401,14 @@ class Outbox(Protocol):
         """Make given-up rows due again (all, or one target's); how many."""
         ...
 
+    def give_up_unconfigured(
+        self, *, targets: Sequence[str], now: float, detail: str, limit: int
+    ) -> int:
+        """Give up on (with ``detail`` as their error) at most ``limit`` waiting rows of
+        targets not in ``targets`` (the caller's) whose ``give_up_at`` has passed and that
+        no process holds; how many. Not before: another process may serve that target."""
+        ...
+
     def rename_target(self, old: str, new: str) -> int:
         """Move ``old``'s rows to ``new`` (and ``old``'s text in their errors), but an
         event ``new`` has already; how many. A target keeps its rows when the form of

@@ -5,6 +5,12 @@ sends them, and marks each sent, or failed and due again after a backoff: 1 s,
 2 s, 4 s … at most ``retry_max``, until ``retry_for`` after the event, when it is
 given up on with its last error. The schedule lives in the outbox, not in this
 process, so a restart, or another process, goes on where it stopped.
+
+Rows of a target no process is started with any more (a ``--notify`` URL dropped, a
+policy rule's ``notify`` removed) would wait for ever: once their ``give_up_at`` has
+passed, a round gives them up too, saying why (:data:`NOT_CONFIGURED`), at most
+:data:`ROUND_SIZE` at a time and once a sweep interval. Not before: until then another
+process may still be serving that target.
 """
 
 from __future__ import annotations
@@ -32,6 +38,10 @@ logger = logging.getLogger(__name__)
 
 #: Rows one round claims at most: a chat target gets them in one message.
 ROUND_SIZE = 200
+#: The error of a row given up on because no server was started with its target.
+NOT_CONFIGURED = (
+    "given up: the target is no longer configured (no server of this store sends to it)"
+)
 
 
 class DeliveryError(Exception):
@@ -131,6 +141,8 @@ class Round:
     claimed: int
     sent: int
     failed: int
+    #: Rows of targets no longer configured given up on (:data:`NOT_CONFIGURED`).
+    abandoned: int = 0
 
 
 class Sender:
@@ -151,9 +163,30 @@ class Sender:
         self.settings = settings
         self._clock = clock
         self._backoff = backoff(settings)
+        #: When this sender last gave up on rows of targets no longer configured.
+        self._abandoned_at: float | None = None
+
+    def give_up_unconfigured(self, now: float) -> int:
+        """Give up on the waiting rows of targets this process is not started with whose
+        ``give_up_at`` has passed; once a sweep interval (it takes the write lock on
+        SQLite), or again at once while a round gives up on as many as it may."""
+        if self._abandoned_at is not None and now - self._abandoned_at < (
+            self.settings.sweep_interval
+        ):
+            return 0
+        given_up = self.outbox.give_up_unconfigured(
+            targets=list(self.targets), now=now, detail=NOT_CONFIGURED, limit=ROUND_SIZE
+        )
+        self._abandoned_at = None if given_up >= ROUND_SIZE else now
+        if given_up:
+            logger.warning(
+                "gave up on %d notification(s) for targets no server is started with", given_up
+            )
+        return given_up
 
     def send_round(self) -> Round:
         started = self._clock()
+        abandoned = self.give_up_unconfigured(started)
         claimed = self.outbox.claim_due(
             now=started, lease=self.settings.lease, limit=ROUND_SIZE, targets=list(self.targets)
         )
@@ -179,7 +212,7 @@ class Sender:
                 else:
                     failed += len(group)
         self.outbox.release(untried)
-        return Round(claimed=len(claimed), sent=sent, failed=failed)
+        return Round(claimed=len(claimed), sent=sent, failed=failed, abandoned=abandoned)
 
     def _deliver(self, target: Target, group: Sequence[Notification]) -> bool:
         ids = [r.id for r in group]

@@ -494,7 +494,7 @@ class Watcher:
                 text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 self._said(text)
                 continue
-            if done.claimed >= ROUND_SIZE:
+            if done.claimed >= ROUND_SIZE or done.abandoned >= ROUND_SIZE:
                 self._wake.set()  # more are due: the next round at once
 
 

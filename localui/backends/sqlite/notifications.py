@@ -56,6 +56,8 @@ INDEX = f"CREATE INDEX IF NOT EXISTS {TABLE}_due ON {TABLE} (state, next_at)"
 TARGET_INDEX = (
     f"CREATE INDEX IF NOT EXISTS {TABLE}_due_by_target ON {TABLE} (state, target, next_at)"
 )
+#: The rows past their last try: those of targets no longer configured are given up on.
+GIVE_UP_INDEX = f"CREATE INDEX IF NOT EXISTS {TABLE}_give_up ON {TABLE} (state, give_up_at)"
 
 
 class SQLiteOutbox:
@@ -88,6 +90,7 @@ class SQLiteOutbox:
         self._conn.execute(SCHEMA)
         self._conn.execute(INDEX)
         self._conn.execute(TARGET_INDEX)
+        self._conn.execute(GIVE_UP_INDEX)
 
     def _with_retry(self, fn: Callable[[], T]) -> T:
         return with_retry(fn, lock=self._lock, failure="the notifications outbox cannot be used")
@@ -214,6 +217,28 @@ class SQLiteOutbox:
                     f"UPDATE {TABLE} SET state = ?, next_at = ?, give_up_at = ?, attempts = 0,"
                     " lease_until = NULL WHERE state = ? AND (? IS NULL OR target = ?)",
                     (PENDING, now, give_up_at, FAILED, target, target),
+                )
+                return cursor.rowcount
+
+        return self._with_retry(attempt)
+
+    def give_up_unconfigured(
+        self, *, targets: Sequence[str], now: float, detail: str, limit: int
+    ) -> int:
+        if not targets:
+            return 0
+        marks = ", ".join("?" * len(targets))
+
+        def attempt() -> int:
+            with transaction(self._conn) as conn:
+                cursor = conn.execute(
+                    f"UPDATE {TABLE} SET state = ?, next_at = ?, last_error = ?,"
+                    " lease_until = NULL WHERE id IN ("
+                    f" SELECT id FROM {TABLE} WHERE state = ? AND give_up_at < ?"
+                    f" AND target NOT IN ({marks})"
+                    " AND (lease_until IS NULL OR lease_until < ?)"
+                    " ORDER BY give_up_at LIMIT ?)",
+                    (FAILED, now, detail, PENDING, now, *targets, now, limit),
                 )
                 return cursor.rowcount
 
