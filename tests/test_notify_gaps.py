@@ -1,5 +1,6 @@
-"""Notifications across gaps: rows of a target no server is started with any more,
-given up on once their retries would have run out.
+"""Notifications across gaps: what came while no localui watched, announced once at
+the next start (the store's last look, ``localui_watch``), and rows of a target no
+server is started with any more, given up on once their retries would have run out.
 
 On the seeded runs the real SDK wrote, on SQLite and on PostgreSQL, as in
 ``test_notify``; new runs come from the demo agent in child processes, decisions
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +23,10 @@ from test_notify import (
     BASE_URL,
     SEEDED_PAUSES,
     Where,
+    acting_agents,
+    bodies,
     of_type,
+    run_worker,
     running,
     until,
     webhook_settings,
@@ -72,8 +77,172 @@ def states(outbox: Outbox, target: str) -> dict[str, tuple[str, str | None]]:
     }
 
 
+async def decide_with_no_watcher(where: Where, execution_id: str, reason: str) -> None:
+    """Reject a pause through a server that announces nothing (no target: no watcher),
+    as a desk without notifications would."""
+    with contextlib.ExitStack() as stack:
+        app = create_app(where.settings(Notifications()), agents=acting_agents(where, stack))
+        async with running(app) as state:
+            assert state.watcher is None
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url=BASE_URL
+            ) as client:
+                cards = (await client.get("/approvals.json")).json()["approvals"]
+                (card,) = [c for c in cards if c["execution_id"] == execution_id]
+                answer = await client.post(
+                    f"/approvals/{execution_id}/reject",
+                    data={
+                        "approver": "Ada",
+                        "reason": reason,
+                        "checkpoint_id": card["checkpoint_id"],
+                    },
+                    headers={"accept": "application/json"},
+                )
+                assert answer.status_code == 200, answer.text
+
+
 def ids(received: list[Any], event_type: str) -> list[str]:
     return [b["data"]["execution_id"] for b in of_type(received, event_type)]
+
+
+# --- the store's last look --------------------------------------------------------------
+
+
+def test_the_last_look_moves_only_forward_and_is_shared_by_every_process(where: Where) -> None:
+    with outbox_of(where) as one, outbox_of(where) as other:
+        assert one.looked_at() is None
+        one.advance_looked_at(1000.5)
+        assert other.looked_at() == 1000.5
+        # A process that began reading earlier leaves it where the other put it.
+        other.advance_looked_at(900.0)
+        assert one.looked_at() == 1000.5
+        other.advance_looked_at(2000.0)
+        assert one.looked_at() == other.looked_at() == 2000.0
+
+
+@pytest.mark.anyio
+async def test_a_failure_and_a_decision_while_no_watcher_ran_are_announced_once_at_the_next_start(
+    where: Where, tmp_path: Path
+) -> None:
+    """A server ran and stopped; a run failed and an approval was decided while no
+    watcher ran; then a server that announces only pauses recorded a newer pause.
+    Reaching back only to the newest event the outbox held missed both: the last look
+    finds them, and the next start announces each once."""
+    with Receiver() as receiver:
+        settings = where.settings(webhook_settings(receiver))
+        async with running(create_app(settings)) as state:
+            assert state.watcher is not None
+            await until(receiver, lambda r: len(r) >= SEEDED_PAUSES)
+            while state.watcher.swept_at is None:
+                await anyio.sleep(0.05)
+            looked = await anyio.to_thread.run_sync(state.watcher.outbox.looked_at)
+        assert looked is not None
+
+        failed = await anyio.to_thread.run_sync(run_worker, where, "failed", tmp_path)
+        decided = where.seed.id("paused-1")
+        await decide_with_no_watcher(where, decided, "while nothing watched")
+        pauses_only = dataclasses.replace(settings.notifications, events=(ev.PAUSED,))
+        async with running(create_app(dataclasses.replace(settings, notifications=pauses_only))):
+            paused = await anyio.to_thread.run_sync(run_worker, where, "paused-1", tmp_path)
+            await until(receiver, lambda r: paused in ids(r, ev.PAUSED))
+            await anyio.sleep(1.0)  # sweeps of a watcher that offers no failure
+        with outbox_of(where) as outbox:
+            # It looked at no failure and no decision: the look is where it was.
+            assert outbox.looked_at() == looked
+            newest = outbox.list_recent(1)[0]
+        assert newest.event_type == ev.PAUSED and newest.execution_id == paused
+
+        async with running(create_app(settings)):
+            await until(
+                receiver, lambda r: ids(r, ev.FAILED) == [failed] and len(ids(r, ev.DECIDED)) == 1
+            )
+            await anyio.sleep(1.5)  # a few sweeps more: nothing comes twice
+    everything = receiver.requests()
+    assert ids(everything, ev.FAILED) == [failed]
+    (decision,) = of_type(everything, ev.DECIDED)
+    assert decision["data"]["execution_id"] == decided
+    assert decision["data"]["reason"] == "while nothing watched"
+    assert len(everything) == SEEDED_PAUSES + 3
+    assert max(Counter(r.headers["webhook-id"] for r in everything).values()) == 1
+
+
+@pytest.mark.anyio
+async def test_what_came_before_the_last_look_is_not_offered_again_after_a_restart(
+    where: Where, tmp_path: Path
+) -> None:
+    """A failure the last look has passed is not offered again, even to a target added
+    since; one that came while no server ran goes to both targets, once each."""
+    with Receiver() as first, Receiver() as added:
+        notifications = webhook_settings(first)
+        settings = where.settings(notifications)
+        async with running(create_app(settings)) as state:
+            assert state.watcher is not None
+            state.watcher.look_back = 0.0
+            await until(first, lambda r: len(r) >= SEEDED_PAUSES)
+            before = await anyio.to_thread.run_sync(run_worker, where, "failed", tmp_path)
+            await until(first, lambda r: before in ids(r, ev.FAILED))
+            # A sweep that began after it: the look has passed it.
+            await anyio.to_thread.run_sync(state.watcher.sweep)
+            outbox = state.watcher.outbox
+            looked = await anyio.to_thread.run_sync(outbox.looked_at)
+            facts = await anyio.to_thread.run_sync(state.watcher.store.get_run, before)
+        assert looked is not None and facts is not None
+        assert datetime_of(facts.last_at) < looked
+
+        during = await anyio.to_thread.run_sync(run_worker, where, "failed", tmp_path)
+        hooks = (first.url + "/hook", added.url + "/hook")
+        both = dataclasses.replace(notifications, webhooks=hooks)
+        async with running(create_app(dataclasses.replace(settings, notifications=both))):
+            await until(first, lambda r: during in ids(r, ev.FAILED))
+            await until(added, lambda r: during in ids(r, ev.FAILED) and len(r) > SEEDED_PAUSES)
+            await anyio.sleep(1.5)  # a few sweeps more
+    assert ids(first.requests(), ev.FAILED) == [before, during]
+    # The added target gets the pauses that wait and what came while nothing ran.
+    assert ids(added.requests(), ev.FAILED) == [during]
+    assert sorted(b["type"] for b in bodies(added.requests())) == sorted(
+        [ev.FAILED] + [ev.PAUSED] * SEEDED_PAUSES
+    )
+    for receiver in (first, added):
+        assert max(Counter(r.headers["webhook-id"] for r in receiver.requests()).values()) == 1
+
+
+def datetime_of(text: str) -> float:
+    from localui.runs import parse_time
+
+    parsed = parse_time(text)
+    assert parsed is not None
+    return parsed.timestamp()
+
+
+@pytest.mark.anyio
+async def test_two_watchers_on_one_store_announce_what_came_while_none_ran_once(
+    where: Where, tmp_path: Path
+) -> None:
+    with Receiver() as receiver:
+        settings = where.settings(webhook_settings(receiver))
+        async with running(create_app(settings)) as state:
+            assert state.watcher is not None
+            await until(receiver, lambda r: len(r) >= SEEDED_PAUSES)
+            while state.watcher.swept_at is None:
+                await anyio.sleep(0.05)
+        failed = await anyio.to_thread.run_sync(run_worker, where, "failed", tmp_path)
+        decided = where.seed.id("paused-2")
+        await decide_with_no_watcher(where, decided, "while both were down")
+        async with running(create_app(settings)) as one, running(create_app(settings)) as two:
+            assert one.watcher is not None and two.watcher is not None
+            await until(
+                receiver, lambda r: ids(r, ev.FAILED) == [failed] and len(ids(r, ev.DECIDED)) == 1
+            )
+            swept = (one.watcher.swept_at, two.watcher.swept_at)
+            # Both have swept since, at least once more each: nothing comes twice.
+            while one.watcher.swept_at == swept[0] or two.watcher.swept_at == swept[1]:
+                await anyio.sleep(0.1)
+            await anyio.sleep(0.5)
+    everything = receiver.requests()
+    assert ids(everything, ev.FAILED) == [failed]
+    assert ids(everything, ev.DECIDED) == [decided]
+    assert len(everything) == SEEDED_PAUSES + 2
+    assert max(Counter(r.headers["webhook-id"] for r in everything).values()) == 1
 
 
 # --- targets no longer configured ------------------------------------------------------------

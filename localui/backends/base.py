@@ -409,6 +409,15 @@ class Outbox(Protocol):
         no process holds; how many. Not before: another process may serve that target."""
         ...
 
+    def looked_at(self) -> float | None:
+        """Up to when the watchers' sweeps offered every failure and decision and
+        recorded them (``localui.backends.watch``); None before the first."""
+        ...
+
+    def advance_looked_at(self, to: float) -> None:
+        """Move :meth:`looked_at` to ``to``, only forward (made when missing)."""
+        ...
+
     def rename_target(self, old: str, new: str) -> int:
         """Move ``old``'s rows to ``new`` (and ``old``'s text in their errors), but an
         event ``new`` has already; how many. A target keeps its rows when the form of

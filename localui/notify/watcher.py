@@ -17,12 +17,18 @@ a page is open. What it does:
   pending rows are read again only when the feed has said they changed, or when a
   reminder comes due: an idle sweep of a thousand waiting pauses reads none of them.
 - **Each sweep, too**: the runs that failed and the approvals decided since the
-  watcher began (or since the newest event the outbox holds, when a restart left a
-  gap), which the feed announces as they come, are offered again. The feed cannot
-  name them all: it starts watching ``first_sweep_after`` after the server (a run
-  failing in between leaves no change behind), a prune or a released claim is a
+  store's last look (``localui_watch``, :mod:`localui.backends.watch`: up to when a
+  sweep of any localui on the store offered them all and recorded them), which the
+  feed announces as they come, are offered again; once recorded, the sweep moves
+  that look forward to when its reads began, less :data:`LOOK_BACK_S`. The feed
+  cannot name them all: it starts watching ``first_sweep_after`` after the server (a
+  run failing in between leaves no change behind), a prune or a released claim is a
   change it cannot pin to runs, a read that failed is not read again, and while no
-  localui runs nothing watches. What is recorded already costs one outbox query.
+  localui runs nothing watches: what came meanwhile is announced at the next start,
+  once, however long ago, and nothing from before the look is offered again. A first
+  start ever (no look yet) offers what comes after it, as turning notifications on
+  should not announce a store's whole past. What is recorded already costs one
+  outbox query.
 - **Every poll interval, and at once after recording**: a round of the
   :class:`~localui.notify.sender.Sender`.
 
@@ -67,10 +73,15 @@ INDEX_RECHECK_S = 1.0
 #: Stalled runs looked at per sweep: the newest ones (a store with thousands of
 #: long-dead runs announces the most recent, not all of them at once).
 STALLED_PAGE = 100
-#: Failed runs a sweep looks at, newest first: those that failed since the watcher began.
+#: Failed runs read per query, newest first, while a sweep reads those since the last look.
 FAILED_PAGE = 100
 #: Decisions read per query while a sweep catches up with the decision record.
 DECIDED_PAGE = 200
+#: How far before its reads began a sweep puts the store's look: a row stamped before
+#: them may be committed after (a write waiting for SQLite's lock, PostgreSQL stamping a
+#: decision with its own clock), and servers' clocks differ a little. What it offers
+#: again is recorded already: one outbox query.
+LOOK_BACK_S = 30.0
 
 
 class Watcher:
@@ -128,12 +139,12 @@ class Watcher:
         self.index_building: IndexProgress | None = None
         #: When this watcher began.
         self.watching_since = clock()
-        #: Failures and decisions since this are what sweeps offer (read at the first).
-        self._offer_since: datetime | None = None
-        #: ``(finished_at, id)`` of the newest decision a sweep has recorded, and of the
-        #: newest the last sweep read (recorded once that sweep's events are).
-        self._decided_after: tuple[str, int] | None = None
-        self._decided_read: tuple[str, int] | None = None
+        #: Since when a first start ever offers failures and decisions (read once).
+        self._first_since: float | None = None
+        #: How far before its reads began a sweep puts the store's look (s).
+        self.look_back = LOOK_BACK_S
+        #: Since when the last sweep read failures and decisions.
+        self._read_since: datetime | None = None
         #: Whether this process has moved the rows of the targets' former ids.
         self._adopted = False
 
@@ -276,12 +287,13 @@ class Watcher:
         return found
 
     def sweep_events(self) -> tuple[list[Event], set[str]]:
-        """Every waiting pause (and its reminder when overdue), and the newest stalled
-        runs: the events not yet offered by an earlier sweep of this process, and the
-        keys of all of them. A pause already offered, whose reminder is not due, costs
-        nothing while the feed says the pauses are as the last sweep read them, and
-        only its pending row otherwise: its paused call is not read and nothing is
-        written."""
+        """Every waiting pause (and its reminder when overdue), the newest stalled runs,
+        and the failures and decisions since the store's last look: the events not yet
+        offered by an earlier sweep of this process (nor recorded), and the keys of the
+        pauses, stalls and failures. A pause already offered, whose reminder is not
+        due, costs nothing while the feed says the pauses are as the last sweep read
+        them, and only its pending row otherwise: its paused call is not read and
+        nothing is written."""
         found: list[Event] = []
         now = self._now()
         keys = self._waiting_keys(now)
@@ -305,56 +317,73 @@ class Watcher:
             keys.update(e.key for e in stalled)
             known = self._recorded({e.key for e in stalled if e.key not in self._offered})
             found.extend(e for e in stalled if e.key not in known)
-        if ev.announces_failures(self._wanted):
-            failed = self._failed_since_start()
+        failures, decisions = ev.announces_failures(self._wanted), ev.DECIDED in self._wanted
+        since = self._since_last_look() if failures or decisions else None
+        self._read_since = since
+        if failures and since is not None:
+            failed = self._failed_since(since)
             keys.update(e.key for e in failed)
             known = self._recorded({e.key for e in failed if e.key not in self._offered})
             found.extend(e for e in failed if e.key not in known)
-        if ev.DECIDED in self._wanted:
-            found.extend(self._decided_since_last_sweep())
+        if decisions and since is not None:
+            found.extend(self._decided_since(since))
         return [e for e in found if e.key not in self._offered], keys
 
-    def _since_start(self) -> datetime:
-        """Since when failures and decisions are offered: this watcher's start, or the
-        newest event any localui recorded when that is earlier. Every failure after it
-        that the outbox lacks came while no watcher ran (a restart, an upgrade): it is
-        announced now, if within ``retry_for``. With an empty outbox (notifications
-        turned on for the first time), only what comes after the start: turning them on
-        announces the pauses that wait and the runs that went silent, not old failures.
-        Times are this server's clock, as the SDK stamps rows."""
-        if self._offer_since is None:
+    def _since_last_look(self) -> datetime:
+        """Since when failures and decisions are offered: the store's last look, which
+        every localui on the store moves forward once a sweep recorded what it read.
+        Every failure and decision after it that the outbox lacks came while no
+        watcher saw it (a restart, an upgrade, a change the feed could not pin down):
+        it is announced now, however long ago. Times are this server's clock, as the
+        SDK stamps rows.
+
+        With no look yet (a first start ever), what the watcher did before there was
+        one: since its start, or since the newest event the outbox holds when that is
+        earlier (a localui without the look watched this store), at most
+        ``retry_for`` back. With an empty outbox (notifications turned on for the first
+        time), only what comes after the start: turning them on announces the pauses
+        that wait and the runs that went silent, not old failures."""
+        looked = self.outbox.looked_at()
+        if looked is not None:
+            return datetime.fromtimestamp(looked, UTC)
+        if self._first_since is None:
             since = self.watching_since
             newest = self.outbox.list_recent(1)
             if newest:
                 oldest_wanted = since - self.notifications.retry_for
                 since = max(min(since, newest[0].created_at), oldest_wanted)
-            self._offer_since = datetime.fromtimestamp(since, UTC)
-        return self._offer_since
+            self._first_since = since
+        return datetime.fromtimestamp(self._first_since, UTC)
 
-    def _failed_since_start(self) -> list[Event]:
-        """The runs that failed since :meth:`_since_start`, newest first, one page:
-        from the runs index's failed runs, never a scan of ``checkpoints``."""
-        since = self._since_start()
+    def _failed_since(self, since: datetime) -> list[Event]:
+        """The runs that failed since ``since``, newest first, page by page: from the
+        runs index's failed runs, never a scan of ``checkpoints``."""
         found: list[Event] = []
-        # Each state that ended failed (a cancelled or timed-out run too), a page each.
+        # Each state that ended failed (a cancelled or timed-out run too).
         for state in runs.FAILURES:
-            page = self.store.list_runs(RunQuery(state=state, limit=FAILED_PAGE))
-            for facts in page.runs:
-                at = runs.parse_time(facts.last_at)
-                if at is None:
-                    continue
-                if at < since:
-                    break  # newest first: the rest failed before
-                event = ev.failed(facts)
-                if event is not None and ev.wanted(event, self._wanted):
-                    found.append(event)
+            after: tuple[str, str] | None = None
+            while True:
+                page = self.store.list_runs(RunQuery(state=state, after=after, limit=FAILED_PAGE))
+                older = False
+                for facts in page.runs:
+                    at = runs.parse_time(facts.last_at)
+                    if at is None:
+                        continue
+                    if at < since:
+                        older = True  # newest first: the rest failed before
+                        break
+                    event = ev.failed(facts)
+                    if event is not None and ev.wanted(event, self._wanted):
+                        found.append(event)
+                if older or page.next_key is None:
+                    break
+                after = page.next_key
         return found
 
-    def _decided_since_last_sweep(self) -> list[Event]:
-        """The approvals decided since the last sweep (since :meth:`_since_start`, at
-        first) that the outbox does not hold yet; the run's agent is read only for
-        those."""
-        after = self._decided_after or (self._since_start().isoformat(), 0)
+    def _decided_since(self, since: datetime) -> list[Event]:
+        """The approvals decided since ``since`` that the outbox does not hold yet; the
+        run's agent is read only for those."""
+        after = (since.isoformat(), 0)
         decisions: list[Decision] = []
         while True:
             page = self.decisions.finished_since(after, DECIDED_PAGE)
@@ -363,7 +392,6 @@ class Watcher:
                 after = (page[-1].finished_at or "", page[-1].id)
             if len(page) < DECIDED_PAGE:
                 break
-        self._decided_read = after
         keyed = {
             ev.event_key(ev.DECIDED, d.execution_id, str(d.id)): d
             for d in decisions
@@ -397,15 +425,26 @@ class Watcher:
         self._adopted = True
         return moved
 
+    def _looks_at_everything(self) -> bool:
+        """Whether this process's sweeps offer both kinds the store's look stands for:
+        one that announces no failures (or no decisions) has not offered them, so it
+        leaves the look where it is for the processes that do."""
+        return ev.DECIDED in self._wanted and ev.announces_failures(self._wanted)
+
     def sweep(self) -> int:
         if not self._adopted:
             self.adopt_former_ids()
+        began = self._clock()
         found, keys = self.sweep_events()
         added = self.record(found)
         # Recorded (here, or before by any process: the outbox keeps each key once), so
         # the next sweep need not offer them again; what no longer waits is forgotten.
         self._offered = keys
-        self._decided_after = self._decided_read or self._decided_after
+        if self._looks_at_everything() and self._read_since is not None:
+            # Never past what was read: what this sweep's reads could not see yet is
+            # after ``began`` (less what a late commit or another clock may hide);
+            # never before what it read from (a first start's look is its start).
+            self.outbox.advance_looked_at(max(self._read_since.timestamp(), began - self.look_back))
         self.swept_at = self._clock()
         return added
 

@@ -30,6 +30,8 @@ from localui.backends.notifications import (
     status_from_row,
 )
 from localui.backends.postgres.pool import Pool, identifier
+from localui.backends.postgres.watch import PostgresWatch
+from localui.backends.watch import TABLE as WATCH_TABLE
 
 _COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in COLUMN_NAMES)
 #: Indexes later localuis added, by name (after the table's) and columns.
@@ -50,10 +52,11 @@ class PostgresOutbox:
             dsn,
             name="localui-notifications",
             read_only=False,
-            privileges=f"localui keeps its notifications in {self.table}: it needs CREATE on"
-            f" the database or on schema {self.schema}, or that table made for it with SELECT,"
-            " INSERT and UPDATE",
+            privileges=f"localui keeps its notifications in {self.table} and"
+            f" {self.schema}.{WATCH_TABLE}: it needs CREATE on the database or on schema"
+            f" {self.schema}, or those tables made for it with SELECT, INSERT and UPDATE",
         )
+        self._watch = PostgresWatch(self._pool, self.schema)
         try:
             self._create()
         except BaseException:
@@ -105,8 +108,8 @@ class PostgresOutbox:
     def _create_later_parts(self, conn: Any) -> None:
         """What later localuis added (made here too for a table an earlier one made):
         the due rows of each target, as a process claims only its own targets' rows;
-        and the rows past their last try, as those of targets no longer configured are
-        given up on."""
+        the rows past their last try, as those of targets no longer configured are
+        given up on; and how far the watchers have looked."""
         for name, columns in LATER_INDEXES:
             conn.execute(
                 sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
@@ -115,6 +118,7 @@ class PostgresOutbox:
                     sql.SQL(", ").join(sql.Identifier(c) for c in columns),
                 )
             )
+        self._watch.create(conn)
 
     def record(
         self, notices: Sequence[Notice], targets: Sequence[str], *, now: float, give_up_at: float
@@ -247,6 +251,12 @@ class PostgresOutbox:
                 (FAILED, now, detail, PENDING, now, list(targets), now, limit),
             )
             return int(cur.rowcount)
+
+    def looked_at(self) -> float | None:
+        return self._watch.looked_at()
+
+    def advance_looked_at(self, to: float) -> None:
+        self._watch.advance(to)
 
     def rename_target(self, old: str, new: str) -> int:
         with self._pool.connection() as conn, conn.cursor() as cur:

@@ -25,6 +25,7 @@ from localui.backends.notifications import (
 )
 from localui.backends.sqlite.connect import connect, transaction, with_retry
 from localui.backends.sqlite.files import SMALL_CACHE_KIB
+from localui.backends.sqlite.watch import SQLiteWatch
 from localui.errors import Unavailable
 
 T = TypeVar("T")
@@ -84,6 +85,7 @@ class SQLiteOutbox:
         # Its reads are lookups in its own small table: a page cache of SQLite's
         # default 2 MB, filled by the sender's rounds, was memory the server kept.
         self._conn.execute(f"PRAGMA cache_size = {SMALL_CACHE_KIB}")
+        self._watch = SQLiteWatch(self._conn, self._lock)
         self._with_retry(self._create)
 
     def _create(self) -> None:
@@ -91,6 +93,7 @@ class SQLiteOutbox:
         self._conn.execute(INDEX)
         self._conn.execute(TARGET_INDEX)
         self._conn.execute(GIVE_UP_INDEX)
+        self._watch.create()
 
     def _with_retry(self, fn: Callable[[], T]) -> T:
         return with_retry(fn, lock=self._lock, failure="the notifications outbox cannot be used")
@@ -243,6 +246,12 @@ class SQLiteOutbox:
                 return cursor.rowcount
 
         return self._with_retry(attempt)
+
+    def looked_at(self) -> float | None:
+        return self._watch.looked_at()
+
+    def advance_looked_at(self, to: float) -> None:
+        self._watch.advance(to)
 
     def rename_target(self, old: str, new: str) -> int:
         def attempt() -> int:
