@@ -28,6 +28,7 @@ from localui.backends.traces import SpanIndex
 from localui.backends.users import new_token
 from localui.contexts import RunContexts
 from localui.errors import LocalUIError, NotFound
+from localui.links import LinkSigner
 from localui.live import ChangeFeed, LiveRenders
 from localui.metrics import RequestTiming, app_metrics
 from localui.notify.watcher import Watcher, make_watcher
@@ -46,6 +47,7 @@ from localui.views import bulk_resume as bulk_resume_views
 from localui.views import bundle as bundle_views
 from localui.views import cache as cache_views
 from localui.views import compare as compare_views
+from localui.views import decide as decide_views
 from localui.views import decisions as decision_views
 from localui.views import diff as diff_views
 from localui.views import edit as edit_views
@@ -181,6 +183,18 @@ def build_routes() -> list[Route | Mount]:
         Route("/prune.json", as_json(action_views.prune_preview), name="prune_json"),
         Route("/prune", action_views.prune_preview, methods=["GET"], name="prune"),
         Route("/prune", action_views.prune_now, methods=["POST"], name="prune_now"),
+        Route(
+            "/decide/{execution_id:localui_id}/{link}",
+            decide_views.decision_link,
+            methods=["GET"],
+            name="decision_link",
+        ),
+        Route(
+            "/decide/{execution_id:localui_id}",
+            decide_views.decide_by_link,
+            methods=["POST"],
+            name="decide_by_link",
+        ),
         Route("/signin", signin_views.signin, methods=["GET", "POST"], name="signin"),
         Route("/signout", signin_views.signout, methods=["POST"], name="signout"),
         Route("/signin/oidc", signin_views.oidc_start, name="signin_oidc"),
@@ -302,6 +316,7 @@ def create_app(
         oidc = OpenIDSignIn(settings.sign_in.oidc, auth.keys)
     # Held by the middleware from the start; the lifespan opens the log it writes.
     recorder = AuditRecorder()
+    links = LinkSigner(auth.keys, settings.notifications.link_ttl)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -350,6 +365,7 @@ def create_app(
             traces=traces,
             auth=auth,
             signer=Signer(auth.keys),
+            links=links,
             oidc=oidc,
             live_renders=LiveRenders(feed=feed),
             metrics=metrics,
@@ -416,7 +432,8 @@ def create_app(
                 auth=auth,
                 signin_page=signin_views.signin_page_renderer(templates, settings),
                 switch_page=signin_views.switch_page_renderer(templates, settings),
-                public=("/static/",),
+                # A decision link's page checks its own link (``views.decide``).
+                public=("/static/", "/decide/"),
             ),
             Middleware(PageCompression),
             Middleware(OneLookPerRead),
