@@ -27,11 +27,13 @@ from localui.backends.base import Backend, Changes
 from localui.backends.traces import SpanIndex
 from localui.backends.users import new_token
 from localui.contexts import RunContexts
-from localui.errors import LocalUIError, NotFound
+from localui.errors import LocalUIError, NotFound, Unavailable
 from localui.links import LinkSigner
 from localui.live import ChangeFeed, LiveRenders
 from localui.metrics import RequestTiming, app_metrics
+from localui.notify.people import People
 from localui.notify.watcher import Watcher, make_watcher
+from localui.offloop import off_loop
 from localui.paths import cache_dir, static_dir, templates_dir
 from localui.recovery import RecoverySweep
 from localui.registry import Registry
@@ -345,15 +347,26 @@ def create_app(
         )
         feed = ChangeFeed(opened.change_source(), interval=settings.poll_interval)
         watcher: Watcher | None = None
-        # Read-only writes nothing, and the outbox is a table (the CLI refuses the pair).
-        if settings.notifies:
-            watcher = make_watcher(
+        # People told at their own address, with links of their own: they sign in, so
+        # only where sign-in is on; and the outbox is a table, so not read-only.
+        people = None
+        if settings.sign_in.required and not settings.read_only:
+            people = People(auth.users, settings.policy)
+
+        def new_watcher() -> Watcher:
+            return make_watcher(
                 settings,
                 feed=feed,
                 backend=opened,
                 decisions=decisions,
                 links=deep_links(app.router, link_base(settings)),
+                people=people,
+                link_signer=links,
             )
+
+        # Read-only writes nothing, and the outbox is a table (the CLI refuses the pair).
+        if settings.notifies or (people is not None and await off_loop(people.any_address)):
+            watcher = new_watcher()
         traces = trace_index(settings, opened)
         app.state.localui = AppState(
             settings=settings,
@@ -379,6 +392,26 @@ def create_app(
         await feed.start()
         if watcher is not None:
             await watcher.start()
+
+        async def start_when_addressed() -> None:
+            """On a server with no targets of its own, start announcing once someone is
+            given an address (``localui users set NAME --notify URL``)."""
+            nonlocal watcher
+            assert people is not None
+            while watcher is None:
+                await asyncio.sleep(settings.notifications.sweep_interval)
+                try:
+                    addressed = await off_loop(people.any_address)
+                except Unavailable:
+                    continue  # the store is down: the next look tells
+                if addressed:
+                    watcher = new_watcher()
+                    app.state.localui.watcher = watcher
+                    await watcher.start()
+
+        addressing = None
+        if watcher is None and people is not None:
+            addressing = asyncio.create_task(start_when_addressed(), name="localui addresses")
         seeder = None
         if seeding is not None:
 
@@ -399,6 +432,10 @@ def create_app(
                 seeder.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await seeder
+            if addressing is not None:
+                addressing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await addressing
             if watcher is not None:
                 await watcher.stop()
                 watcher.outbox.close()
