@@ -112,7 +112,7 @@ async def test_each_person_who_may_decide_gets_their_own_link_and_it_decides(whe
                 )
                 assert pressed.status_code == 303, pressed.text
                 shown = await client.get("/" + path)
-                assert "approved by ada" in shown.text
+                assert "ada approved it at" in shown.text
             page_json = await _notifications_page(app)
         told = [t for t in page_json["recent"] if t["target"] == "person:ada"]
         assert len(told) == SEEDED_PAUSES and all(t["state"] == "sent" for t in told)

@@ -29,6 +29,7 @@ from localui.links import DecisionLink, LinkExpired, LinkInvalid, rule_print
 from localui.offloop import off_loop
 from localui.records import APPROVAL, Decision, Pending, Vote
 from localui.views.cards import ApprovalItem, approval_item
+from localui.views.decision_views import decision_view
 from localui.views.params import fields_of
 from localui.views.state import AppState, context
 from localui.views.urls import Urls, urls_of
@@ -211,12 +212,12 @@ def _decided(decision: Decision, link: DecisionLink) -> Refusal:
     """What the page says once the pause is decided: 200 to the person who decided it
     (what they see after pressing), 409 to anyone else's link."""
     mine = names.one_person(decision.actor, link.person)
-    if decision.outcome is None:
-        said = f"It is being {decision.verb} by {decision.actor} since {decision.decided_at}."
-    else:
-        said = f"It was {decision.verb} by {decision.actor} at {decision.decided_at}."
+    said = decision_view(decision).words
     if decision.reason:
         said += f" Reason: “{decision.reason}”."
+    if decision.detail:
+        what = "What went wrong" if decision.outcome == "failed" else "The run's answer"
+        said += f" {what}: {decision.detail}"
     return Refusal(
         200 if mine else 409,
         "Decided" if mine else "Already decided",
@@ -235,11 +236,11 @@ async def _form_page(
 ) -> DecisionLinkPage:
     urls = urls_of(request)
     item = await off_loop(_card, ctx.actions, ready, urls)
-    waited = age_words(ready.pending.created_at, datetime.now(UTC))
+    since = age_words(ready.pending.created_at, datetime.now(UTC))
     return DecisionLinkPage(
         state=DECIDE,
         title=f"A decision for {ready.person.name}",
-        words=f"Run {ready.link.execution_id} has waited {waited} for a person.",
+        words=f"Run {ready.link.execution_id} paused {since} and waits for a person.",
         person=ready.person.name,
         item=item,
         link=token,
