@@ -54,11 +54,13 @@ from datetime import UTC, datetime
 
 from localui import runs
 from localui.backends.base import Backend, Changes, DecisionLog, Outbox, Store
+from localui.links import LinkSigner
 from localui.live import ChangeFeed, Resync, to_the_end
 from localui.notify import events as ev
 from localui.notify.events import Event
 from localui.notify.formats import Links
 from localui.notify.outbox import notices_of
+from localui.notify.people import PERSONAL_EVENTS, People, person_of_target
 from localui.notify.sender import ROUND_SIZE, Deliverer, Sender
 from localui.notify.targets import Target, routes_of, targets_of
 from localui.records import Decision, IndexProgress, Pending, RunQuery
@@ -98,6 +100,7 @@ class Watcher:
         targets: Sequence[Target],
         sender: Sender,
         routes: Mapping[str, Sequence[Target]] | None = None,
+        people: People | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -114,6 +117,8 @@ class Watcher:
         #: The targets that get every event, and those a policy rule adds for its pauses.
         self._everyone = tuple(t.id for t in targets)
         self._routes = {rule: tuple(t.id for t in ts) for rule, ts in routes.items()}
+        #: People with an address: each told of the pauses they may decide.
+        self.people = people
         self.sender = sender
         self._clock = clock
         self._wanted = frozenset(self.notifications.events)
@@ -153,13 +158,18 @@ class Watcher:
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self._clock(), UTC)
 
-    def _target_ids(self, rule: str) -> tuple[str, ...]:
-        """Where an event goes: every event to the server's own targets, and a pause
-        under a policy rule to that rule's too."""
-        return tuple(dict.fromkeys([*self._everyone, *self._routes.get(rule, ())]))
+    def _target_ids(self, rule: str, *, personal: bool = False) -> tuple[str, ...]:
+        """Where an event goes: every event to the server's own targets, a pause under a
+        policy rule to that rule's too, and a pause (``personal``) to each person with an
+        address who may decide it."""
+        people = self.people.target_ids(rule, self._now()) if personal and self.people else ()
+        return tuple(dict.fromkeys([*self._everyone, *self._routes.get(rule, ()), *people]))
 
     def gets(self, target_id: str) -> str:
         """What a target is told, as the notifications page says it."""
+        person = person_of_target(target_id)
+        if person is not None:
+            return f"the pauses {person} may decide, with their own decision links"
         if target_id in self._everyone:
             return "every event"
         rules = [rule for rule, ids in self._routes.items() if target_id in ids]
@@ -176,7 +186,9 @@ class Watcher:
         by_targets: dict[tuple[str, ...], list[Event]] = {}
         for event in found:
             if ev.wanted(event, self._wanted):
-                by_targets.setdefault(self._target_ids(event.rule), []).append(event)
+                personal = event.type in PERSONAL_EVENTS
+                targets = self._target_ids(event.rule, personal=personal)
+                by_targets.setdefault(targets, []).append(event)
         now = self._clock()
         added = 0
         for target_ids, events in by_targets.items():
@@ -277,7 +289,11 @@ class Watcher:
                 by_rule.setdefault(self._rule_of(pending), set()).update(new)
             # What an earlier process (or another one) recorded is not read again: after a
             # restart, a thousand waiting pauses cost one query, not their paused calls.
-            known = {key for rule, ks in by_rule.items() for key in self._recorded(ks, rule)}
+            known = {
+                key
+                for rule, ks in by_rule.items()
+                for key in self._recorded(ks, rule, personal=True)
+            }
             fresh = [p for p, ks in unoffered if any(key not in known for key in ks)]
             found.extend(e for e in self._pause_events(fresh, overdue=True) if e.key not in known)
             if page.next_key is None:
@@ -407,9 +423,12 @@ class Watcher:
                     found.append(event)
         return found
 
-    def _recorded(self, keys: set[str], rule: str = "") -> set[str]:
-        """Those of ``keys`` the outbox holds already for every target they go to."""
-        return self.outbox.recorded(keys, self._target_ids(rule)) if keys else set()
+    def _recorded(self, keys: set[str], rule: str = "", *, personal: bool = False) -> set[str]:
+        """Those of ``keys`` the outbox holds already for every target they go to (a
+        person given an address since is told of the pauses that still wait)."""
+        if not keys:
+            return set()
+        return self.outbox.recorded(keys, self._target_ids(rule, personal=personal))
 
     def on_changes(self, changes: Changes) -> int:
         return self.record(self.events_of_changes(changes))
@@ -544,13 +563,22 @@ def make_watcher(
     backend: Backend,
     decisions: DecisionLog,
     links: Links,
+    people: People | None = None,
+    link_signer: LinkSigner | None = None,
 ) -> Watcher:
-    """The watcher for ``settings``' targets, with its own outbox on ``backend`` (the
-    caller closes it: ``watcher.outbox``). Raises ``TargetError`` for a bad target."""
+    """The watcher for ``settings``' targets and ``people``'s addresses, with its own
+    outbox on ``backend`` (the caller closes it: ``watcher.outbox``). Raises
+    ``TargetError`` for a bad target."""
     targets = targets_of(settings.notifications)
     routes = routes_of(settings.policy)
     outbox = backend.outbox()
-    deliverer = Deliverer(settings.notifications, links, now=lambda: datetime.now(UTC))
+    deliverer = Deliverer(
+        settings.notifications,
+        links,
+        now=lambda: datetime.now(UTC),
+        people=people,
+        link_signer=link_signer,
+    )
     return Watcher(
         settings=settings,
         feed=feed,
@@ -559,10 +587,12 @@ def make_watcher(
         outbox=outbox,
         targets=targets,
         routes=routes,
+        people=people,
         sender=Sender(
             outbox,
             [*targets, *(t for ts in routes.values() for t in ts)],
             deliverer,
             settings.notifications,
+            people=people,
         ),
     )
