@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from helpers import JSON
+from helpers import JSON, all_at_once
 from test_approval_policy import TWO_FROM_FINANCE, Desk, open_desk
 
 from localui.policy import parse_policy
@@ -258,3 +258,19 @@ def _session_of(desk: Desk, name: str) -> dict[str, str]:
     desk.client.cookies.clear()
     assert cookies
     return cookies
+
+
+def test_presses_at_once_decide_once(open_desk: Callable[..., Desk]) -> None:
+    """Ten presses of one link's form at once (a double click, a form sent again): one
+    decision, carried out once; the others see it decided."""
+    desk = open_desk(ANY_APPROVER)
+    ada = desk.add("ada", "approver")
+    run, checkpoint_id = a_paused_run(desk, ada)
+    link = mint(desk, "ada", run, checkpoint_id)
+    page = page_of(desk, run, link)
+    answers = all_at_once(10, lambda _: press(desk, run, page))
+    assert {a.status_code for a in answers} <= {200, 303}, [
+        (a.status_code, a.text[-300:]) for a in answers
+    ]
+    assert [a.status_code for a in answers].count(303) >= 1
+    assert len(desk.decisions(run)) == 1 and desk.run_ends(run) == ["completed"]

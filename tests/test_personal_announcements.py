@@ -140,7 +140,7 @@ async def test_someone_given_an_address_while_the_server_runs_is_told_of_what_wa
 
 
 @pytest.mark.anyio
-async def test_links_point_at_the_public_url(where: Where) -> None:
+async def test_links_point_at_the_public_url_or_under_the_root_path(where: Where) -> None:
     with Receiver() as receiver:
         with users_of(where) as users:
             add(users, "ada", "approver", f"json://127.0.0.1:{receiver.port}/ada")
@@ -151,6 +151,19 @@ async def test_links_point_at_the_public_url(where: Where) -> None:
         message = receiver.requests("/ada")[0].json()["message"]
         for url in links_in(message).values():
             assert url.startswith("https://desk.example/ops/decide/"), url
+    # Behind a proxy that strips --root-path, without --public-url: the server's own
+    # address under the prefix.
+    with Receiver() as receiver:
+        with users_of(where) as users:
+            users.set_address("ada", f"json://127.0.0.1:{receiver.port}/ada")
+        settings = where.settings(
+            Notifications(**QUICK_RETRIES), sign_in=sign_in_settings(), root_path="/ops"
+        )
+        async with running(create_app(settings)):
+            await until(receiver, lambda r: len(r) >= 1)
+        message = receiver.requests("/ada")[0].json()["message"]
+        for url in links_in(message).values():
+            assert url.startswith("http://localui.localhost:8765/ops/decide/"), url
 
 
 async def _notifications_page(app: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from starlette.responses import RedirectResponse, Response
 from localui import audit, names
 from localui.actions import ActionService
 from localui.auth import SCOPE_KEY, VIEWER, Person
-from localui.errors import LocalUIError
+from localui.errors import AlreadyDecided, LocalUIError
 from localui.links import DecisionLink, LinkExpired, LinkInvalid, rule_print
 from localui.offloop import off_loop
 from localui.records import APPROVAL, Decision, Pending, Vote
@@ -327,6 +327,12 @@ async def decide_by_link(request: Request) -> Response:
             person=ready.person,
             fields=fields_of(form),
         )
+    except AlreadyDecided as exc:
+        if exc.decision is None:
+            page = await _form_page(request, ctx, ready, token, str(exc))
+            return _render(request, page, exc.status_code)
+        # Another press (or another person) came first: say what was decided.
+        return _refused(request, _decided(exc.decision, ready.link), execution_id)
     except LocalUIError as exc:
         try:
             ready = await read_link(request, ctx, token, execution_id)
