@@ -207,7 +207,7 @@ class Preflight:
     def may_decide(rule: Rule | None, person: Person | None) -> bool:
         """Whether the rule lets this person decide. With sign-in off nobody is
         identified, so the rule's count, reasons and fields apply, but not its "who"."""
-        if rule is None or person is None or not person.signed_in:
+        if rule is None or person is None or not person.identified:
             return True
         return rule.allows(person.name, person.role, person.groups)
 
