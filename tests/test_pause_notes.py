@@ -700,3 +700,23 @@ def test_pause_noted_reads_as_a_note_in_chat_and_in_a_webhook() -> None:
     # A note on a row the run no longer waits at still names its run and author.
     later = ev.noted(note, None, "")
     assert (later.agent, later.rule, later.actor) == ("", "", "ada")
+
+
+def test_a_decision_link_s_page_shows_the_notes_and_offers_no_note_form(
+    open_desk: Callable[..., Desk], page_text: Callable[..., str]
+) -> None:
+    from test_decision_links import form_of, mint, page_of
+
+    desk = open_desk()
+    ada = desk.add("ada", "approver")
+    run = desk.ids("paused-1")
+    checkpoint_id = desk.checkpoint_of(run, ada)
+    assert leave(desk, run, checkpoint_id, NOTE, ada).status_code == 201
+    page = page_of(desk, run, mint(desk, "ada", run, checkpoint_id))
+    assert page.status_code == 200, page.text
+    notes_id = f"notes-{dom_id(run)}-{dom_id(checkpoint_id)}"
+    assert NOTE in page_text(page.text, notes_id)
+    # The page signs nobody in: a note is left on the desk, so its form is not here
+    # (and the decision's form keeps only its own hidden values).
+    assert "Add note" not in page.text and "<textarea" not in page.text
+    assert set(form_of(page)) == {"link", "form_key"}

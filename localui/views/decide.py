@@ -15,7 +15,7 @@ exactly-once claim, hold as on the desk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from starlette.requests import Request
@@ -30,6 +30,7 @@ from localui.offloop import off_loop
 from localui.records import APPROVAL, Decision, Pending, Vote
 from localui.views.cards import ApprovalItem, approval_item
 from localui.views.decision_views import decision_view
+from localui.views.notes import shown_only
 from localui.views.params import fields_of
 from localui.views.state import AppState, context
 from localui.views.urls import Urls, urls_of
@@ -228,7 +229,9 @@ def _decided(decision: Decision, link: DecisionLink) -> Refusal:
 
 
 def _card(actions: ActionService, ready: Ready, urls: Urls) -> ApprovalItem:
-    return approval_item(actions, ready.pending, datetime.now(UTC), urls, person=ready.person)
+    item = approval_item(actions, ready.pending, datetime.now(UTC), urls, person=ready.person)
+    # The notes others left show here; a note is left on the desk, where one signs in.
+    return replace(item, notes=shown_only(item.notes)) if item.notes is not None else item
 
 
 async def _form_page(

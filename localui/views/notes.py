@@ -13,6 +13,7 @@ page that shows a pause includes that partial with it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -126,6 +127,12 @@ def notes_view(
         dom=f"notes-{dom_id(pending.execution_id)}-{dom_id(checkpoint_id)}",
         ask_author=writable and not person.signed_in,
     )
+
+
+def shown_only(view: NotesView) -> NotesView:
+    """The same notes without the form: for a page that signs nobody in (a decision
+    link's), where a note could not be posted."""
+    return dataclasses.replace(view, may_write=False, post_url="", ask_author=False)
 
 
 def earlier_notes(
