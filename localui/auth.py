@@ -34,7 +34,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
@@ -80,9 +80,11 @@ class Person:
     groups: tuple[str, ...] = ()
     #: Who decides for them while away, and until when, as the users table said
     #: (``localui.delegation``); empty for someone not in it, or a session of the
-    #: OpenID Provider's, whose menu then offers the away form alone.
-    away_to: str = ""
-    away_until: str = ""
+    #: OpenID Provider's, whose menu then offers the away form alone. Not part of who
+    #: they are: going away neither ends their live streams nor tells a sign-in link
+    #: apart from their session.
+    away_to: str = field(default="", compare=False)
+    away_until: str = field(default="", compare=False)
 
     @property
     def signed_in(self) -> bool:
