@@ -1143,7 +1143,7 @@ def run_users(args: argparse.Namespace) -> int:
 
     from localui.backends import open_users, target_of
     from localui.backends.users import check_groups, check_name, new_token, token_hash
-    from localui.delegation import away_problem, until_of
+    from localui.delegation import away_problem, is_away, until_of
     from localui.names import look_alike_pairs, look_alikes
     from localui.notify.targets import TargetError
 
@@ -1157,15 +1157,19 @@ def run_users(args: argparse.Namespace) -> int:
     except LocalUIError as exc:
         return fail(str(exc))
     try:
+        now = datetime.now(UTC)
         if args.users_command == "list":
             listed = users.list_users()
             for user in listed:
                 groups = ",".join(user.groups) or "-"
                 away = f"away to {user.away_to} {until_words(user.away_until)}"
+                if not user.away_to:
+                    away = "not away"
+                elif not is_away(user, now):
+                    away = f"not away (was {away})"
                 print(
                     f"{user.name}\t{user.role}\tgroups {groups}"
-                    f"\ttold at {shown_address(user.address)}"
-                    f"\t{away if user.away_to else 'not away'}\tadded {user.created_at}"
+                    f"\ttold at {shown_address(user.address)}\t{away}\tadded {user.created_at}"
                 )
             if not args.check:
                 return 0
@@ -1208,7 +1212,6 @@ def run_users(args: argparse.Namespace) -> int:
             print(f"localui: {name} is {changed.role}, in groups: {groups}{told}")
             return 0
         if args.users_command == "away":
-            now = datetime.now(UTC)
             to = check_name(args.to)
             until = until_of(args.until, now)
             problem = away_problem(name, to, users.list_users(), now)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import TEST_TOKEN
 from test_approval_policy import Desk, approve, message, open_desk  # noqa: F401 - fixture
 from test_auth_cli import users_cli
 from test_cli import assert_one_line_error
@@ -297,6 +298,8 @@ def test_bob_decides_for_ada_while_she_is_away_and_not_before_or_after(
     assert mine(desk, bob) == []
     assert approve(desk, other, other_checkpoint, bob).status_code == 403
     assert desk.decisions(other) == []
+    listed = users_cli(desk.export_args, "list", cwd=tmp_path).stdout
+    assert "\tnot away (was away to bob until " in listed
 
 
 def test_a_chain_decides_as_its_last_delegate_and_a_circle_is_refused(
@@ -407,6 +410,9 @@ def test_i_am_away_from_my_own_menu(
 
     menu = desk.client.get("/approvals", headers=page_as_ada).text
     assert "I am away…" in menu and 'name="to"' in menu and ">I am back</button>" not in menu
+    # The start-up token's owner is nobody of the users table to be away.
+    owner = {"Authorization": f"Bearer {TEST_TOKEN}"}
+    assert "I am away…" not in desk.client.get("/approvals", headers=owner).text
 
     # Another site's form is refused before anything is read.
     cross = desk.client.post(

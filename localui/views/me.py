@@ -50,7 +50,8 @@ def me_menu(person: Person, read_only: bool, now: datetime, here: str = "") -> M
     away = delegation.away_at(person.away_to, person.away_until, now)
     return MeMenu(
         away_words=away_words(person.away_to, person.away_until) if away else "",
-        may_go_away=person.can_decide and not read_only and not away,
+        # The start-up token's owner is no person of the users table to be away.
+        may_go_away=person.can_decide and person.via != "owner" and not read_only and not away,
         next=here,
     )
 
