@@ -251,6 +251,13 @@ def _add_notify_options(parser: argparse.ArgumentParser) -> None:
         help="Never send the values of this key of a pause's context or call (repeatable).",
     )
     notify.add_argument(
+        "--link-ttl",
+        default="24h",
+        metavar="AGE",
+        help="How long a person's own decision link (sent to their --notify address) opens"
+        " its pause's page: 90s, 30m, 12h, 7d (default: 24h).",
+    )
+    notify.add_argument(
         "--notify-lease",
         type=float,
         default=60.0,
@@ -826,6 +833,15 @@ def _notifications(args: argparse.Namespace) -> Notifications:
             "--stale-after, --remind-after and --notify-lease must be positive,"
             " --remind-times at least 0"
         )
+    from localui.errors import BadRequest
+    from localui.views.params import parse_age
+
+    try:
+        link_ttl = parse_age(args.link_ttl, "--link-ttl").total_seconds()
+    except BadRequest as exc:
+        raise NotifyOptionError(str(exc)) from exc
+    if link_ttl <= 0:
+        raise NotifyOptionError("--link-ttl must be longer than nothing")
     return Notifications(
         chat=tuple(args.notify),
         webhooks=tuple(args.webhook),
@@ -835,6 +851,7 @@ def _notifications(args: argparse.Namespace) -> Notifications:
         redact=tuple(args.notify_redact),
         remind_times=args.remind_times,
         lease=args.notify_lease,
+        link_ttl=link_ttl,
     )
 
 

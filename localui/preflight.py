@@ -226,7 +226,7 @@ class Preflight:
         or for the away people they stand in for (``localui.delegation``). The users
         table is read (through its two-second cache) only when the rule does not let
         them decide themselves."""
-        if rule is None or person is None or not person.signed_in:
+        if rule is None or person is None or not person.identified:
             return delegation.Standing(own=True)
         if rule.allows(person.name, person.role, person.groups):
             return delegation.Standing(own=True)

@@ -401,6 +401,23 @@ class Outbox(Protocol):
         """Make given-up rows due again (all, or one target's); how many."""
         ...
 
+    def give_up_unconfigured(
+        self, *, targets: Sequence[str], now: float, detail: str, limit: int
+    ) -> int:
+        """Give up on (with ``detail`` as their error) at most ``limit`` waiting rows of
+        targets not in ``targets`` (the caller's) whose ``give_up_at`` has passed and that
+        no process holds; how many. Not before: another process may serve that target."""
+        ...
+
+    def looked_at(self) -> float | None:
+        """Up to when the watchers' sweeps offered every failure and decision and
+        recorded them (``localui.backends.watch``); None before the first."""
+        ...
+
+    def advance_looked_at(self, to: float) -> None:
+        """Move :meth:`looked_at` to ``to``, only forward (made when missing)."""
+        ...
+
     def rename_target(self, old: str, new: str) -> int:
         """Move ``old``'s rows to ``new`` (and ``old``'s text in their errors), but an
         event ``new`` has already; how many. A target keeps its rows when the form of
