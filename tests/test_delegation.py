@@ -10,6 +10,7 @@ two-person rule counting ada and her delegate once.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import time
@@ -18,18 +19,27 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx
 import pytest
-from helpers import TEST_TOKEN
+from helpers import TEST_TOKEN, sign_in_settings
 from test_approval_policy import Desk, approve, message, open_desk  # noqa: F401 - fixture
 from test_auth_cli import users_cli
 from test_cli import assert_one_line_error
+from test_notify import QUICK_RETRIES, Where, acting_agents, running, until, where
+from test_personal_announcements import add, links_in, users_of
 
+from bench.receiver import Receiver
 from localui import delegation
+from localui.app import create_app
 from localui.delegation import Decider, deciders, delegate_of
 from localui.errors import BadRequest
 from localui.names import same_voter
 from localui.policy import parse_policy
 from localui.records import User
+from localui.settings import Notifications
+
+__all__ = ["where"]  # the fixture, shared with the notification tests
 
 NOW = datetime(2026, 12, 7, 1, 0, tzinfo=UTC)
 LATER = (NOW + timedelta(days=1)).isoformat()
@@ -477,3 +487,50 @@ def test_the_away_column_reaches_a_running_server_within_two_seconds(
     assert mine(desk, bob) == []  # read now, and cached
     desk.users.set_away("ada", "bob", "")
     within_two_seconds(lambda: len(mine(desk, bob)) > 0)
+
+
+# --- announcements: while ada is away, bob is told, and his own link decides for her ---
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_an_away_persons_pauses_are_announced_to_the_delegate_whose_link_decides(
+    where: Where,
+) -> None:
+    with Receiver() as receiver, contextlib.ExitStack() as stack:
+        port = receiver.port
+        with users_of(where) as users:
+            add(users, "ada", "approver", f"json://127.0.0.1:{port}/ada")
+            add(users, "bob", "approver", f"json://127.0.0.1:{port}/bob")
+            users.set_away("ada", "bob", "")
+        settings = where.settings(
+            Notifications(**QUICK_RETRIES),
+            sign_in=sign_in_settings(),
+            policy=parse_policy(ONLY_ADA),
+        )
+        app = create_app(settings, agents=acting_agents(where, stack))
+        async with running(app):
+            await until(receiver, lambda r: any(x.path == "/bob" for x in r))
+            await anyio.sleep(1.0)  # a few polls more: ada, who is away, is told nothing
+            assert receiver.requests("/ada") == []
+            [to_bob] = receiver.requests("/bob")
+            links = links_in(to_bob.json()["message"])
+            run = where.seed.id("paused-1")
+            path = links[run].split("://", 1)[1].split("/", 1)[1]
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app, client=("127.0.0.1", 50000)),
+                base_url="http://127.0.0.1:8765",
+            ) as client:
+                page = await client.get("/" + path)
+                assert page.status_code == 200, page.text
+                form = dict(re.findall(r'type="hidden" name="(\w+)" value="([^"]*)"', page.text))
+                pressed = await client.post(
+                    f"/decide/{run}", data={**form, "decision": "approve", "reason": "for ada"}
+                )
+                assert pressed.status_code == 303, pressed.text
+                shown = await client.get("/" + path)
+                assert "bob for ada approved it at" in shown.text, shown.text
