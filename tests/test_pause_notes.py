@@ -720,3 +720,21 @@ def test_a_decision_link_s_page_shows_the_notes_and_offers_no_note_form(
     # (and the decision's form keeps only its own hidden values).
     assert "Add note" not in page.text and "<textarea" not in page.text
     assert set(form_of(page)) == {"link", "form_key"}
+
+
+def test_whoever_decides_for_an_away_person_may_leave_notes_for_them(
+    open_desk: Callable[..., Desk],
+) -> None:
+    desk = open_desk()
+    ada = desk.add("ada", "approver")
+    carl = desk.add("carl", "approver")  # the rule names finance and ada, not carl
+    run = desk.ids("paused-1")
+    checkpoint_id = desk.checkpoint_of(run, ada)
+    assert leave(desk, run, checkpoint_id, "before", carl).status_code == 403
+    desk.users.set_away("ada", "carl", "")
+    time.sleep(2.2)  # the users table is read again within two seconds
+    assert leave(desk, run, checkpoint_id, NOTE, carl).status_code == 201
+    desk.users.set_away("ada", "", "")
+    time.sleep(2.2)
+    assert leave(desk, run, checkpoint_id, "after", carl).status_code == 403
+    assert [(n["author"], n["text"]) for n in desk.stored_notes(run)] == [("carl", NOTE)]
