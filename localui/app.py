@@ -27,6 +27,7 @@ from localui.backends.base import Backend, Changes
 from localui.backends.traces import SpanIndex
 from localui.backends.users import new_token
 from localui.contexts import RunContexts
+from localui.deadlines import DeadlineSweep
 from localui.errors import LocalUIError, NotFound
 from localui.live import ChangeFeed, LiveRenders
 from localui.metrics import RequestTiming, app_metrics
@@ -340,6 +341,10 @@ def create_app(
                 links=deep_links(app.router, link_base(settings)),
             )
         traces = trace_index(settings, opened)
+        # The pauses' deadlines, when a rule gives any: the queue sorts by them, and a
+        # writable server escalates and decides them (``localui.deadlines``).
+        has_deadlines = settings.policy is not None and settings.policy.has_deadlines
+        deadlines = opened.deadlines(writable=not settings.read_only) if has_deadlines else None
         app.state.localui = AppState(
             settings=settings,
             backend=opened,
@@ -356,6 +361,7 @@ def create_app(
             seeding=seeding,
             watcher=watcher,
             audit=audit_log,
+            deadlines=deadlines,
         )
         metrics.fleet.open(opened.store, decisions)
         # A read-only server changes nothing, so it carries no decision out either.
@@ -374,9 +380,17 @@ def create_app(
             seeder = asyncio.create_task(seeding.run(landed, actions), name="localui seeding")
         if recovery is not None:
             await recovery.start()
+        sweep = None
+        if deadlines is not None and not settings.read_only:
+            sweep = DeadlineSweep(
+                actions, deadlines, record=watcher.record if watcher is not None else None
+            )
+            await sweep.start()
         try:
             yield
         finally:
+            if sweep is not None:
+                await sweep.stop()
             if recovery is not None:
                 await recovery.stop()
             if seeder is not None:
@@ -392,6 +406,8 @@ def create_app(
             await asyncio.gather(*app.state.localui.background, return_exceptions=True)
             metrics.fleet.close()
             decisions.close()
+            if deadlines is not None:
+                deadlines.close()
             recorder.log = None
             audit_log.close()
             if traces is not None:

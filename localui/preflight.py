@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from localui import forks, runs
@@ -204,12 +205,26 @@ class Preflight:
         return policy.rule_for(pending) if policy is not None else None
 
     @staticmethod
-    def may_decide(rule: Rule | None, person: Person | None) -> bool:
+    def may_decide(
+        rule: Rule | None,
+        person: Person | None,
+        pending: Pending | None = None,
+        now: datetime | None = None,
+    ) -> bool:
         """Whether the rule lets this person decide. With sign-in off nobody is
-        identified, so the rule's count, reasons and fields apply, but not its "who"."""
+        identified, so the rule's count, reasons and fields apply, but not its "who".
+        Once ``pending`` is past its rule's ``due`` at ``now`` (default: this moment),
+        the rule's ``escalate_to`` people may decide it too; without ``pending``, only
+        the rule's approvers."""
         if rule is None or person is None or not person.signed_in:
             return True
-        return rule.allows(person.name, person.role, person.groups)
+        if rule.allows(person.name, person.role, person.groups):
+            return True
+        if pending is None or not rule.escalate_to:
+            return False
+        return rule.is_overdue(
+            pending.created_at, now or datetime.now(UTC)
+        ) and rule.allows_escalated(person.name, person.role, person.groups)
 
     def fork_plan(
         self,
