@@ -9,10 +9,11 @@ then every :data:`POLL_SECONDS`, and stops with the app. Each poll:
    ``due`` governs and that has none (any process may: the key is unique), and forgets
    the rows read first whose pause no longer waits (read before the pauses, so a pause
    that came meanwhile is never forgotten);
-2. for each row past its ``due_at`` not escalated yet: sets ``escalated_at``, which
-   one process wins, and the winner records ``pause.escalated`` when the rule has
-   ``escalate_to`` (from then on those people may decide it: ``Preflight.may_decide``
-   reads the pause's own time, so every process agrees without this table);
+2. for each row past its ``due_at`` not escalated yet: offers ``pause.escalated`` when
+   the rule has ``escalate_to`` (the outbox keeps it once, whichever processes offer
+   it), then sets ``escalated_at``, which one process wins; from ``due_at`` on those
+   people may decide it (``Preflight.may_decide`` reads the pause's own time, so every
+   process agrees without this table);
 3. for each row past its ``timeout_at`` not timed out yet: decides the pause as its
    rule says (``ActionService.decide_by_rule``): the decision record's claim makes
    that exactly once across processes, ``kill -9`` and restarts (a claim whose process
@@ -175,32 +176,35 @@ class DeadlineSweep:
         return PollReport(recorded, forgotten, tuple(escalated), tuple(timed_out))
 
     async def _escalate(self, row: Deadline, now: float) -> bool:
-        """Mark the row escalated; the process that does tells ``escalate_to``."""
-        if not await off_loop(self.deadlines.mark_escalated, row.key, now):
-            return False  # another process did
+        """Tell ``escalate_to`` the pause is overdue, then mark the row escalated; True
+        for the one process whose mark won. The event is offered before the mark, so a
+        process that dies in between leaves it to the next poll, here or elsewhere (the
+        outbox keeps each event once, whoever offers it)."""
         store = self.actions.store
         pending = await off_loop(store.get_pending, row.execution_id)
         if pending is None or pending.checkpoint_id != row.checkpoint_id:
-            return False
+            return False  # no longer waits: the next poll forgets its row
         rule = self.actions.preflight.rule_for(pending)
-        if rule is None or not rule.escalate_to:
-            return False
-        calls = await off_loop(store.paused_calls, (pending,))
-        event = ev.escalated(
-            pending,
-            calls.get(row.checkpoint_id),
-            rule.name,
-            rule.escalate_to,
-            iso(row.due_at),
-            self._redact,
-        )
-        await self._announce(event)
-        log.info(
-            "pause of %s is overdue under rule %r: escalated to %s",
-            row.execution_id,
-            rule.name,
-            ", ".join(rule.escalate_to),
-        )
+        if rule is not None and rule.escalate_to:
+            calls = await off_loop(store.paused_calls, (pending,))
+            event = ev.escalated(
+                pending,
+                calls.get(row.checkpoint_id),
+                rule.name,
+                rule.escalate_to,
+                iso(row.due_at),
+                self._redact,
+            )
+            await self._announce(event)
+        if not await off_loop(self.deadlines.mark_escalated, row.key, now):
+            return False  # another process did
+        if rule is not None and rule.escalate_to:
+            log.info(
+                "pause of %s is overdue under rule %r: escalated to %s",
+                row.execution_id,
+                rule.name,
+                ", ".join(rule.escalate_to),
+            )
         return True
 
     async def _time_out(self, row: Deadline) -> bool:

@@ -628,3 +628,25 @@ def test_attention_lists_a_pause_past_its_rules_due(desk: Desk) -> None:
         html = client.get("/attention").text
         assert "Past their rule&#39;s deadline" in html or "Past their rule's deadline" in html
         assert "escalated to operators" in html
+
+
+def test_a_rules_remind_every_sets_the_rhythm_of_its_reminders() -> None:
+    """Reminders of a rule's pause come at its ``due`` and then every ``remind_every``
+    (at most ``--remind-times``); without them, every ``--remind-after`` as before."""
+    from datetime import UTC, datetime, timedelta
+
+    from localui.notify import events as ev
+    from localui.records import Pending
+
+    paused = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    pending = Pending("run", "payout-bot", "turn:0/tool:pay_out", "r", {}, None, paused.isoformat())
+
+    def number(minutes: float, every: float | None) -> int:
+        at = paused + timedelta(minutes=minutes)
+        first = 4 * 3600 if every is not None else 3600
+        return ev.reminder_number(pending, at, first, 3, every)
+
+    # A rule with due = "4h", remind_every = "30m".
+    assert [number(m, 1800) for m in (239, 240, 269, 270, 300, 999)] == [0, 1, 1, 2, 3, 3]
+    # The server's --remind-after of an hour alone.
+    assert [number(m, None) for m in (59, 60, 119, 120, 999)] == [0, 1, 1, 2, 3]
