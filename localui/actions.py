@@ -19,7 +19,7 @@ import contextlib
 import json
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -327,14 +327,21 @@ class ActionService:
         )
 
     async def decide_by_rule(
-        self, execution_id: str, checkpoint_id: str, *, late: bool = False
+        self,
+        execution_id: str,
+        checkpoint_id: str,
+        *,
+        late: bool = False,
+        claimed: Callable[[Decision], Awaitable[None]] | None = None,
     ) -> Outcome:
         """Decide the pause at ``checkpoint_id`` as its rule's ``on_timeout`` says, as
         the rule (actor ``policy:NAME``, reason the rule's ``timeout_reason``), through
         the same exactly-once claim and resume as :meth:`decide`, its checks first in
         the same order. An approval hands the tool each field's default; it decides
         alone, whatever votes the rule counts. ``late``: no localui ran at the deadline,
-        and the recorded reason says so (the tool is handed the rule's reason alone)."""
+        and the recorded reason says so (the tool is handed the rule's reason alone).
+        ``claimed`` is called once the claim is won, before the SDK is asked: whatever
+        it announces is not lost to a process that dies while the tool runs."""
         self.preflight.ensure_writable()
         pending = await off_loop(self.store.get_pending, execution_id)
         if pending is None:
@@ -386,6 +393,8 @@ class ActionService:
             raise AlreadyDecided(
                 f"This pause was {words.being_or_already(claim.decision)}.", claim.decision
             )
+        if claimed is not None:
+            await claimed(claim.decision)
         from fastaiagent import Resume
 
         recorded = claim.decision.resume_metadata

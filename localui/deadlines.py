@@ -18,9 +18,10 @@ then every :data:`POLL_SECONDS`, and stops with the app. Each poll:
    rule says (``ActionService.decide_by_rule``): the decision record's claim makes
    that exactly once across processes, ``kill -9`` and restarts (a claim whose process
    died is carried out by ``localui.recovery``). The process whose claim won records
-   ``pause.timed_out``; whichever process finds the pause decided (won or lost) sets
-   ``timed_out_at``, so nobody tries again. A deadline that passed before this process
-   started (no localui ran then) is decided with a recorded reason saying so.
+   ``pause.timed_out`` at once, before the tool runs; whichever process finds the pause
+   decided (won or lost) sets ``timed_out_at``, so nobody tries again. A deadline
+   that passed before this process started (no localui ran then) is decided with a
+   recorded reason saying so.
 
 Events go through the watcher (its outbox keeps each once per target, and sends them
 to the server's targets and the rule's ``notify`` URLs); with no target, none.
@@ -44,7 +45,7 @@ from localui.notify import events as ev
 from localui.notify.events import Event
 from localui.offloop import off_loop
 from localui.policy import Rule
-from localui.records import Pending
+from localui.records import Decision, Pending
 
 log = logging.getLogger("localui.deadlines")
 
@@ -215,9 +216,20 @@ class DeadlineSweep:
         if pending is None or pending.checkpoint_id != row.checkpoint_id:
             return False  # no longer waits: the next poll forgets its row
         late = row.timeout_at < self.started_at
+        waiting = pending
+
+        async def announce(decision: Decision) -> None:
+            # Once the claim is won, before the tool runs: a process that dies while it
+            # runs has told people all the same (``localui.recovery`` finishes the rest).
+            await off_loop(self.deadlines.mark_timed_out, row.key, self._clock())
+            calls = await off_loop(store.paused_calls, (waiting,))
+            await self._announce(
+                ev.timed_out(waiting, calls.get(row.checkpoint_id), decision, self._redact)
+            )
+
         try:
             outcome = await self.actions.decide_by_rule(
-                row.execution_id, row.checkpoint_id, late=late
+                row.execution_id, row.checkpoint_id, late=late, claimed=announce
             )
         except AlreadyDecided:
             # A person, or another process, decided it first: nothing is left to do.
@@ -234,13 +246,6 @@ class DeadlineSweep:
                     exc,
                 )
             return False
-        await off_loop(self.deadlines.mark_timed_out, row.key, self._clock())
-        decision = outcome.decision
-        if decision is not None:
-            calls = await off_loop(store.paused_calls, (pending,))
-            await self._announce(
-                ev.timed_out(pending, calls.get(row.checkpoint_id), decision, self._redact)
-            )
         log.info(
             "pause of %s decided by rule %r at its deadline%s: %s",
             row.execution_id,

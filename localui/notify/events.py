@@ -254,7 +254,8 @@ def timed_out(
     decision: Decision,
     redact_keys: frozenset[str] = frozenset(),
 ) -> Event:
-    """A pause its rule decided (``decision``, whose actor is ``policy:NAME``)."""
+    """A pause its rule decided (``decision``, whose actor is ``policy:NAME``), told as
+    soon as its claim is won: the outcome comes with ``run.decided``."""
     return Event(
         type=TIMED_OUT,
         row=pending.checkpoint_id or pending.created_at,

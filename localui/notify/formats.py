@@ -59,10 +59,10 @@ def line_of(event: Event, url: str, now: datetime) -> str:
         )
     elif event.type == ev.TIMED_OUT:
         verb = "approved" if event.approved else "rejected"
+        outcome = f" (outcome: {event.outcome})" if event.outcome else ""
         text = (
             f"Run {event.execution_id} of {event.agent or 'an agent'} was {verb} by rule"
-            f" {event.rule!r}, nobody having decided in time: {event.reason}"
-            f" (outcome: {event.outcome})."
+            f" {event.rule!r}, nobody having decided in time: {event.reason}{outcome}."
         )
     elif event.type == ev.DECIDED:
         verb = "approved" if event.approved else "rejected"
