@@ -541,6 +541,8 @@ def test_a_server_killed_at_the_deadline_leaves_the_pause_decided_once(
     assert (decision.actor, decision.approved) == ("policy:payouts", False)
     assert [r["approved"] for r in desk.ran(run)] == [False]
     assert desk.run_ends(run) == ["completed"]
+    # Told once, by the server that won the claim, before it died.
+    assert desk.events("pause.timed_out", run) == 1
 
 
 def test_a_pause_overdue_while_no_server_ran_is_decided_at_the_next_start(desk: Desk) -> None:
@@ -575,8 +577,14 @@ def test_the_queue_sorts_by_due_and_says_when(desk: Desk) -> None:
             checkpointer=crash_agent.checkpointer(),
         )
 
-    free = desk.pause("Q1", other("free-bot"))  # no rule: no deadline
-    slow = desk.pause("Q2", other("slow-bot"))
+    others = [other("free-bot"), other("slow-bot")]
+    try:
+        free = desk.pause("Q1", others[0])  # no rule: no deadline
+        slow = desk.pause("Q2", others[1])
+    finally:
+        for agent in others:
+            checkpointer: Any = agent._checkpointer  # the SDK offers no accessor
+            checkpointer.close()
     fast = desk.pause("Q3")
     rules = policy('due = "2h"', name="slow", agent="slow-bot") + policy('due = "1h"')
     settings = desk.settings(rules, sign_in=sign_in_settings(required=False), page_size=1)
@@ -650,3 +658,19 @@ def test_a_rules_remind_every_sets_the_rhythm_of_its_reminders() -> None:
     assert [number(m, 1800) for m in (239, 240, 269, 270, 300, 999)] == [0, 1, 1, 2, 3, 3]
     # The server's --remind-after of an hour alone.
     assert [number(m, None) for m in (59, 60, 119, 120, 999)] == [0, 1, 1, 2, 3]
+
+
+def test_a_pause_whose_deadline_is_not_recorded_yet_is_still_in_the_queue(desk: Desk) -> None:
+    """A read-only server records no deadlines (a writable one does): its queue, sorted
+    by due, still lists every pause, with the due time its rule gives."""
+    run = desk.pause("N1")
+    settings = desk.settings(
+        policy('due = "1h"'), sign_in=sign_in_settings(required=False), read_only=True
+    )
+    with in_process(desk, settings) as client:
+        page = client.get("/approvals.json").json()
+        [card] = [c for c in page["approvals"] if c["execution_id"] == run]
+        start, due = parse_time(card["created_at"]), parse_time(card["due_at"])
+        assert start is not None and due is not None
+        assert (due - start).total_seconds() == 3600
+        assert page["order"] == "due"

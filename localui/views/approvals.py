@@ -144,17 +144,24 @@ def due_page(
     kept: list[Pending] = []
     total = store.count_pending()
     tag, point = (after[0][:1], after[0][1:]) if after is not None else (_WITH_DUE, "")
+    # The deadlines this request read, and where it began reading them: the pauses
+    # without one follow all of them, and a pause whose deadline was recorded after its
+    # place in the order went by is shown among those, not lost between the two.
+    shown: set[tuple[str, str]] | None = None
+    start: tuple[float, str] | None = None
     if tag == _WITH_DUE and deadlines is not None:
-        cursor: tuple[float, str] | None = None
+        shown = set()
         if after is not None:
             try:
-                cursor = (float(point), after[1])
+                start = (float(point), after[1])
             except ValueError:
                 raise BadRequest("after= is not a cursor this server gave out") from None
+        cursor = start
         for _ in range(MINE_SCAN_PAGES):
             rows = deadlines.by_due(cursor, limit)
             for row in rows:
                 cursor = (row.due_at, row.execution_id)
+                shown.add(row.key)
                 pending = store.get_pending(row.execution_id)
                 if pending is None or pending.checkpoint_id != row.checkpoint_id:
                     continue  # decided since: its row goes at the sweep's next poll
@@ -177,11 +184,15 @@ def due_page(
         after = (point, after[1]) if after is not None else None
     for _ in range(MINE_SCAN_PAGES):
         page = store.list_pending(after=after, limit=limit)
-        known = (
-            deadlines.get_many([(p.execution_id, p.checkpoint_id or "") for p in page.items])
-            if deadlines is not None
-            else {}
-        )
+        keys = [(p.execution_id, p.checkpoint_id or "") for p in page.items]
+        known: set[tuple[str, str]] = set(shown or ())
+        if deadlines is not None and (shown is None or start is not None):
+            # Those an earlier page showed among the pauses with a deadline.
+            known.update(
+                key
+                for key, row in deadlines.get_many(keys).items()
+                if start is None or (row.due_at, row.execution_id) <= start
+            )
         for index, item in enumerate(page.items):
             if (item.execution_id, item.checkpoint_id or "") in known:
                 continue  # shown with the pauses that have a deadline
