@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -28,10 +28,14 @@ from localui.backends.traces import SpanIndex
 from localui.backends.users import new_token
 from localui.contexts import RunContexts
 from localui.deadlines import DeadlineSweep
-from localui.errors import LocalUIError, NotFound
+from localui.errors import LocalUIError, NotFound, Unavailable
+from localui.links import LinkSigner
 from localui.live import ChangeFeed, LiveRenders
 from localui.metrics import RequestTiming, app_metrics
+from localui.notify.events import Event
+from localui.notify.people import People
 from localui.notify.watcher import Watcher, make_watcher
+from localui.offloop import off_loop
 from localui.paths import cache_dir, static_dir, templates_dir
 from localui.recovery import RecoverySweep
 from localui.registry import Registry
@@ -47,6 +51,7 @@ from localui.views import bulk_resume as bulk_resume_views
 from localui.views import bundle as bundle_views
 from localui.views import cache as cache_views
 from localui.views import compare as compare_views
+from localui.views import decide as decide_views
 from localui.views import decisions as decision_views
 from localui.views import diff as diff_views
 from localui.views import edit as edit_views
@@ -182,6 +187,18 @@ def build_routes() -> list[Route | Mount]:
         Route("/prune.json", as_json(action_views.prune_preview), name="prune_json"),
         Route("/prune", action_views.prune_preview, methods=["GET"], name="prune"),
         Route("/prune", action_views.prune_now, methods=["POST"], name="prune_now"),
+        Route(
+            "/decide/{execution_id:localui_id}/{link}",
+            decide_views.decision_link,
+            methods=["GET"],
+            name="decision_link",
+        ),
+        Route(
+            "/decide/{execution_id:localui_id}",
+            decide_views.decide_by_link,
+            methods=["POST"],
+            name="decide_by_link",
+        ),
         Route("/signin", signin_views.signin, methods=["GET", "POST"], name="signin"),
         Route("/signout", signin_views.signout, methods=["POST"], name="signout"),
         Route("/signin/oidc", signin_views.oidc_start, name="signin_oidc"),
@@ -303,6 +320,7 @@ def create_app(
         oidc = OpenIDSignIn(settings.sign_in.oidc, auth.keys)
     # Held by the middleware from the start; the lifespan opens the log it writes.
     recorder = AuditRecorder()
+    links = LinkSigner(auth.keys, settings.notifications.link_ttl)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -331,15 +349,26 @@ def create_app(
         )
         feed = ChangeFeed(opened.change_source(), interval=settings.poll_interval)
         watcher: Watcher | None = None
-        # Read-only writes nothing, and the outbox is a table (the CLI refuses the pair).
-        if settings.notifies:
-            watcher = make_watcher(
+        # People told at their own address, with links of their own: they sign in, so
+        # only where sign-in is on; and the outbox is a table, so not read-only.
+        people = None
+        if settings.sign_in.required and not settings.read_only:
+            people = People(auth.users, settings.policy)
+
+        def new_watcher() -> Watcher:
+            return make_watcher(
                 settings,
                 feed=feed,
                 backend=opened,
                 decisions=decisions,
                 links=deep_links(app.router, link_base(settings)),
+                people=people,
+                link_signer=links,
             )
+
+        # Read-only writes nothing, and the outbox is a table (the CLI refuses the pair).
+        if settings.notifies or (people is not None and await off_loop(people.any_address)):
+            watcher = new_watcher()
         traces = trace_index(settings, opened)
         # The pauses' deadlines, when a rule gives any: the queue sorts by them, and a
         # writable server escalates and decides them (``localui.deadlines``).
@@ -355,6 +384,7 @@ def create_app(
             traces=traces,
             auth=auth,
             signer=Signer(auth.keys),
+            links=links,
             oidc=oidc,
             live_renders=LiveRenders(feed=feed),
             metrics=metrics,
@@ -369,6 +399,26 @@ def create_app(
         await feed.start()
         if watcher is not None:
             await watcher.start()
+
+        async def start_when_addressed() -> None:
+            """On a server with no targets of its own, start announcing once someone is
+            given an address (``localui users set NAME --notify URL``)."""
+            nonlocal watcher
+            assert people is not None
+            while watcher is None:
+                await asyncio.sleep(settings.notifications.sweep_interval)
+                try:
+                    addressed = await off_loop(people.any_address)
+                except Unavailable:
+                    continue  # the store is down: the next look tells
+                if addressed:
+                    watcher = new_watcher()
+                    app.state.localui.watcher = watcher
+                    await watcher.start()
+
+        addressing = None
+        if watcher is None and people is not None:
+            addressing = asyncio.create_task(start_when_addressed(), name="localui addresses")
         seeder = None
         if seeding is not None:
 
@@ -382,9 +432,13 @@ def create_app(
             await recovery.start()
         sweep = None
         if deadlines is not None and not settings.read_only:
-            sweep = DeadlineSweep(
-                actions, deadlines, record=watcher.record if watcher is not None else None
-            )
+
+            def record(events: Sequence[Event]) -> int:
+                # The watcher as it is now: one may start later (start_when_addressed).
+                current = app.state.localui.watcher
+                return current.record(events) if current is not None else 0
+
+            sweep = DeadlineSweep(actions, deadlines, record=record)
             await sweep.start()
         try:
             yield
@@ -397,6 +451,10 @@ def create_app(
                 seeder.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await seeder
+            if addressing is not None:
+                addressing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await addressing
             if watcher is not None:
                 await watcher.stop()
                 watcher.outbox.close()
@@ -432,7 +490,8 @@ def create_app(
                 auth=auth,
                 signin_page=signin_views.signin_page_renderer(templates, settings),
                 switch_page=signin_views.switch_page_renderer(templates, settings),
-                public=("/static/",),
+                # A decision link's page checks its own link (``views.decide``).
+                public=("/static/", "/decide/"),
             ),
             Middleware(PageCompression),
             Middleware(OneLookPerRead),

@@ -83,6 +83,12 @@ class Person:
     def signed_in(self) -> bool:
         return self.via in ("owner", "user", "proxy", "oidc")
 
+    @property
+    def identified(self) -> bool:
+        """Whether it is known who this is: signed in to the desk, or come by their own
+        decision link (``localui.links``), which names them but signs them in nowhere."""
+        return self.signed_in or self.via == "link"
+
     def may(self, role: str) -> bool:
         return ROLES.index(self.role) >= ROLES.index(role)
 
@@ -312,6 +318,11 @@ class Authenticator:
             self._cache.popitem(last=False)
         return user
 
+    async def user_named(self, name: str) -> User | None:
+        """The person of this name, as the users table said at most
+        :data:`CACHE_SECONDS` ago (a decision link names its person)."""
+        return await self._lookup("name", name)
+
     # --- tokens --------------------------------------------------------------------
 
     async def person_for_token(self, token: str, since: float = 0.0) -> tuple[Person, str] | None:
@@ -438,6 +449,15 @@ class Authenticator:
                 return None
             return Person(name, str(role), "oidc", tuple(str(g) for g in groups))
         return None
+
+    async def session_person(self, scope: Scope) -> Person | None:
+        """Who this browser is signed in to the desk as, or None: for a page the sign-in
+        middleware leaves open (a decision link's), which must not mistake one person's
+        link for another's session."""
+        if not self.policy.required:
+            return None
+        value = _cookie(_header(scope, b"cookie") or "", self.cookie_name(scope))
+        return await self.person_for_session(value) if value is not None else None
 
     def cookie_name(self, scope: Scope) -> str:
         """The session cookie's name: over TLS with the ``__Host-`` prefix, which the

@@ -253,6 +253,13 @@ def _add_notify_options(parser: argparse.ArgumentParser) -> None:
         help="Never send the values of this key of a pause's context or call (repeatable).",
     )
     notify.add_argument(
+        "--link-ttl",
+        default="24h",
+        metavar="AGE",
+        help="How long a person's own decision link (sent to their --notify address) opens"
+        " its pause's page: 90s, 30m, 12h, 7d (default: 24h).",
+    )
+    notify.add_argument(
         "--notify-lease",
         type=float,
         default=60.0,
@@ -426,6 +433,20 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar="GROUP",
                 help="A group the approval policy names as group:GROUP (repeatable).",
             )
+            address = command.add_mutually_exclusive_group()
+            address.add_argument(
+                "--notify",
+                default=None,
+                metavar="URL",
+                help="The person's own address, an Apprise URL (mailto://…, json://host/path):"
+                " where they are told of the pauses they may decide.",
+            )
+            if name == "set":
+                address.add_argument(
+                    "--no-notify",
+                    action="store_true",
+                    help="Clear the person's own address.",
+                )
         command.add_argument(
             "--store", default=None, help="The store (as for serve); its database keeps the table."
         )
@@ -794,6 +815,15 @@ def _notifications(args: argparse.Namespace) -> Notifications:
             "--stale-after, --remind-after and --notify-lease must be positive,"
             " --remind-times at least 0"
         )
+    from localui.errors import BadRequest
+    from localui.views.params import parse_age
+
+    try:
+        link_ttl = parse_age(args.link_ttl, "--link-ttl").total_seconds()
+    except BadRequest as exc:
+        raise NotifyOptionError(str(exc)) from exc
+    if link_ttl <= 0:
+        raise NotifyOptionError("--link-ttl must be longer than nothing")
     return Notifications(
         chat=tuple(args.notify),
         webhooks=tuple(args.webhook),
@@ -803,6 +833,7 @@ def _notifications(args: argparse.Namespace) -> Notifications:
         redact=tuple(args.notify_redact),
         remind_times=args.remind_times,
         lease=args.notify_lease,
+        link_ttl=link_ttl,
     )
 
 
@@ -1110,6 +1141,7 @@ def run_users(args: argparse.Namespace) -> int:
     from localui.backends import open_users, target_of
     from localui.backends.users import check_groups, check_name, new_token, token_hash
     from localui.names import look_alike_pairs, look_alikes
+    from localui.notify.targets import TargetError
 
     store = args.store or default_store()
     settings = Settings(store=store, pg_app_schema=args.pg_app_schema)
@@ -1125,7 +1157,10 @@ def run_users(args: argparse.Namespace) -> int:
             listed = users.list_users()
             for user in listed:
                 groups = ",".join(user.groups) or "-"
-                print(f"{user.name}\t{user.role}\tgroups {groups}\tadded {user.created_at}")
+                print(
+                    f"{user.name}\t{user.role}\tgroups {groups}"
+                    f"\ttold at {shown_address(user.address)}\tadded {user.created_at}"
+                )
             if not args.check:
                 return 0
             pairs = look_alike_pairs(u.name for u in listed)
@@ -1140,19 +1175,31 @@ def run_users(args: argparse.Namespace) -> int:
             record_change(settings, action, command, {"user": name, **detail}, done=done)
 
         if args.users_command == "set":
+            # Checked before anything changes: a bad URL leaves the person as they were.
+            address = "" if args.no_notify else address_of(args.notify)
             changed = users.by_name(name)
             if changed is not None and args.role is not None:
                 changed = users.set_role(name, args.role)
-            if changed is not None and (args.role is None or args.group):
+            touches_address = address is not None
+            if changed is not None and (args.group or (args.role is None and not touches_address)):
                 changed = users.set_groups(name, check_groups(args.group))
+            if changed is not None and address is not None:
+                changed = users.set_address(name, address)
             detail: dict[str, Any] = {"groups": list(changed.groups)} if changed else {}
             if args.role is not None:
                 detail["role"] = args.role
+            if address is not None:
+                detail["address"] = shown_address(address)
             record(changed is not None, **detail)
             if changed is None:
                 return fail(f"no user {name!r}")
             groups = ", ".join(changed.groups) or "none"
-            print(f"localui: {name} is {changed.role}, in groups: {groups}")
+            told = ""
+            if changed.address:
+                told = f", told at {shown_address(changed.address)}"
+            elif address is not None:
+                told = ", with no address of their own"
+            print(f"localui: {name} is {changed.role}, in groups: {groups}{told}")
             return 0
         if args.users_command == "remove":
             removed = users.remove(name)
@@ -1170,12 +1217,16 @@ def run_users(args: argparse.Namespace) -> int:
                     f"{name!r} looks like {alike[0]!r}, who is already a user: people must"
                     " tell names apart (pick another, or reset or remove theirs)"
                 )
+            address = address_of(args.notify) or ""
             try:
-                user = users.add(name, args.role, token_hash(token), check_groups(args.group))
+                user = users.add(
+                    name, args.role, token_hash(token), check_groups(args.group), address
+                )
             except LocalUIError:
                 record(False, role=args.role)
                 raise
-            record(True, role=args.role, groups=list(user.groups))
+            detail = {"address": shown_address(address)} if address else {}
+            record(True, role=args.role, groups=list(user.groups), **detail)
         else:
             found = users.set_token(name, token_hash(token))
             record(found is not None)
@@ -1184,14 +1235,33 @@ def run_users(args: argparse.Namespace) -> int:
             user = found
         base = args.url if args.url.endswith("/") else args.url + "/"
         groups = f", groups {', '.join(user.groups)}" if user.groups else ""
-        print(f"localui: {user.name} ({user.role}{groups}) signs in at {base}?token={token}")
+        told = f", told at {shown_address(user.address)}" if user.address else ""
+        print(f"localui: {user.name} ({user.role}{groups}{told}) signs in at {base}?token={token}")
         print(f"localui: scripts send the header: Authorization: Bearer {token}")
         print("localui: the token is shown only now; `localui users reset` makes a new one")
         return 0
-    except LocalUIError as exc:
+    except (LocalUIError, TargetError) as exc:
         return fail(str(exc))
     finally:
         users.close()
+
+
+def address_of(url: str | None) -> str | None:
+    """A person's address as ``--notify`` gave it, checked as a ``--notify`` target is
+    (:class:`TargetError` in one line, before anything changes); None when not given."""
+    if url is None:
+        return None
+    from localui.notify.targets import chat_target
+
+    return chat_target(url.strip(), "--notify").url
+
+
+def shown_address(url: str) -> str:
+    """A person's address as the CLI shows it: masked, as targets are, since the URL may
+    hold a password or token (``localui.notify.targets``); ``-`` when there is none."""
+    from localui.notify.targets import CHAT, fingerprint, masked
+
+    return f"{masked(url)}#{fingerprint(CHAT, url)}" if url else "-"
 
 
 def run_keys(args: argparse.Namespace) -> int:

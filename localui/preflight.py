@@ -216,7 +216,7 @@ class Preflight:
         Once ``pending`` is past its rule's ``due`` at ``now`` (default: this moment),
         the rule's ``escalate_to`` people may decide it too; without ``pending``, only
         the rule's approvers."""
-        if rule is None or person is None or not person.signed_in:
+        if rule is None or person is None or not person.identified:
             return True
         if rule.allows(person.name, person.role, person.groups):
             return True

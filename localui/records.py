@@ -573,6 +573,14 @@ class User:
     created_at: str
     #: The groups an approval policy's ``group:NAME`` names (``--group``).
     groups: tuple[str, ...] = ()
+    #: Where this person is told of pauses they may decide: an Apprise URL
+    #: (``mailto://…``, ``json://…``; ``--notify``), which may hold secrets, so it is
+    #: shown only masked (``localui.notify.targets``); empty: nowhere of their own.
+    address: str = ""
+    #: Who decides for this person while they are away (``localui users away``), and
+    #: until when (ISO UTC; empty: until they are back); both empty: not away.
+    away_to: str = ""
+    away_until: str = ""
 
     @property
     def token_mark(self) -> str:

@@ -131,6 +131,8 @@ class Notifications:
     first_sweep_after: float = 2.0
     #: Each webhook POST or chat message gives up after this many seconds.
     timeout: float = 10.0
+    #: How long a personal decision link opens its page, in seconds (``--link-ttl``).
+    link_ttl: float = 86400.0
 
     @property
     def configured(self) -> bool:

@@ -123,6 +123,8 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "approval": ((), ()),
     "approval_json": ((), ()),
     "approve": ((), ("approver", "reason", "checkpoint_id", *FIELDS)),
+    "decision_link": ((), ()),
+    "decide_by_link": ((), ("link", "form_key", "decision", "reason", *FIELDS)),
     "reject": ((), ("approver", "reason", "checkpoint_id", *FIELDS)),
     "bulk_decide": ((), ("verb", "approver", "reason", "pick", *FIELDS)),
     "approval_context": ((), ()),

@@ -402,6 +402,23 @@ class Outbox(Protocol):
         """Make given-up rows due again (all, or one target's); how many."""
         ...
 
+    def give_up_unconfigured(
+        self, *, targets: Sequence[str], now: float, detail: str, limit: int
+    ) -> int:
+        """Give up on (with ``detail`` as their error) at most ``limit`` waiting rows of
+        targets not in ``targets`` (the caller's) whose ``give_up_at`` has passed and that
+        no process holds; how many. Not before: another process may serve that target."""
+        ...
+
+    def looked_at(self) -> float | None:
+        """Up to when the watchers' sweeps offered every failure and decision and
+        recorded them (``localui.backends.watch``); None before the first."""
+        ...
+
+    def advance_looked_at(self, to: float) -> None:
+        """Move :meth:`looked_at` to ``to``, only forward (made when missing)."""
+        ...
+
     def rename_target(self, old: str, new: str) -> int:
         """Move ``old``'s rows to ``new`` (and ``old``'s text in their errors), but an
         event ``new`` has already; how many. A target keeps its rows when the form of
@@ -413,16 +430,38 @@ class Outbox(Protocol):
 
 class UserDirectory(Protocol):
     """The people who may sign in (``localui.backends.users``): reads for the server,
-    writes for ``localui users``."""
+    writes for ``localui users`` (and a person's own away, from their menu)."""
 
     def by_token_hash(self, digest: str) -> User | None: ...
 
     def by_name(self, name: str) -> User | None: ...
 
-    def list_users(self) -> tuple[User, ...]: ...
+    def list_users(self) -> tuple[User, ...]:
+        """Everyone, by name, each with their role, groups, address and away: what
+        announcing a pause to each person who may decide it reads
+        (``localui.delegation.deciders``)."""
+        ...
 
-    def add(self, name: str, role: str, digest: str, groups: Sequence[str] = ()) -> User:
+    def add(
+        self,
+        name: str,
+        role: str,
+        digest: str,
+        groups: Sequence[str] = (),
+        address: str = "",
+    ) -> User:
         """A new person; :class:`~localui.errors.Conflict` when the name is taken."""
+        ...
+
+    def set_address(self, name: str, address: str) -> User | None:
+        """A person's own address (an Apprise URL, checked by the caller; empty: none);
+        None if no such person."""
+        ...
+
+    def set_away(self, name: str, to: str, until: str) -> User | None:
+        """Who decides for a person while they are away, until when (ISO UTC, empty:
+        until they are back); both empty: back. Checked by the caller
+        (``localui.delegation.away_problem``); None if no such person."""
         ...
 
     def set_groups(self, name: str, groups: Sequence[str]) -> User | None:

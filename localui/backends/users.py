@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from localui.backends.shared import NamedRow
@@ -35,14 +35,26 @@ from localui.roles import ROLES
 TABLE = "localui_users"
 
 #: The table's columns, in the order every SELECT and RETURNING lists them.
-COLUMN_NAMES = ("name", "role", "token_sha256", "created_at", "user_groups")
+COLUMN_NAMES = (
+    "name",
+    "role",
+    "token_sha256",
+    "created_at",
+    "user_groups",
+    "address",
+    "away_to",
+    "away_until",
+)
 COLUMNS = ", ".join(COLUMN_NAMES)
 #: The groups column: added after the table first shipped, so a table made by an
 #: older localui gets it on its next write (``ALTER TABLE``), and reads of a table
 #: that has not been written since see nobody in any group.
 GROUPS_COLUMN = "user_groups"
-#: The SELECT list for a table without the groups column.
-LEGACY_COLUMNS = "name, role, token_sha256, created_at, '' AS user_groups"
+#: Every column added since the table first shipped (all text, empty by default), in
+#: the order they came: a table made by an older localui gets the ones it lacks on its
+#: next write, and reads of it meanwhile see them empty (nobody in a group, no address,
+#: nobody away).
+ADDED_COLUMNS = (GROUPS_COLUMN, "address", "away_to", "away_until")
 #: The longest group name accepted.
 MAX_GROUP = 64
 
@@ -105,6 +117,12 @@ def already_a_user(name: str) -> Conflict:
     return Conflict(f"{name!r} is already a user (reset or remove them)")
 
 
+def select_list(present: Collection[str]) -> str:
+    """The SELECT list for a table with the columns ``present``: each column it lacks
+    read as empty text, under its own name."""
+    return ", ".join(c if c in present else f"'' AS {c}" for c in COLUMN_NAMES)
+
+
 def user_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> User:
     """A row of ``COLUMNS`` (by name) as a :class:`User`; ``instant`` turns the
     database's time value into ISO text."""
@@ -114,4 +132,7 @@ def user_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> User:
         token_sha256=str(row["token_sha256"]),
         created_at=instant(row["created_at"]),
         groups=groups_of(row[GROUPS_COLUMN]),
+        address=str(row["address"] or ""),
+        away_to=str(row["away_to"] or ""),
+        away_until=str(row["away_until"] or ""),
     )

@@ -19,6 +19,8 @@ class Links:
 
     approval: Callable[[str], str]
     run: Callable[[str], str]
+    #: A person's own decision page: ``decide(execution_id, link)``.
+    decide: Callable[[str, str], str] | None = None
 
 
 def link_of(event: Event, links: Links) -> str:
@@ -34,21 +36,25 @@ def _what(event: Event) -> str:
     return f"node {event.node_id}" if event.node_id else "a run"
 
 
-def line_of(event: Event, url: str, now: datetime) -> str:
-    """One event in a sentence or two, ending with its link."""
+def line_of(event: Event, url: str, now: datetime, *, personal: bool = False) -> str:
+    """One event in a sentence or two, ending with its link (``personal``: the reader's
+    own decision link)."""
     since = age_words(event.at, now)
     who = f"{event.agent} ({event.runner})" if event.runner else event.agent
+    deciders = (
+        "You may decide it at your own link below, which only opens the page: nothing is"
+        " decided until you press Approve or Reject there."
+        if personal
+        else "Approvers and operators may decide."
+    )
     if event.type == ev.PAUSED:
         why = f': "{event.reason}"' if event.reason else ""
-        text = (
-            f"{_what(event)} waits for a person — {who}{why}; paused {since}."
-            " Approvers and operators may decide."
-        )
+        text = f"{_what(event)} waits for a person — {who}{why}; paused {since}. {deciders}"
     elif event.type == ev.OVERDUE:
         why = f': "{event.reason}"' if event.reason else ""
         text = (
             f"Reminder {event.reminder}: {_what(event)} still waits — {who}{why};"
-            f" paused {since}. Approvers and operators may decide."
+            f" paused {since}. {deciders}"
         )
     elif event.type == ev.ESCALATED:
         why = f': "{event.reason}"' if event.reason else ""
@@ -107,10 +113,20 @@ def _title(batch: Sequence[Event]) -> str:
     return f"{len(batch)} run events" + (f", {waiting} waiting for a person" if waiting else "")
 
 
-def message(batch: Sequence[Event], links: Links, now: datetime) -> tuple[str, str]:
-    """The title and body of one chat message about every event in ``batch``."""
-    body = "\n\n".join(line_of(e, link_of(e, links), now) for e in batch)
-    return _title(batch), body
+def message(
+    batch: Sequence[Event],
+    links: Links,
+    now: datetime,
+    personal: Callable[[Event], str | None] | None = None,
+) -> tuple[str, str]:
+    """The title and body of one chat message about every event in ``batch``;
+    ``personal`` gives the reader's own decision link of an event (None: the desk's)."""
+    lines = []
+    for event in batch:
+        own = personal(event) if personal is not None else None
+        url = own if own is not None else link_of(event, links)
+        lines.append(line_of(event, url, now, personal=own is not None))
+    return _title(batch), "\n\n".join(lines)
 
 
 def webhook_body(event: Event, links: Links, redact_keys: frozenset[str]) -> dict[str, Any]:

@@ -5,6 +5,12 @@ sends them, and marks each sent, or failed and due again after a backoff: 1 s,
 2 s, 4 s … at most ``retry_max``, until ``retry_for`` after the event, when it is
 given up on with its last error. The schedule lives in the outbox, not in this
 process, so a restart, or another process, goes on where it stopped.
+
+Rows of a target no process is started with any more (a ``--notify`` URL dropped, a
+policy rule's ``notify`` removed) would wait for ever: once their ``give_up_at`` has
+passed, a round gives them up too, saying why (:data:`NOT_CONFIGURED`), at most
+:data:`ROUND_SIZE` at a time and once a sweep interval. Not before: until then another
+process may still be serving that target.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,8 +29,11 @@ import tenacity
 
 from localui.backends.base import Outbox
 from localui.backends.notifications import Notification
+from localui.links import LinkSigner
 from localui.notify import formats
+from localui.notify.events import Event
 from localui.notify.outbox import event_of
+from localui.notify.people import PERSONAL_EVENTS, People, person_of_target
 from localui.notify.targets import CHAT, Target, mask_urls, webhook_address
 from localui.settings import Notifications
 
@@ -32,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 #: Rows one round claims at most: a chat target gets them in one message.
 ROUND_SIZE = 200
+#: The error of a row given up on because no server was started with its target.
+NOT_CONFIGURED = (
+    "given up: the target is no longer configured (no server of this store sends to it)"
+)
 
 
 class DeliveryError(Exception):
@@ -68,11 +81,19 @@ class Deliverer:
     """Sends to the targets; blocking I/O, called from a worker thread."""
 
     def __init__(
-        self, settings: Notifications, links: formats.Links, *, now: Callable[[], datetime]
+        self,
+        settings: Notifications,
+        links: formats.Links,
+        *,
+        now: Callable[[], datetime],
+        people: People | None = None,
+        link_signer: LinkSigner | None = None,
     ) -> None:
         self.settings = settings
         self.links = links
         self._now = now
+        self.people = people
+        self.link_signer = link_signer
         self._redact = frozenset(settings.redact)
         self._signer: Any = None
         if settings.webhook_secret:
@@ -80,12 +101,36 @@ class Deliverer:
 
             self._signer = Webhook(settings.webhook_secret)
 
+    def personal_link(self, person: str, event: Event) -> str | None:
+        """``person``'s own decision link for a pause event, minted now (it lives
+        ``--link-ttl`` from now, so a message sent late still gets a whole day)."""
+        if (
+            event.type not in PERSONAL_EVENTS
+            or self.link_signer is None
+            or self.links.decide is None
+            or self.people is None
+            or not event.checkpoint_id
+        ):
+            return None
+        rule = self.people.rule_named(event.rule)
+        token = self.link_signer.mint(person, event.execution_id, event.checkpoint_id, rule)
+        return self.links.decide(event.execution_id, token)
+
     def chat(self, target: Target, batch: Sequence[Notification]) -> None:
         """One Apprise message about every event in ``batch``, sent by the Apprise
-        child process (``localui.notify.apprise_process``)."""
+        child process (``localui.notify.apprise_process``); to a person, with their
+        own decision links."""
         from localui.notify.apprise_process import shared
 
-        title, body = formats.message([event_of(n) for n in batch], self.links, self._now())
+        person = person_of_target(target.id)
+        personal = None
+        if person is not None:
+
+            def personal(event: Event) -> str | None:
+                return self.personal_link(person, event)
+
+        events = [event_of(n) for n in batch]
+        title, body = formats.message(events, self.links, self._now(), personal)
         try:
             shared().send(target.url, title, body)
         except Exception as exc:
@@ -131,6 +176,8 @@ class Round:
     claimed: int
     sent: int
     failed: int
+    #: Rows of targets no longer configured given up on (:data:`NOT_CONFIGURED`).
+    abandoned: int = 0
 
 
 class Sender:
@@ -143,19 +190,48 @@ class Sender:
         deliverer: Deliverer,
         settings: Notifications,
         *,
+        people: People | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.outbox = outbox
         self.targets = {t.id: t for t in targets}
+        #: People with an address, each a target of their own (``localui.notify.people``).
+        self.people = people
         self.deliverer = deliverer
         self.settings = settings
         self._clock = clock
         self._backoff = backoff(settings)
+        #: When this sender last gave up on rows of targets no longer configured.
+        self._abandoned_at: float | None = None
+
+    def give_up_unconfigured(self, now: float, targets: Mapping[str, Target]) -> int:
+        """Give up on the waiting rows of targets this process is not started with whose
+        ``give_up_at`` has passed; once a sweep interval (it takes the write lock on
+        SQLite), or again at once while a round gives up on as many as it may."""
+        if self._abandoned_at is not None and now - self._abandoned_at < (
+            self.settings.sweep_interval
+        ):
+            return 0
+        given_up = self.outbox.give_up_unconfigured(
+            targets=list(targets), now=now, detail=NOT_CONFIGURED, limit=ROUND_SIZE
+        )
+        self._abandoned_at = None if given_up >= ROUND_SIZE else now
+        if given_up:
+            logger.warning(
+                "gave up on %d notification(s) for targets no server is started with", given_up
+            )
+        return given_up
 
     def send_round(self) -> Round:
         started = self._clock()
+        targets = self.targets
+        if self.people is not None:
+            # People with an address now: a person whose address was cleared, or who
+            # was removed, is a target no longer configured.
+            targets = {**targets, **self.people.targets()}
+        abandoned = self.give_up_unconfigured(started, targets)
         claimed = self.outbox.claim_due(
-            now=started, lease=self.settings.lease, limit=ROUND_SIZE, targets=list(self.targets)
+            now=started, lease=self.settings.lease, limit=ROUND_SIZE, targets=list(targets)
         )
         by_target: dict[str, list[Notification]] = {}
         for row in claimed:
@@ -163,7 +239,7 @@ class Sender:
         sent = failed = 0
         untried: list[int] = []
         for target_id, rows in by_target.items():
-            target = self.targets[target_id]
+            target = targets[target_id]
             if target.kind == CHAT:
                 groups = [rows]
             else:
@@ -179,7 +255,7 @@ class Sender:
                 else:
                     failed += len(group)
         self.outbox.release(untried)
-        return Round(claimed=len(claimed), sent=sent, failed=failed)
+        return Round(claimed=len(claimed), sent=sent, failed=failed, abandoned=abandoned)
 
     def _deliver(self, target: Target, group: Sequence[Notification]) -> bool:
         ids = [r.id for r in group]

@@ -17,12 +17,18 @@ a page is open. What it does:
   pending rows are read again only when the feed has said they changed, or when a
   reminder comes due: an idle sweep of a thousand waiting pauses reads none of them.
 - **Each sweep, too**: the runs that failed and the approvals decided since the
-  watcher began (or since the newest event the outbox holds, when a restart left a
-  gap), which the feed announces as they come, are offered again. The feed cannot
-  name them all: it starts watching ``first_sweep_after`` after the server (a run
-  failing in between leaves no change behind), a prune or a released claim is a
+  store's last look (``localui_watch``, :mod:`localui.backends.watch`: up to when a
+  sweep of any localui on the store offered them all and recorded them), which the
+  feed announces as they come, are offered again; once recorded, the sweep moves
+  that look forward to when its reads began, less :data:`LOOK_BACK_S`. The feed
+  cannot name them all: it starts watching ``first_sweep_after`` after the server (a
+  run failing in between leaves no change behind), a prune or a released claim is a
   change it cannot pin to runs, a read that failed is not read again, and while no
-  localui runs nothing watches. What is recorded already costs one outbox query.
+  localui runs nothing watches: what came meanwhile is announced at the next start,
+  once, however long ago, and nothing from before the look is offered again. A first
+  start ever (no look yet) offers what comes after it, as turning notifications on
+  should not announce a store's whole past. What is recorded already costs one
+  outbox query.
 - **Every poll interval, and at once after recording**: a round of the
   :class:`~localui.notify.sender.Sender`.
 
@@ -48,11 +54,13 @@ from datetime import UTC, datetime
 
 from localui import runs
 from localui.backends.base import Backend, Changes, DecisionLog, Outbox, Store
+from localui.links import LinkSigner
 from localui.live import ChangeFeed, Resync, to_the_end
 from localui.notify import events as ev
 from localui.notify.events import Event
 from localui.notify.formats import Links
 from localui.notify.outbox import notices_of
+from localui.notify.people import PERSONAL_EVENTS, People, person_of_target
 from localui.notify.sender import ROUND_SIZE, Deliverer, Sender
 from localui.notify.targets import Target, routes_of, targets_of
 from localui.policy import Rule
@@ -68,10 +76,15 @@ INDEX_RECHECK_S = 1.0
 #: Stalled runs looked at per sweep: the newest ones (a store with thousands of
 #: long-dead runs announces the most recent, not all of them at once).
 STALLED_PAGE = 100
-#: Failed runs a sweep looks at, newest first: those that failed since the watcher began.
+#: Failed runs read per query, newest first, while a sweep reads those since the last look.
 FAILED_PAGE = 100
 #: Decisions read per query while a sweep catches up with the decision record.
 DECIDED_PAGE = 200
+#: How far before its reads began a sweep puts the store's look: a row stamped before
+#: them may be committed after (a write waiting for SQLite's lock, PostgreSQL stamping a
+#: decision with its own clock), and servers' clocks differ a little. What it offers
+#: again is recorded already: one outbox query.
+LOOK_BACK_S = 30.0
 
 
 class Watcher:
@@ -88,6 +101,7 @@ class Watcher:
         targets: Sequence[Target],
         sender: Sender,
         routes: Mapping[str, Sequence[Target]] | None = None,
+        people: People | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -104,6 +118,8 @@ class Watcher:
         #: The targets that get every event, and those a policy rule adds for its pauses.
         self._everyone = tuple(t.id for t in targets)
         self._routes = {rule: tuple(t.id for t in ts) for rule, ts in routes.items()}
+        #: People with an address: each told of the pauses they may decide.
+        self.people = people
         self.sender = sender
         self._clock = clock
         self._wanted = frozenset(self.notifications.events)
@@ -129,12 +145,12 @@ class Watcher:
         self.index_building: IndexProgress | None = None
         #: When this watcher began.
         self.watching_since = clock()
-        #: Failures and decisions since this are what sweeps offer (read at the first).
-        self._offer_since: datetime | None = None
-        #: ``(finished_at, id)`` of the newest decision a sweep has recorded, and of the
-        #: newest the last sweep read (recorded once that sweep's events are).
-        self._decided_after: tuple[str, int] | None = None
-        self._decided_read: tuple[str, int] | None = None
+        #: Since when a first start ever offers failures and decisions (read once).
+        self._first_since: float | None = None
+        #: How far before its reads began a sweep puts the store's look (s).
+        self.look_back = LOOK_BACK_S
+        #: Since when the last sweep read failures and decisions.
+        self._read_since: datetime | None = None
         #: Whether this process has moved the rows of the targets' former ids.
         self._adopted = False
 
@@ -143,13 +159,18 @@ class Watcher:
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self._clock(), UTC)
 
-    def _target_ids(self, rule: str) -> tuple[str, ...]:
-        """Where an event goes: every event to the server's own targets, and a pause
-        under a policy rule to that rule's too."""
-        return tuple(dict.fromkeys([*self._everyone, *self._routes.get(rule, ())]))
+    def _target_ids(self, rule: str, *, personal: bool = False) -> tuple[str, ...]:
+        """Where an event goes: every event to the server's own targets, a pause under a
+        policy rule to that rule's too, and a pause (``personal``) to each person with an
+        address who may decide it."""
+        people = self.people.target_ids(rule, self._now()) if personal and self.people else ()
+        return tuple(dict.fromkeys([*self._everyone, *self._routes.get(rule, ()), *people]))
 
     def gets(self, target_id: str) -> str:
         """What a target is told, as the notifications page says it."""
+        person = person_of_target(target_id)
+        if person is not None:
+            return f"the pauses {person} may decide, with their own decision links"
         if target_id in self._everyone:
             return "every event"
         rules = [rule for rule, ids in self._routes.items() if target_id in ids]
@@ -177,7 +198,9 @@ class Watcher:
         by_targets: dict[tuple[str, ...], list[Event]] = {}
         for event in found:
             if ev.wanted(event, self._wanted):
-                by_targets.setdefault(self._target_ids(event.rule), []).append(event)
+                personal = event.type in PERSONAL_EVENTS
+                targets = self._target_ids(event.rule, personal=personal)
+                by_targets.setdefault(targets, []).append(event)
         now = self._clock()
         added = 0
         for target_ids, events in by_targets.items():
@@ -279,7 +302,11 @@ class Watcher:
                 by_rule.setdefault(self._rule_of(pending), set()).update(new)
             # What an earlier process (or another one) recorded is not read again: after a
             # restart, a thousand waiting pauses cost one query, not their paused calls.
-            known = {key for rule, ks in by_rule.items() for key in self._recorded(ks, rule)}
+            known = {
+                key
+                for rule, ks in by_rule.items()
+                for key in self._recorded(ks, rule, personal=True)
+            }
             fresh = [p for p, ks in unoffered if any(key not in known for key in ks)]
             found.extend(e for e in self._pause_events(fresh, overdue=True) if e.key not in known)
             if page.next_key is None:
@@ -289,12 +316,13 @@ class Watcher:
         return found
 
     def sweep_events(self) -> tuple[list[Event], set[str]]:
-        """Every waiting pause (and its reminder when overdue), and the newest stalled
-        runs: the events not yet offered by an earlier sweep of this process, and the
-        keys of all of them. A pause already offered, whose reminder is not due, costs
-        nothing while the feed says the pauses are as the last sweep read them, and
-        only its pending row otherwise: its paused call is not read and nothing is
-        written."""
+        """Every waiting pause (and its reminder when overdue), the newest stalled runs,
+        and the failures and decisions since the store's last look: the events not yet
+        offered by an earlier sweep of this process (nor recorded), and the keys of the
+        pauses, stalls and failures. A pause already offered, whose reminder is not
+        due, costs nothing while the feed says the pauses are as the last sweep read
+        them, and only its pending row otherwise: its paused call is not read and
+        nothing is written."""
         found: list[Event] = []
         now = self._now()
         keys = self._waiting_keys(now)
@@ -318,56 +346,73 @@ class Watcher:
             keys.update(e.key for e in stalled)
             known = self._recorded({e.key for e in stalled if e.key not in self._offered})
             found.extend(e for e in stalled if e.key not in known)
-        if ev.announces_failures(self._wanted):
-            failed = self._failed_since_start()
+        failures, decisions = ev.announces_failures(self._wanted), ev.DECIDED in self._wanted
+        since = self._since_last_look() if failures or decisions else None
+        self._read_since = since
+        if failures and since is not None:
+            failed = self._failed_since(since)
             keys.update(e.key for e in failed)
             known = self._recorded({e.key for e in failed if e.key not in self._offered})
             found.extend(e for e in failed if e.key not in known)
-        if ev.DECIDED in self._wanted:
-            found.extend(self._decided_since_last_sweep())
+        if decisions and since is not None:
+            found.extend(self._decided_since(since))
         return [e for e in found if e.key not in self._offered], keys
 
-    def _since_start(self) -> datetime:
-        """Since when failures and decisions are offered: this watcher's start, or the
-        newest event any localui recorded when that is earlier. Every failure after it
-        that the outbox lacks came while no watcher ran (a restart, an upgrade): it is
-        announced now, if within ``retry_for``. With an empty outbox (notifications
-        turned on for the first time), only what comes after the start: turning them on
-        announces the pauses that wait and the runs that went silent, not old failures.
-        Times are this server's clock, as the SDK stamps rows."""
-        if self._offer_since is None:
+    def _since_last_look(self) -> datetime:
+        """Since when failures and decisions are offered: the store's last look, which
+        every localui on the store moves forward once a sweep recorded what it read.
+        Every failure and decision after it that the outbox lacks came while no
+        watcher saw it (a restart, an upgrade, a change the feed could not pin down):
+        it is announced now, however long ago. Times are this server's clock, as the
+        SDK stamps rows.
+
+        With no look yet (a first start ever), what the watcher did before there was
+        one: since its start, or since the newest event the outbox holds when that is
+        earlier (a localui without the look watched this store), at most
+        ``retry_for`` back. With an empty outbox (notifications turned on for the first
+        time), only what comes after the start: turning them on announces the pauses
+        that wait and the runs that went silent, not old failures."""
+        looked = self.outbox.looked_at()
+        if looked is not None:
+            return datetime.fromtimestamp(looked, UTC)
+        if self._first_since is None:
             since = self.watching_since
             newest = self.outbox.list_recent(1)
             if newest:
                 oldest_wanted = since - self.notifications.retry_for
                 since = max(min(since, newest[0].created_at), oldest_wanted)
-            self._offer_since = datetime.fromtimestamp(since, UTC)
-        return self._offer_since
+            self._first_since = since
+        return datetime.fromtimestamp(self._first_since, UTC)
 
-    def _failed_since_start(self) -> list[Event]:
-        """The runs that failed since :meth:`_since_start`, newest first, one page:
-        from the runs index's failed runs, never a scan of ``checkpoints``."""
-        since = self._since_start()
+    def _failed_since(self, since: datetime) -> list[Event]:
+        """The runs that failed since ``since``, newest first, page by page: from the
+        runs index's failed runs, never a scan of ``checkpoints``."""
         found: list[Event] = []
-        # Each state that ended failed (a cancelled or timed-out run too), a page each.
+        # Each state that ended failed (a cancelled or timed-out run too).
         for state in runs.FAILURES:
-            page = self.store.list_runs(RunQuery(state=state, limit=FAILED_PAGE))
-            for facts in page.runs:
-                at = runs.parse_time(facts.last_at)
-                if at is None:
-                    continue
-                if at < since:
-                    break  # newest first: the rest failed before
-                event = ev.failed(facts)
-                if event is not None and ev.wanted(event, self._wanted):
-                    found.append(event)
+            after: tuple[str, str] | None = None
+            while True:
+                page = self.store.list_runs(RunQuery(state=state, after=after, limit=FAILED_PAGE))
+                older = False
+                for facts in page.runs:
+                    at = runs.parse_time(facts.last_at)
+                    if at is None:
+                        continue
+                    if at < since:
+                        older = True  # newest first: the rest failed before
+                        break
+                    event = ev.failed(facts)
+                    if event is not None and ev.wanted(event, self._wanted):
+                        found.append(event)
+                if older or page.next_key is None:
+                    break
+                after = page.next_key
         return found
 
-    def _decided_since_last_sweep(self) -> list[Event]:
-        """The approvals decided since the last sweep (since :meth:`_since_start`, at
-        first) that the outbox does not hold yet; the run's agent is read only for
-        those."""
-        after = self._decided_after or (self._since_start().isoformat(), 0)
+    def _decided_since(self, since: datetime) -> list[Event]:
+        """The approvals decided since ``since`` that the outbox does not hold yet; the
+        run's agent is read only for those."""
+        after = (since.isoformat(), 0)
         decisions: list[Decision] = []
         while True:
             page = self.decisions.finished_since(after, DECIDED_PAGE)
@@ -376,7 +421,6 @@ class Watcher:
                 after = (page[-1].finished_at or "", page[-1].id)
             if len(page) < DECIDED_PAGE:
                 break
-        self._decided_read = after
         keyed = {
             ev.event_key(ev.DECIDED, d.execution_id, str(d.id)): d
             for d in decisions
@@ -392,9 +436,12 @@ class Watcher:
                     found.append(event)
         return found
 
-    def _recorded(self, keys: set[str], rule: str = "") -> set[str]:
-        """Those of ``keys`` the outbox holds already for every target they go to."""
-        return self.outbox.recorded(keys, self._target_ids(rule)) if keys else set()
+    def _recorded(self, keys: set[str], rule: str = "", *, personal: bool = False) -> set[str]:
+        """Those of ``keys`` the outbox holds already for every target they go to (a
+        person given an address since is told of the pauses that still wait)."""
+        if not keys:
+            return set()
+        return self.outbox.recorded(keys, self._target_ids(rule, personal=personal))
 
     def on_changes(self, changes: Changes) -> int:
         return self.record(self.events_of_changes(changes))
@@ -410,15 +457,26 @@ class Watcher:
         self._adopted = True
         return moved
 
+    def _looks_at_everything(self) -> bool:
+        """Whether this process's sweeps offer both kinds the store's look stands for:
+        one that announces no failures (or no decisions) has not offered them, so it
+        leaves the look where it is for the processes that do."""
+        return ev.DECIDED in self._wanted and ev.announces_failures(self._wanted)
+
     def sweep(self) -> int:
         if not self._adopted:
             self.adopt_former_ids()
+        began = self._clock()
         found, keys = self.sweep_events()
         added = self.record(found)
         # Recorded (here, or before by any process: the outbox keeps each key once), so
         # the next sweep need not offer them again; what no longer waits is forgotten.
         self._offered = keys
-        self._decided_after = self._decided_read or self._decided_after
+        if self._looks_at_everything() and self._read_since is not None:
+            # Never past what was read: what this sweep's reads could not see yet is
+            # after ``began`` (less what a late commit or another clock may hide);
+            # never before what it read from (a first start's look is its start).
+            self.outbox.advance_looked_at(max(self._read_since.timestamp(), began - self.look_back))
         self.swept_at = self._clock()
         return added
 
@@ -507,7 +565,7 @@ class Watcher:
                 text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 self._said(text)
                 continue
-            if done.claimed >= ROUND_SIZE:
+            if done.claimed >= ROUND_SIZE or done.abandoned >= ROUND_SIZE:
                 self._wake.set()  # more are due: the next round at once
 
 
@@ -518,13 +576,22 @@ def make_watcher(
     backend: Backend,
     decisions: DecisionLog,
     links: Links,
+    people: People | None = None,
+    link_signer: LinkSigner | None = None,
 ) -> Watcher:
-    """The watcher for ``settings``' targets, with its own outbox on ``backend`` (the
-    caller closes it: ``watcher.outbox``). Raises ``TargetError`` for a bad target."""
+    """The watcher for ``settings``' targets and ``people``'s addresses, with its own
+    outbox on ``backend`` (the caller closes it: ``watcher.outbox``). Raises
+    ``TargetError`` for a bad target."""
     targets = targets_of(settings.notifications)
     routes = routes_of(settings.policy)
     outbox = backend.outbox()
-    deliverer = Deliverer(settings.notifications, links, now=lambda: datetime.now(UTC))
+    deliverer = Deliverer(
+        settings.notifications,
+        links,
+        now=lambda: datetime.now(UTC),
+        people=people,
+        link_signer=link_signer,
+    )
     return Watcher(
         settings=settings,
         feed=feed,
@@ -533,10 +600,12 @@ def make_watcher(
         outbox=outbox,
         targets=targets,
         routes=routes,
+        people=people,
         sender=Sender(
             outbox,
             [*targets, *(t for ts in routes.values() for t in ts)],
             deliverer,
             settings.notifications,
+            people=people,
         ),
     )

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from localui.auth import OPERATOR, require
-from localui.backends.notifications import Notification, TargetStatus
+from localui.backends.notifications import FAILED, Notification, TargetStatus
 from localui.notify.targets import mask_urls
 from localui.notify.watcher import Watcher
 from localui.offloop import off_loop
@@ -56,6 +56,8 @@ class AnnouncementRow:
     next_at: str | None
     last_error: str | None
     run_url: str = html_only("")
+    #: The state as people read it: a row ``failed`` was given up on (its error says why).
+    state_words: str = html_only("")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,7 @@ def _row(n: Notification, urls: Urls) -> AnnouncementRow:
         # still hold the path: shown masked all the same.
         target=mask_urls(n.target),
         state=n.state,
+        state_words="given up" if n.state == FAILED else n.state,
         attempts=n.attempts,
         recorded_at=_instant(n.created_at) or "",
         sent_at=_instant(n.sent_at),

@@ -25,6 +25,8 @@ from localui.auth import Authenticator, Person
 from localui.backends.base import AuditLog, Backend, Deadlines, Store
 from localui.backends.traces import SpanIndex
 from localui.errors import LifespanNotRun
+from localui.keyring import KeyRing
+from localui.links import LinkSigner
 from localui.live import BrowserStreams, ChangeFeed, LiveRenders
 from localui.metrics import AppMetrics
 from localui.notify.watcher import Watcher
@@ -89,6 +91,8 @@ class AppState:
     watcher: Watcher | None = None
     #: Sign-in at the team's OpenID Provider; None without ``--oidc-issuer``.
     oidc: OpenIDSignIn | None = None
+    #: Mints and reads personal decision links (``localui.links``).
+    links: LinkSigner = field(default_factory=lambda: LinkSigner(KeyRing()))
     #: Every change made through localui (``/audit``); None only in an app state
     #: built without the lifespan.
     audit: AuditLog | None = None

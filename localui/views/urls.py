@@ -204,6 +204,13 @@ def link_base(settings: Settings) -> str:
 
 
 def deep_links(router: Router, base: str) -> Links:
-    """Absolute links to a pause and a run under ``base``, from the route names."""
+    """Absolute links to a pause, a run and a person's decision page under ``base``,
+    from the route names."""
     urls = Urls(router=router, prefix=base.rstrip("/"))
-    return Links(approval=urls.approval, run=lambda execution_id: urls.run(execution_id))
+    return Links(
+        approval=urls.approval,
+        run=lambda execution_id: urls.run(execution_id),
+        decide=lambda execution_id, link: urls.path(
+            "decision_link", execution_id=execution_id, link=link
+        ),
+    )

@@ -30,8 +30,15 @@ from localui.backends.notifications import (
     status_from_row,
 )
 from localui.backends.postgres.pool import Pool, identifier
+from localui.backends.postgres.watch import PostgresWatch
+from localui.backends.watch import TABLE as WATCH_TABLE
 
 _COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in COLUMN_NAMES)
+#: Indexes later localuis added, by name (after the table's) and columns.
+LATER_INDEXES = (
+    ("due_by_target", ("state", "target", "next_at")),
+    ("give_up", ("state", "give_up_at")),
+)
 
 
 class PostgresOutbox:
@@ -45,10 +52,11 @@ class PostgresOutbox:
             dsn,
             name="localui-notifications",
             read_only=False,
-            privileges=f"localui keeps its notifications in {self.table}: it needs CREATE on"
-            f" the database or on schema {self.schema}, or that table made for it with SELECT,"
-            " INSERT and UPDATE",
+            privileges=f"localui keeps its notifications in {self.table} and"
+            f" {self.schema}.{WATCH_TABLE}: it needs CREATE on the database or on schema"
+            f" {self.schema}, or those tables made for it with SELECT, INSERT and UPDATE",
         )
+        self._watch = PostgresWatch(self._pool, self.schema)
         try:
             self._create()
         except BaseException:
@@ -64,7 +72,7 @@ class PostgresOutbox:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
             regclass = sql.Identifier(self.schema, TABLE).as_string()
             if conn.execute("SELECT to_regclass(%s)", (regclass,)).fetchone()[0] is not None:
-                self._create_target_index(conn)
+                self._create_later_parts(conn)
                 return
             conn.execute(
                 sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
@@ -95,16 +103,22 @@ class PostgresOutbox:
                     sql.Identifier(f"{TABLE}_due"), self._table
                 )
             )
-            self._create_target_index(conn)
+            self._create_later_parts(conn)
 
-    def _create_target_index(self, conn: Any) -> None:
-        """The due rows of each target: a process claims only its own targets' rows
-        (made here too for a table an earlier localui made without it)."""
-        conn.execute(
-            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (state, target, next_at)").format(
-                sql.Identifier(f"{TABLE}_due_by_target"), self._table
+    def _create_later_parts(self, conn: Any) -> None:
+        """What later localuis added (made here too for a table an earlier one made):
+        the due rows of each target, as a process claims only its own targets' rows;
+        the rows past their last try, as those of targets no longer configured are
+        given up on; and how far the watchers have looked."""
+        for name, columns in LATER_INDEXES:
+            conn.execute(
+                sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
+                    sql.Identifier(f"{TABLE}_{name}"),
+                    self._table,
+                    sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+                )
             )
-        )
+        self._watch.create(conn)
 
     def record(
         self, notices: Sequence[Notice], targets: Sequence[str], *, now: float, give_up_at: float
@@ -219,6 +233,30 @@ class PostgresOutbox:
                 (PENDING, now, give_up_at, FAILED, target, target),
             )
             return int(cur.rowcount)
+
+    def give_up_unconfigured(
+        self, *, targets: Sequence[str], now: float, detail: str, limit: int
+    ) -> int:
+        if not targets:
+            return 0
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            cur.execute(
+                self._sql(
+                    "UPDATE {table} SET state = %s, next_at = %s, last_error = %s,"
+                    " lease_until = NULL WHERE id IN ("
+                    " SELECT id FROM {table} WHERE state = %s AND give_up_at < %s"
+                    " AND target <> ALL(%s) AND (lease_until IS NULL OR lease_until < %s)"
+                    " ORDER BY give_up_at LIMIT %s FOR UPDATE SKIP LOCKED)"
+                ),
+                (FAILED, now, detail, PENDING, now, list(targets), now, limit),
+            )
+            return int(cur.rowcount)
+
+    def looked_at(self) -> float | None:
+        return self._watch.looked_at()
+
+    def advance_looked_at(self, to: float) -> None:
+        self._watch.advance(to)
 
     def rename_target(self, old: str, new: str) -> int:
         with self._pool.connection() as conn, conn.cursor() as cur:

@@ -11,8 +11,8 @@ from psycopg import sql
 
 from localui.backends.postgres.pool import Pool, identifier, iso
 from localui.backends.users import (
+    ADDED_COLUMNS,
     COLUMN_NAMES,
-    GROUPS_COLUMN,
     TABLE,
     already_a_user,
     groups_text,
@@ -21,10 +21,18 @@ from localui.backends.users import (
 from localui.records import User
 
 _COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in COLUMN_NAMES)
-#: The SELECT list for a table an older localui made, before the groups column.
-_LEGACY_COLUMNS = sql.SQL(", ").join(
-    [*(sql.Identifier(c) for c in COLUMN_NAMES if c != GROUPS_COLUMN), sql.SQL("'' AS user_groups")]
-)
+
+
+def _select_list(present: set[str]) -> sql.Composable:
+    """The SELECT list for a table with the columns ``present`` (an older localui's
+    lacks the added ones until ``localui users`` next writes it): each missing one
+    read as empty text, under its own name."""
+    if present.issuperset(COLUMN_NAMES):
+        return _COLUMNS
+    return sql.SQL(", ").join(
+        sql.Identifier(c) if c in present else sql.SQL("'' AS {}").format(sql.Identifier(c))
+        for c in COLUMN_NAMES
+    )
 
 
 class PostgresUsers:
@@ -69,13 +77,14 @@ class PostgresUsers:
             # Two processes starting together would race on the catalog.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
             if conn.execute("SELECT to_regclass(%s)", (self._regclass(),)).fetchone()[0]:
-                # Made by an older localui: the groups column comes with this write.
-                conn.execute(
-                    self._sql(
-                        "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS user_groups"
-                        " TEXT NOT NULL DEFAULT ''"
+                # Made by an older localui: the columns added since come with this write.
+                for column in ADDED_COLUMNS:
+                    conn.execute(
+                        sql.SQL(
+                            "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}"
+                            " TEXT NOT NULL DEFAULT ''"
+                        ).format(table=self._table, column=sql.Identifier(column))
                     )
-                )
                 return
             has_schema = conn.execute(
                 "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)
@@ -90,7 +99,10 @@ class PostgresUsers:
                     role         TEXT NOT NULL,
                     token_sha256 TEXT NOT NULL UNIQUE,
                     created_at   TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
-                    user_groups  TEXT NOT NULL DEFAULT ''
+                    user_groups  TEXT NOT NULL DEFAULT '',
+                    address      TEXT NOT NULL DEFAULT '',
+                    away_to      TEXT NOT NULL DEFAULT '',
+                    away_until   TEXT NOT NULL DEFAULT ''
                 )"""
                 )
             )
@@ -101,13 +113,15 @@ class PostgresUsers:
         with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             if not cur.execute("SELECT to_regclass(%s) AS t", (self._regclass(),)).fetchone()["t"]:
                 return []  # nobody added yet
-            has_groups = cur.execute(
-                "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s)"
-                " AND attname = %s AND NOT attisdropped",
-                (self._regclass(), GROUPS_COLUMN),
-            ).fetchone()
-            columns = _COLUMNS if has_groups else _LEGACY_COLUMNS
-            return list(cur.execute(self._sql(text, columns), params).fetchall())
+            present = {
+                str(r["attname"])
+                for r in cur.execute(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+                    " AND attnum > 0 AND NOT attisdropped",
+                    (self._regclass(),),
+                ).fetchall()
+            }
+            return list(cur.execute(self._sql(text, _select_list(present)), params).fetchall())
 
     def _changed(self, text: str, params: tuple[Any, ...]) -> Any:
         from psycopg.rows import dict_row
@@ -127,11 +141,18 @@ class PostgresUsers:
         rows = self._rows("SELECT {columns} FROM {table} ORDER BY name", ())
         return tuple(user_from_row(r, iso) for r in rows)
 
-    def add(self, name: str, role: str, digest: str, groups: Sequence[str] = ()) -> User:
+    def add(
+        self,
+        name: str,
+        role: str,
+        digest: str,
+        groups: Sequence[str] = (),
+        address: str = "",
+    ) -> User:
         row = self._changed(
-            "INSERT INTO {table} (name, role, token_sha256, user_groups) VALUES (%s, %s, %s, %s)"
-            " ON CONFLICT (name) DO NOTHING RETURNING {columns}",
-            (name, role, digest, groups_text(groups)),
+            "INSERT INTO {table} (name, role, token_sha256, user_groups, address)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (name) DO NOTHING RETURNING {columns}",
+            (name, role, digest, groups_text(groups), address),
         )
         if row is None:
             raise already_a_user(name)
@@ -154,6 +175,19 @@ class PostgresUsers:
         row = self._changed(
             "UPDATE {table} SET user_groups = %s WHERE name = %s RETURNING {columns}",
             (groups_text(groups), name),
+        )
+        return user_from_row(row, iso) if row is not None else None
+
+    def set_address(self, name: str, address: str) -> User | None:
+        row = self._changed(
+            "UPDATE {table} SET address = %s WHERE name = %s RETURNING {columns}", (address, name)
+        )
+        return user_from_row(row, iso) if row is not None else None
+
+    def set_away(self, name: str, to: str, until: str) -> User | None:
+        row = self._changed(
+            "UPDATE {table} SET away_to = %s, away_until = %s WHERE name = %s RETURNING {columns}",
+            (to, until, name),
         )
         return user_from_row(row, iso) if row is not None else None
 

@@ -25,6 +25,7 @@ from localui.backends.notifications import (
 )
 from localui.backends.sqlite.connect import connect, transaction, with_retry
 from localui.backends.sqlite.files import SMALL_CACHE_KIB
+from localui.backends.sqlite.watch import SQLiteWatch
 from localui.errors import Unavailable
 
 T = TypeVar("T")
@@ -56,6 +57,8 @@ INDEX = f"CREATE INDEX IF NOT EXISTS {TABLE}_due ON {TABLE} (state, next_at)"
 TARGET_INDEX = (
     f"CREATE INDEX IF NOT EXISTS {TABLE}_due_by_target ON {TABLE} (state, target, next_at)"
 )
+#: The rows past their last try: those of targets no longer configured are given up on.
+GIVE_UP_INDEX = f"CREATE INDEX IF NOT EXISTS {TABLE}_give_up ON {TABLE} (state, give_up_at)"
 
 
 class SQLiteOutbox:
@@ -82,12 +85,15 @@ class SQLiteOutbox:
         # Its reads are lookups in its own small table: a page cache of SQLite's
         # default 2 MB, filled by the sender's rounds, was memory the server kept.
         self._conn.execute(f"PRAGMA cache_size = {SMALL_CACHE_KIB}")
+        self._watch = SQLiteWatch(self._conn, self._lock)
         self._with_retry(self._create)
 
     def _create(self) -> None:
         self._conn.execute(SCHEMA)
         self._conn.execute(INDEX)
         self._conn.execute(TARGET_INDEX)
+        self._conn.execute(GIVE_UP_INDEX)
+        self._watch.create()
 
     def _with_retry(self, fn: Callable[[], T]) -> T:
         return with_retry(fn, lock=self._lock, failure="the notifications outbox cannot be used")
@@ -218,6 +224,34 @@ class SQLiteOutbox:
                 return cursor.rowcount
 
         return self._with_retry(attempt)
+
+    def give_up_unconfigured(
+        self, *, targets: Sequence[str], now: float, detail: str, limit: int
+    ) -> int:
+        if not targets:
+            return 0
+        marks = ", ".join("?" * len(targets))
+
+        def attempt() -> int:
+            with transaction(self._conn) as conn:
+                cursor = conn.execute(
+                    f"UPDATE {TABLE} SET state = ?, next_at = ?, last_error = ?,"
+                    " lease_until = NULL WHERE id IN ("
+                    f" SELECT id FROM {TABLE} WHERE state = ? AND give_up_at < ?"
+                    f" AND target NOT IN ({marks})"
+                    " AND (lease_until IS NULL OR lease_until < ?)"
+                    " ORDER BY give_up_at LIMIT ?)",
+                    (FAILED, now, detail, PENDING, now, *targets, now, limit),
+                )
+                return cursor.rowcount
+
+        return self._with_retry(attempt)
+
+    def looked_at(self) -> float | None:
+        return self._watch.looked_at()
+
+    def advance_looked_at(self, to: float) -> None:
+        self._watch.advance(to)
 
     def rename_target(self, old: str, new: str) -> int:
         def attempt() -> int:

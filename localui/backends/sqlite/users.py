@@ -11,12 +11,13 @@ from typing import Any, TypeVar
 
 from localui.backends.sqlite.connect import connect
 from localui.backends.users import (
+    ADDED_COLUMNS,
     COLUMNS,
     GROUPS_COLUMN,
-    LEGACY_COLUMNS,
     TABLE,
     already_a_user,
     groups_text,
+    select_list,
     user_from_row,
 )
 from localui.errors import Unavailable
@@ -29,7 +30,10 @@ SCHEMA = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
     role         TEXT NOT NULL,
     token_sha256 TEXT NOT NULL UNIQUE,
     created_at   TEXT NOT NULL,
-    user_groups  TEXT NOT NULL DEFAULT ''
+    user_groups  TEXT NOT NULL DEFAULT '',
+    address      TEXT NOT NULL DEFAULT '',
+    away_to      TEXT NOT NULL DEFAULT '',
+    away_until   TEXT NOT NULL DEFAULT ''
 )"""
 
 
@@ -52,21 +56,23 @@ class SQLiteUsers:
             self._conn.row_factory = sqlite3.Row
             if writable:
                 self._conn.execute(SCHEMA)
-                if not self._has_groups_column():
-                    self._conn.execute(
-                        f"ALTER TABLE {TABLE} ADD COLUMN {GROUPS_COLUMN} TEXT NOT NULL DEFAULT ''"
-                    )
+                present = self._present_columns()
+                for column in ADDED_COLUMNS:
+                    if column not in present:
+                        # Made by an older localui: the columns since come with this write.
+                        self._conn.execute(
+                            f"ALTER TABLE {TABLE} ADD COLUMN {column} TEXT NOT NULL DEFAULT ''"
+                        )
         except sqlite3.Error as exc:
             raise Unavailable(f"localui's users table in {path} cannot be opened: {exc}") from exc
         #: Whether the table is known to exist (a writable directory makes it now).
         self._has_table = writable
-        #: The SELECT list: a table an older localui made has no groups column until
+        #: The SELECT list: a table an older localui made lacks the added columns until
         #: ``localui users`` next writes it.
         self._columns = COLUMNS
 
-    def _has_groups_column(self) -> bool:
-        names = {r[1] for r in self._conn.execute(f"PRAGMA table_info({TABLE})")}
-        return GROUPS_COLUMN in names
+    def _present_columns(self) -> set[str]:
+        return {r[1] for r in self._conn.execute(f"PRAGMA table_info({TABLE})")}
 
     def _read(self, read: Callable[[sqlite3.Connection], T], nobody: T) -> T:
         """``read`` on the connection, or ``nobody`` while there is no table yet."""
@@ -79,7 +85,11 @@ class SQLiteUsers:
                     if exists is None:
                         return nobody  # nobody added yet
                     self._has_table = True
-                    self._columns = COLUMNS if self._has_groups_column() else LEGACY_COLUMNS
+                    self._columns = select_list(self._present_columns())
+                elif self._columns != COLUMNS:
+                    # Asked again until ``localui users`` has added them: an away set on
+                    # a table it has just brought up to date reaches this server too.
+                    self._columns = select_list(self._present_columns())
                 return read(self._conn)
             except sqlite3.Error as exc:
                 raise Unavailable(f"localui's users table cannot be read: {exc}") from exc
@@ -109,12 +119,27 @@ class SQLiteUsers:
         )
         return tuple(user_from_row(r) for r in rows)
 
-    def add(self, name: str, role: str, digest: str, groups: Sequence[str] = ()) -> User:
+    def add(
+        self,
+        name: str,
+        role: str,
+        digest: str,
+        groups: Sequence[str] = (),
+        address: str = "",
+    ) -> User:
         with self._lock:
             try:
                 self._conn.execute(
-                    f"INSERT INTO {TABLE} ({COLUMNS}) VALUES (?, ?, ?, ?, ?)",
-                    (name, role, digest, datetime.now(UTC).isoformat(), groups_text(groups)),
+                    f"INSERT INTO {TABLE} (name, role, token_sha256, created_at, {GROUPS_COLUMN},"
+                    " address) VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        name,
+                        role,
+                        digest,
+                        datetime.now(UTC).isoformat(),
+                        groups_text(groups),
+                        address,
+                    ),
                 )
             except sqlite3.IntegrityError as exc:
                 raise already_a_user(name) from exc
@@ -139,6 +164,18 @@ class SQLiteUsers:
             self._conn.execute(
                 f"UPDATE {TABLE} SET {GROUPS_COLUMN} = ? WHERE name = ?",
                 (groups_text(groups), name),
+            )
+        return self.by_name(name)
+
+    def set_address(self, name: str, address: str) -> User | None:
+        with self._lock:
+            self._conn.execute(f"UPDATE {TABLE} SET address = ? WHERE name = ?", (address, name))
+        return self.by_name(name)
+
+    def set_away(self, name: str, to: str, until: str) -> User | None:
+        with self._lock:
+            self._conn.execute(
+                f"UPDATE {TABLE} SET away_to = ?, away_until = ? WHERE name = ?", (to, until, name)
             )
         return self.by_name(name)
 

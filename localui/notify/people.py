@@ -1,0 +1,109 @@
+"""People told at their own address: who hears of a pause, and where.
+
+A person with an address (``localui users add|set NAME --notify URL``) is told of each
+pause they may decide, and of its reminders, in a message of their own whose link is
+theirs alone (``localui.links``): it opens that pause's decision page for them. Their
+target in the outbox is ``person:NAME``: secret-free, the same in every process, and
+delivered to whatever address the users table holds for them when it is sent (a
+changed address is used from the next delivery on).
+
+The people are read from the users table at most every :data:`CACHE_SECONDS`, so an
+address set, changed or cleared reaches every server on the store within that.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from localui.backends.base import UserDirectory
+from localui.notify import events as ev
+from localui.notify.targets import CHAT, Target
+from localui.policy import Policy, Rule
+from localui.records import User
+from localui.roles import ROLES
+
+PERSON_PREFIX = "person:"
+#: The events a person is told of at their own address: the pauses they may decide.
+PERSONAL_EVENTS = frozenset({ev.PAUSED, ev.OVERDUE})
+#: How long what the users table said is believed (as sign-in believes it).
+CACHE_SECONDS = 2.0
+
+
+def person_target_id(name: str) -> str:
+    return PERSON_PREFIX + name
+
+
+def person_of_target(target_id: str) -> str | None:
+    """The person a target id names, or None for a server's or a rule's target."""
+    return target_id[len(PERSON_PREFIX) :] if target_id.startswith(PERSON_PREFIX) else None
+
+
+def may_decide(user: User, rule: Rule | None) -> bool:
+    """Whether ``user`` may decide a pause under ``rule``: an approver or operator whom
+    the rule (if any) names."""
+    if user.role not in ROLES or ROLES.index(user.role) < ROLES.index("approver"):
+        return False
+    return rule is None or rule.allows(user.name, user.role, user.groups)
+
+
+def told_of(rule: Rule | None, people: Sequence[User], now: datetime) -> tuple[str, ...]:
+    """The names of the people with an address who are told of a pause under ``rule``
+    (None: no rule governs it), each once."""
+    del now  # who is away, and until when, is read against it once delegation is in
+    return tuple(u.name for u in people if u.address and may_decide(u, rule))
+
+
+class People:
+    """The users table's people as the watcher and the sender need them: who is told of
+    what, and each one's target. Blocking reads, from the watcher's worker threads."""
+
+    def __init__(
+        self,
+        directory: UserDirectory | None,
+        policy: Policy | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.directory = directory
+        self.policy = policy
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._read_at = float("-inf")
+        self._people: tuple[User, ...] = ()
+
+    def everyone(self) -> tuple[User, ...]:
+        """Everyone in the users table, as it was at most :data:`CACHE_SECONDS` ago."""
+        if self.directory is None:
+            return ()
+        with self._lock:
+            if self._clock() - self._read_at >= CACHE_SECONDS:
+                self._people = self.directory.list_users()
+                self._read_at = self._clock()
+            return self._people
+
+    def any_address(self) -> bool:
+        return any(u.address for u in self.everyone())
+
+    def rule_named(self, name: str) -> Rule | None:
+        if not name or self.policy is None:
+            return None
+        return next((r for r in self.policy.rules if r.name == name), None)
+
+    def target_ids(self, rule_name: str, now: datetime) -> tuple[str, ...]:
+        """The outbox targets of the people told of a pause under the rule named."""
+        names = told_of(self.rule_named(rule_name), self.everyone(), now)
+        return tuple(person_target_id(n) for n in names)
+
+    def targets(self) -> dict[str, Target]:
+        """Each person with an address as a target, by id: a chat target (Apprise) whose
+        label is the id, so no page or log shows the address."""
+        return {
+            person_target_id(u.name): Target(
+                kind=CHAT, url=u.address, label=person_target_id(u.name)
+            )
+            for u in self.everyone()
+            if u.address
+        }
