@@ -27,9 +27,10 @@ from typing import Any
 from localui import edits, freetext, names, runs, words
 from localui.auth import Person
 from localui.backends import is_busy
-from localui.backends.base import DecisionLog, Store
+from localui.backends.base import DecisionLog, Store, UserDirectory
 from localui.backends.decisions import ABANDONED_AFTER_SECONDS, HEARTBEATS_PER_LEASE
 from localui.contexts import RunContexts
+from localui.delegation import Standing
 from localui.errors import (
     AlreadyDecided,
     BadRequest,
@@ -42,6 +43,7 @@ from localui.errors import (
 )
 from localui.offloop import off_loop
 from localui.pauses import PauseWriter
+from localui.policy import Rule
 from localui.preflight import Preflight
 from localui.records import (
     AGAIN,
@@ -63,6 +65,9 @@ from localui.settings import Settings
 RECENT_SECONDS = 120.0
 #: "database is locked" while the SDK claims is waited out for at most this long.
 CLAIM_RETRY_SECONDS = 10.0
+#: ``Resume.metadata``'s keys of a decision made for an away person: who acted, and for
+#: whom (its ``approver`` says both: ``bob for ada``).
+DELEGATE, FOR = "delegate", "for"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +121,7 @@ class ActionService:
         decisions: DecisionLog,
         make_checkpointer: Callable[[], Any],
         contexts: RunContexts | None = None,
+        users: UserDirectory | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -127,7 +133,7 @@ class ActionService:
         self.pauses = PauseWriter(store, registry)
         #: The checks every action makes first, which the pages also show.
         self.preflight = Preflight(
-            settings=settings, store=store, store_kind=store_kind, registry=registry
+            settings=settings, store=store, store_kind=store_kind, registry=registry, users=users
         )
         # An SDK checkpointer on the served store, for prune; made on first use, since
         # importing the SDK costs a viewer that never prunes memory and start-up time.
@@ -186,7 +192,8 @@ class ActionService:
                     f"this pause has no fields (no rule governs it): {', '.join(sorted(fields))}"
                 )
         else:
-            if not self.preflight.may_decide(rule, person, pending):
+            standing = await off_loop(self.preflight.standing, rule, person, pending)
+            if not standing.may:
                 who = rule.who
                 if rule.escalate_to:
                     who += f" (and, once it is overdue, {rule.escalated_who})"
@@ -197,6 +204,11 @@ class ActionService:
             if rule.needs_reason(approved) and not reason:
                 raise BadRequest(f"Rule {rule.name!r}: a reason is required to approve too")
             typed = rule.check_fields(fields or {}, pending.context)
+            if not standing.own:
+                # For an away person: recorded as "bob for ada", and the tool told both.
+                away = await self._deciding_for(execution_id, checkpoint_id, rule, standing)
+                typed = {**typed, DELEGATE: approver, FOR: away}
+                approver = names.for_text(approver, away)
         # The run's rows, read once: the check below and the owner are both read from them.
         rows = await off_loop(self.store.list_rows, execution_id)
         problem = await off_loop(lambda: self.preflight.approval_problem(pending, rows=rows))
@@ -257,7 +269,7 @@ class ActionService:
                     approver, reason = last.actor, last.reason
                     typed = json.loads(last.fields_json)
                 elif ballot.result == AGAIN:
-                    first = next(v for v in ballot.votes if names.one_person(v.actor, approver))
+                    first = next(v for v in ballot.votes if names.same_voter(v.actor, approver))
                     alike = "" if first.actor == approver else f" ({approver} looks like them)"
                     raise Conflict(
                         f"{first.actor} already approved this pause at {first.voted_at}{alike}:"
@@ -409,6 +421,20 @@ class ActionService:
             owner,
             context=context,
         )
+
+    async def _deciding_for(
+        self, execution_id: str, checkpoint_id: str, rule: Rule, standing: Standing
+    ) -> str:
+        """Which away person a delegate decides for, of those they stand in for: under a
+        rule of several approvals, the first not already counted (the others would be
+        refused as a second vote of one person); else the first."""
+        if len(standing.for_names) > 1 and rule.approvals > 1:
+            key = (execution_id, checkpoint_id)
+            votes = (await off_loop(self.decisions.votes_for, [key])).get(key, ())
+            for away in standing.for_names:
+                if not any(names.same_voter(v.actor, away) for v in votes):
+                    return away
+        return standing.for_names[0]
 
     async def _state_edit(
         self, execution_id: str, checkpoint_id: str, owner: runs.Owner, state: dict[str, Any]

@@ -57,6 +57,7 @@ from localui.views import diff as diff_views
 from localui.views import edit as edit_views
 from localui.views import fork as fork_views
 from localui.views import live as live_views
+from localui.views import me as me_views
 from localui.views import metrics as metrics_views
 from localui.views import notifications as notification_views
 from localui.views import row as row_views
@@ -201,6 +202,8 @@ def build_routes() -> list[Route | Mount]:
         ),
         Route("/signin", signin_views.signin, methods=["GET", "POST"], name="signin"),
         Route("/signout", signin_views.signout, methods=["POST"], name="signout"),
+        Route("/me/away", me_views.me_away, methods=["POST"], name="me_away"),
+        Route("/me/back", me_views.me_back, methods=["POST"], name="me_back"),
         Route("/signin/oidc", signin_views.oidc_start, name="signin_oidc"),
         Route("/signin/oidc/callback", signin_views.oidc_callback, name="signin_oidc_callback"),
         Mount("/static", app=PrecompressedStatics(static_dir()), name="static"),
@@ -294,7 +297,8 @@ def create_app(
     ``seeding`` writes runs into the store while it is served (``localui demo``): the
     lifespan starts it and cancels it on shutdown."""
     templates = Jinja2Templates(
-        directory=str(templates_dir()), context_processors=[template_values]
+        directory=str(templates_dir()),
+        context_processors=[template_values, me_views.me_values],
     )
     # The templates ship with the package and do not change under a running app;
     # checking each one's file on every render cost a dozen stat calls per page.
@@ -346,6 +350,7 @@ def create_app(
             decisions=decisions,
             make_checkpointer=opened.checkpointer,
             contexts=contexts,
+            users=auth.users,
         )
         feed = ChangeFeed(opened.change_source(), interval=settings.poll_interval)
         watcher: Watcher | None = None

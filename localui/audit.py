@@ -60,6 +60,8 @@ USER_ADD = "user_add"
 USER_RESET = "user_reset"
 USER_REMOVE = "user_remove"
 USER_GROUPS = "user_groups"
+USER_AWAY = "user_away"
+USER_BACK = "user_back"
 NOTIFICATION_RETRY = "notification_retry"
 #: ``localui users`` commands and what each records.
 USER_ACTIONS: Mapping[str, str] = {
@@ -67,6 +69,8 @@ USER_ACTIONS: Mapping[str, str] = {
     "reset": USER_RESET,
     "remove": USER_REMOVE,
     "set": USER_GROUPS,
+    "away": USER_AWAY,
+    "back": USER_BACK,
 }
 
 OK, REFUSED, ERROR = "ok", "refused", "error"

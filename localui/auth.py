@@ -34,7 +34,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
@@ -78,6 +78,13 @@ class Person:
     via: str
     #: The groups an approval policy's ``group:NAME`` matches (``localui.policy``).
     groups: tuple[str, ...] = ()
+    #: Who decides for them while away, and until when, as the users table said
+    #: (``localui.delegation``); empty for someone not in it, or a session of the
+    #: OpenID Provider's, whose menu then offers the away form alone. Not part of who
+    #: they are: going away neither ends their live streams nor tells a sign-in link
+    #: apart from their session.
+    away_to: str = field(default="", compare=False)
+    away_until: str = field(default="", compare=False)
 
     @property
     def signed_in(self) -> bool:
@@ -108,6 +115,11 @@ class SigninAttempt:
 
     person: Person | None
     by: str
+
+
+def user_person(user: User) -> Person:
+    """A person of the users table, signed in with their token or its session."""
+    return Person(user.name, user.role, "user", user.groups, user.away_to, user.away_until)
 
 
 OPEN = Person(name="", role=OPERATOR, via="open")
@@ -318,6 +330,13 @@ class Authenticator:
             self._cache.popitem(last=False)
         return user
 
+    def forget(self, name: str) -> None:
+        """Ask the users table about ``name`` again on their next request: a change this
+        process made of them (their away, from their own menu) shows on the next page."""
+        for key, (_, user) in list(self._cache.items()):
+            if key == ("name", name) or (user is not None and user.name == name):
+                self._cache.pop(key, None)
+
     async def user_named(self, name: str) -> User | None:
         """The person of this name, as the users table said at most
         :data:`CACHE_SECONDS` ago (a decision link names its person)."""
@@ -337,7 +356,7 @@ class Authenticator:
         user = await self._lookup("token", digest, since)
         if user is None or user.role not in ROLES:
             return None
-        return Person(user.name, user.role, "user", user.groups), user.token_mark
+        return user_person(user), user.token_mark
 
     async def check_token(self, token: str, client: str) -> tuple[Person, str] | None:
         """``person_for_token`` with the throttle around it: raises :class:`Locked`."""
@@ -442,7 +461,7 @@ class Authenticator:
                 return None
             if not hmac.compare_digest(mark, user.token_mark):
                 return None  # the token was reset: sessions opened with the old one end
-            return Person(user.name, user.role, "user", user.groups)
+            return user_person(user)
         if via == "oidc" and self.policy.oidc is not None:
             role, groups = data.get("r"), data.get("g")
             if role not in ROLES or not isinstance(groups, list):
@@ -536,13 +555,18 @@ class Authenticator:
         groups_header = self.policy.proxy_groups_header
         sent = _header(scope, groups_header.lower().encode("latin-1")) if groups_header else None
         groups = tuple(g.strip() for g in (sent or "").split(",") if g.strip())
-        if role not in ROLES or sent is None:
+        try:
             user = await self._lookup("name", name, since)
-            if role not in ROLES:
-                role = user.role if user is not None else self.policy.proxy_default_role
-            if sent is None and user is not None:
-                groups = user.groups
-        return Person(name, role if role in ROLES else VIEWER, "proxy", groups)
+        except Unavailable:
+            if role not in ROLES or sent is None:
+                raise
+            user = None  # the headers say all the sign-in needs; only the away is unknown
+        if role not in ROLES:
+            role = user.role if user is not None else self.policy.proxy_default_role
+        if sent is None and user is not None:
+            groups = user.groups
+        away = (user.away_to, user.away_until) if user is not None else ("", "")
+        return Person(name, role if role in ROLES else VIEWER, "proxy", groups, *away)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -411,6 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
             "Change a person's groups (each --group once; none at all clears them) or,"
             " with --role, their role (their groups stay unless --group is given too).",
         ),
+        (
+            "away",
+            "Mark a person away: OTHER decides what they could (recorded as 'OTHER for"
+            " NAME') until WHEN, or until `localui users back NAME`.",
+        ),
+        ("back", "Mark a person back: they decide their pauses again."),
     ):
         command = users_sub.add_parser(name, help=what, description=what)
         if name != "list":
@@ -425,6 +431,20 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--role", required=True, choices=ROLES)
         if name == "set":
             command.add_argument("--role", default=None, choices=ROLES)
+        if name == "away":
+            command.add_argument(
+                "--to",
+                required=True,
+                metavar="OTHER",
+                help="Who decides for them: an approver or operator, not themselves.",
+            )
+            command.add_argument(
+                "--until",
+                default="",
+                metavar="WHEN",
+                help="An ISO date or time (2026-12-24, 2026-12-24T18:00; UTC unless a zone"
+                " is given) or a length (12h, 3d, 2w). Without it: until they are back.",
+            )
         if name in ("add", "set"):
             command.add_argument(
                 "--group",
@@ -1138,8 +1158,11 @@ def run_open(args: argparse.Namespace) -> int:
 
 def run_users(args: argparse.Namespace) -> int:
     """``localui users add|list|remove|reset``: the table servers of this store read."""
+    from datetime import UTC, datetime
+
     from localui.backends import open_users, target_of
     from localui.backends.users import check_groups, check_name, new_token, token_hash
+    from localui.delegation import away_problem, is_away, until_of
     from localui.names import look_alike_pairs, look_alikes
     from localui.notify.targets import TargetError
 
@@ -1153,13 +1176,19 @@ def run_users(args: argparse.Namespace) -> int:
     except LocalUIError as exc:
         return fail(str(exc))
     try:
+        now = datetime.now(UTC)
         if args.users_command == "list":
             listed = users.list_users()
             for user in listed:
                 groups = ",".join(user.groups) or "-"
+                away = f"away to {user.away_to} {until_words(user.away_until)}"
+                if not user.away_to:
+                    away = "not away"
+                elif not is_away(user, now):
+                    away = f"not away (was {away})"
                 print(
                     f"{user.name}\t{user.role}\tgroups {groups}"
-                    f"\ttold at {shown_address(user.address)}\tadded {user.created_at}"
+                    f"\ttold at {shown_address(user.address)}\t{away}\tadded {user.created_at}"
                 )
             if not args.check:
                 return 0
@@ -1200,6 +1229,26 @@ def run_users(args: argparse.Namespace) -> int:
             elif address is not None:
                 told = ", with no address of their own"
             print(f"localui: {name} is {changed.role}, in groups: {groups}{told}")
+            return 0
+        if args.users_command == "away":
+            to = check_name(args.to)
+            until = until_of(args.until, now)
+            problem = away_problem(name, to, users.list_users(), now)
+            if problem is not None:
+                record(False, to=to, until=until)
+                return fail(problem)
+            marked = users.set_away(name, to, until)
+            record(marked is not None, to=to, until=until)
+            if marked is None:
+                return fail(f"no user {name!r}")
+            print(f"localui: {name} is away {until_words(until)}: {to} decides for them")
+            return 0
+        if args.users_command == "back":
+            back = users.set_away(name, "", "")
+            record(back is not None)
+            if back is None:
+                return fail(f"no user {name!r}")
+            print(f"localui: {name} is back: they decide their own pauses again")
             return 0
         if args.users_command == "remove":
             removed = users.remove(name)
@@ -1244,6 +1293,11 @@ def run_users(args: argparse.Namespace) -> int:
         return fail(str(exc))
     finally:
         users.close()
+
+
+def until_words(until: str) -> str:
+    """``until 2026-12-24T00:00:00+00:00``, or ``until they are back``."""
+    return f"until {until}" if until else "until they are back"
 
 
 def address_of(url: str | None) -> str | None:

@@ -73,6 +73,35 @@ def one_person(a: str, b: str) -> bool:
     return normal(a) == normal(b) or skeleton(a) == skeleton(b)
 
 
+#: How a decision made for an away person names both: ``bob for ada``
+#: (``localui.delegation``).
+FOR = " for "
+
+
+def for_text(delegate: str, away: str) -> str:
+    """The actor of a decision ``delegate`` made for ``away``: ``bob for ada``."""
+    return f"{delegate}{FOR}{away}"
+
+
+def people_in(actor: str) -> tuple[str, ...]:
+    """The people an actor text stands for: itself, and for ``bob for ada`` both bob and
+    ada. It is split at every `` for `` in it, since a name may hold one itself
+    (``Jack for Hire``): a two-person rule then errs toward counting one person."""
+    found = [actor]
+    at = actor.find(FOR)
+    while at != -1:
+        found += [actor[:at], actor[at + len(FOR) :]]
+        at = actor.find(FOR, at + 1)
+    return tuple(found)
+
+
+def same_voter(a: str, b: str) -> bool:
+    """Whether two votes' actors must count as one person's: :func:`one_person` for any
+    person each stands for, so ``bob for ada`` is ada's vote, and bob's too (neither
+    ada and her delegate, nor the delegate twice, make two approvals)."""
+    return any(one_person(x, y) for x in people_in(a) for y in people_in(b))
+
+
 def look_alikes(name: str, others: Iterable[str]) -> list[str]:
     """Those of ``others`` that ``name`` would pass for (itself excepted)."""
     return [o for o in others if o != name and one_person(name, o)]

@@ -47,8 +47,9 @@ FIELD_TYPES = ("text", "number", "integer", "choice", "boolean")
 REASON_REQUIRED = ("reject", "always")
 #: What ``approvers`` entries start with.
 WHO_KINDS = ("group", "user", "role")
-#: Metadata keys localui writes itself; a field may not take one of these names.
-RESERVED = ("approver", "approvers", "reason")
+#: Metadata keys localui writes itself; a field may not take one of these names
+#: (``delegate`` and ``for``: a decision made for someone away, ``localui.delegation``).
+RESERVED = ("approver", "approvers", "reason", "delegate", "for")
 CONTEXT_PREFIX = "context."
 
 RULE_KEYS = (

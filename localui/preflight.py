@@ -11,16 +11,17 @@ the resume needs, read exactly as the SDK will read it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from localui import forks, runs
+from localui import delegation, forks, runs
 from localui.auth import Person
-from localui.backends.base import Store
+from localui.backends.base import Store, UserDirectory
+from localui.backends.users import Everyone
 from localui.errors import NotFound, ReadOnly, Refused
 from localui.policy import Rule
-from localui.records import Pending, RowDetail, RowHeader
+from localui.records import Pending, RowDetail, RowHeader, User
 from localui.registry import Registry, registry_kind, run_tools
 from localui.settings import Settings
 
@@ -29,9 +30,19 @@ class Preflight:
     """What this process can carry out on this store, asked before any claim."""
 
     def __init__(
-        self, *, settings: Settings, store: Store, store_kind: str, registry: Registry
+        self,
+        *,
+        settings: Settings,
+        store: Store,
+        store_kind: str,
+        registry: Registry,
+        users: UserDirectory | None = None,
     ) -> None:
         self.settings = settings
+        #: Everyone in the users table, read at most two seconds ago: who is away, and
+        #: who decides for them (``localui.delegation``).
+        self.people = Everyone(users)
+        self._known_stand_ins: tuple[tuple[User, ...], Mapping[str, tuple[User, ...]]] | None = None
         self.store = store
         #: The backend's kind (``runs.SQLITE`` or ``runs.POSTGRES``): the SDK orders a
         #: run's rows differently on each, and a resume follows that order.
@@ -204,27 +215,56 @@ class Preflight:
         policy = self.settings.policy
         return policy.rule_for(pending) if policy is not None else None
 
-    @staticmethod
     def may_decide(
+        self,
         rule: Rule | None,
         person: Person | None,
         pending: Pending | None = None,
         now: datetime | None = None,
     ) -> bool:
-        """Whether the rule lets this person decide. With sign-in off nobody is
-        identified, so the rule's count, reasons and fields apply, but not its "who".
-        Once ``pending`` is past its rule's ``due`` at ``now`` (default: this moment),
-        the rule's ``escalate_to`` people may decide it too; without ``pending``, only
-        the rule's approvers."""
+        """Whether the rule lets this person decide, in their own right or for someone
+        away whose delegate they are. With sign-in off nobody is identified, so the
+        rule's count, reasons and fields apply, but not its "who". Once ``pending`` is
+        past its rule's ``due`` at ``now`` (default: this moment), the rule's
+        ``escalate_to`` people may decide it too; without ``pending``, only the rule's
+        approvers (and their delegates)."""
+        return self.standing(rule, person, pending, now).may
+
+    def standing(
+        self,
+        rule: Rule | None,
+        person: Person | None,
+        pending: Pending | None = None,
+        now: datetime | None = None,
+    ) -> delegation.Standing:
+        """What this person may do with a pause under ``rule``: decide it themselves
+        (as one of its approvers, or of its ``escalate_to`` once ``pending`` is overdue),
+        or for the away people they stand in for (``localui.delegation``). The users
+        table is read (through its two-second cache) only when the rule does not let
+        them decide themselves."""
         if rule is None or person is None or not person.identified:
-            return True
+            return delegation.Standing(own=True)
         if rule.allows(person.name, person.role, person.groups):
-            return True
-        if pending is None or not rule.escalate_to:
-            return False
-        return rule.is_overdue(
-            pending.created_at, now or datetime.now(UTC)
-        ) and rule.allows_escalated(person.name, person.role, person.groups)
+            return delegation.Standing(own=True)
+        if (
+            pending is not None
+            and rule.escalate_to
+            and rule.is_overdue(pending.created_at, now or datetime.now(UTC))
+            and rule.allows_escalated(person.name, person.role, person.groups)
+        ):
+            return delegation.Standing(own=True)
+        represented = self._stand_ins().get(person.name, ())
+        return delegation.standing_among(rule, person.name, person.role, person.groups, represented)
+
+    def _stand_ins(self) -> Mapping[str, tuple[User, ...]]:
+        """Who stands in for whom, worked out once per read of everyone (two seconds),
+        not once per card: an until that passes is seen with the next read."""
+        people = self.people()
+        known = self._known_stand_ins
+        if known is None or known[0] is not people:
+            known = (people, delegation.stand_ins(people, datetime.now(UTC)))
+            self._known_stand_ins = known
+        return known[1]
 
     def fork_plan(
         self,

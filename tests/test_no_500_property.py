@@ -144,6 +144,8 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "static": ((), ()),
     "signin": (("next", "token"), ("token", "next")),
     "signout": ((), ()),
+    "me_away": ((), ("to", "until", "next")),
+    "me_back": ((), ("next",)),
     "signin_oidc": (("next",), ()),
     "signin_oidc_callback": (("code", "state", "iss", "error", "error_description"), ()),
     "attention": (("after",), ()),

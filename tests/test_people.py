@@ -5,18 +5,25 @@ columns) read as it is and brought up to date on the next write."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from helpers import sign_in_settings
 from test_auth_cli import served_store, users_cli  # noqa: F401 - the fixture, shared
 from test_cli import assert_one_line_error
 
-from localui.backends.users import COLUMN_NAMES
+from localui.backends.users import COLUMN_NAMES, token_hash
 from localui.notify.targets import CHAT, fingerprint
 
 if TYPE_CHECKING:
     from conftest import PgStore
+
+#: The people of a users table an older localui made, with their tokens' hashes.
+OLD_TOKEN = "token-of-old-0123456789abcdef"
+PEOPLE = (("old", token_hash(OLD_TOKEN)), ("bob", token_hash("token-of-bob-0123456789abcdef")))
+OLD_SIGNS_IN = {"Authorization": f"Bearer {OLD_TOKEN}"}
 
 #: An address whose path and password are secrets: no output may show them.
 SECRET_URL = "json://mailer:hunter2@127.0.0.1:9/secret-path-1234"
@@ -94,9 +101,9 @@ OLD_USERS = """CREATE TABLE {table} (
 def test_a_users_table_without_addresses_is_read_then_migrated(
     kind: str, store_copy: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """A table of the localui before addresses (it has groups): read with no address and
-    nobody away, and given the columns by the next write; a reader opened before the
-    write sees what the write set without being opened again."""
+    """A table of the localui before addresses (it has groups): served, read with no
+    address and nobody away, and given the columns by the next write; a reader (and a
+    server) opened before the write sees what the write set without being opened again."""
     from localui.backends import open_users
     from localui.settings import Settings
 
@@ -106,12 +113,17 @@ def test_a_users_table_without_addresses_is_read_then_migrated(
         conn = sqlite3.connect(store_copy)
         with conn:
             conn.execute(OLD_USERS.format(table="localui_users", time="TEXT"))
-            conn.execute(
-                "INSERT INTO localui_users VALUES ('old', 'approver', 'abc', '2026-01-01', 'ops')"
-            )
+            for name, digest in PEOPLE:
+                conn.execute(
+                    "INSERT INTO localui_users VALUES (?, 'approver', ?, '2026-01-01', 'ops')",
+                    (name, digest),
+                )
         conn.close()
         store = ["--store", str(store_copy)]
         settings = Settings(store=str(store_copy))
+        client = request.getfixturevalue("make_acting_client")(
+            store_copy, agents=[], sign_in=sign_in_settings()
+        )
 
         def columns() -> set[str]:
             conn = sqlite3.connect(store_copy)
@@ -123,11 +135,16 @@ def test_a_users_table_without_addresses_is_read_then_migrated(
         pg: PgStore = request.getfixturevalue("pg_store")
         pg.app_raw.execute("CREATE SCHEMA {s}")
         pg.app_raw.execute(OLD_USERS.format(table="{s}.localui_users", time="TIMESTAMPTZ"))
-        pg.app_raw.execute(
-            "INSERT INTO {s}.localui_users VALUES ('old', 'approver', 'abc', now(), 'ops')"
-        )
+        for name, digest in PEOPLE:
+            pg.app_raw.execute(
+                "INSERT INTO {s}.localui_users VALUES (%s, 'approver', %s, now(), 'ops')",
+                (name, digest),
+            )
         store = ["--store", pg.dsn, "--pg-app-schema", pg.app_schema]
         settings = Settings(store=pg.dsn, pg_app_schema=pg.app_schema)
+        client = request.getfixturevalue("make_pg_client")(
+            pg, agents=[], sign_in=sign_in_settings()
+        )
 
         def columns() -> set[str]:
             found = pg.app_raw.query(
@@ -137,9 +154,13 @@ def test_a_users_table_without_addresses_is_read_then_migrated(
             return {str(r["column_name"]) for r in found}
 
     assert "address" not in columns()
+    # Served as it is: the person signs in, and is offered "I am away".
+    page = client.get("/approvals", headers=OLD_SIGNS_IN)
+    assert page.status_code == 200, page.text
+    assert "old · approver" in page.text and "I am away…" in page.text
     reader = open_users(settings, writable=False)
     try:
-        [old] = reader.list_users()
+        [_, old] = reader.list_users()  # by name: bob, old
         assert (old.name, old.groups, old.address, old.away_to, old.away_until) == (
             "old",
             ("ops",),
@@ -157,3 +178,10 @@ def test_a_users_table_without_addresses_is_read_then_migrated(
         assert again is not None and again.address == MAIL and again.groups == ("ops",)
     finally:
         reader.close()
+    # And the server that started on the old table sees an away set since.
+    away = users_cli(store, "away", "old", "--to", "bob", cwd=tmp_path)
+    assert away.returncode == 0, away.stderr
+    deadline = time.monotonic() + 3.5
+    while "bob decides for you" not in client.get("/approvals", headers=OLD_SIGNS_IN).text:
+        assert time.monotonic() < deadline, "the away did not reach the server within 2 s"
+        time.sleep(0.1)

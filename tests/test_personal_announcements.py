@@ -154,14 +154,15 @@ async def test_links_point_at_the_public_url_or_under_the_root_path(where: Where
     # Behind a proxy that strips --root-path, without --public-url: the server's own
     # address under the prefix.
     with Receiver() as receiver:
+        # Someone else: ada was told of these pauses already, once.
         with users_of(where) as users:
-            users.set_address("ada", f"json://127.0.0.1:{receiver.port}/ada")
+            add(users, "bob", "approver", f"json://127.0.0.1:{receiver.port}/bob")
         settings = where.settings(
             Notifications(**QUICK_RETRIES), sign_in=sign_in_settings(), root_path="/ops"
         )
         async with running(create_app(settings)):
             await until(receiver, lambda r: len(r) >= 1)
-        message = receiver.requests("/ada")[0].json()["message"]
+        message = receiver.requests("/bob")[0].json()["message"]
         for url in links_in(message).values():
             assert url.startswith("http://localui.localhost:8765/ops/decide/"), url
 

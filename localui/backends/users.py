@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
+import time
 import unicodedata
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from localui.backends.base import UserDirectory
 from localui.backends.shared import NamedRow
 from localui.errors import BadRequest, Conflict
 from localui.names import MAX_NAME
@@ -33,6 +36,10 @@ from localui.records import User
 from localui.roles import ROLES
 
 TABLE = "localui_users"
+#: How long a read of everyone is believed: as long as the sign-in's look-up of one
+#: person (``localui.auth.CACHE_SECONDS``), so a change made by ``localui users`` (an
+#: away, a role) reaches every server within it.
+EVERYONE_SECONDS = 2.0
 
 #: The table's columns, in the order every SELECT and RETURNING lists them.
 COLUMN_NAMES = (
@@ -136,3 +143,37 @@ def user_from_row(row: NamedRow, instant: Callable[[Any], str] = str) -> User:
         away_to=str(row["away_to"] or ""),
         away_until=str(row["away_until"] or ""),
     )
+
+
+class Everyone:
+    """Everyone in a users table, as it said at most :data:`EVERYONE_SECONDS` ago: what
+    the delegation rules (``localui.delegation``) read on each decision and queue page,
+    one read per two seconds however many ask. Callable from any thread; with no
+    directory (sign-in off) there is nobody."""
+
+    def __init__(
+        self,
+        users: UserDirectory | None,
+        *,
+        seconds: float = EVERYONE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.users = users
+        self._seconds = seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._read: tuple[float, tuple[User, ...]] | None = None
+
+    def forget(self) -> None:
+        """Read the table again on the next call (this process has just changed it)."""
+        with self._lock:
+            self._read = None
+
+    def __call__(self) -> tuple[User, ...]:
+        if self.users is None:
+            return ()
+        with self._lock:
+            now = self._clock()
+            if self._read is None or now - self._read[0] >= self._seconds:
+                self._read = (now, self.users.list_users())
+            return self._read[1]

@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from localui.backends.base import UserDirectory
+from localui.delegation import deciders
 from localui.notify import events as ev
 from localui.notify.targets import CHAT, Target
 from localui.policy import Policy, Rule
 from localui.records import User
-from localui.roles import ROLES
 
 PERSON_PREFIX = "person:"
 #: The events a person is told of at their own address: the pauses they may decide.
@@ -41,19 +41,12 @@ def person_of_target(target_id: str) -> str | None:
     return target_id[len(PERSON_PREFIX) :] if target_id.startswith(PERSON_PREFIX) else None
 
 
-def may_decide(user: User, rule: Rule | None) -> bool:
-    """Whether ``user`` may decide a pause under ``rule``: an approver or operator whom
-    the rule (if any) names."""
-    if user.role not in ROLES or ROLES.index(user.role) < ROLES.index("approver"):
-        return False
-    return rule is None or rule.allows(user.name, user.role, user.groups)
-
-
 def told_of(rule: Rule | None, people: Sequence[User], now: datetime) -> tuple[str, ...]:
     """The names of the people with an address who are told of a pause under ``rule``
-    (None: no rule governs it), each once."""
-    del now  # who is away, and until when, is read against it once delegation is in
-    return tuple(u.name for u in people if u.address and may_decide(u, rule))
+    (None: no rule governs it), each once: each person away at ``now`` replaced by whoever
+    decides for them (``localui.delegation.deciders``), whose own link then decides it
+    for them."""
+    return tuple(d.name for d in deciders(rule, people, now) if d.address)
 
 
 class People:

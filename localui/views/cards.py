@@ -330,12 +330,9 @@ def approval_item(
         key = (pending.execution_id, pending.checkpoint_id or "")
         if votes is None:
             votes = actions.decisions.votes_for([key]) if rule.approvals > 1 else {}
+        standing = actions.preflight.standing(rule, person, pending, now)
         shown_rule = rule_view(
-            rule,
-            votes.get(key, ()),
-            context_value,
-            actions.preflight.may_decide(rule, person, pending, now),
-            now,
+            rule, votes.get(key, ()), context_value, standing.may, now, standing.for_names
         )
     due_at = rule.due_at(pending.created_at) if rule is not None else None
     escalated = ""
@@ -485,10 +482,28 @@ class RuleView:
     may_decide: bool
     reason_required: str
     fields: tuple[FieldView, ...] = html_only(())
+    #: The away people the person looking decides it for, as their delegate
+    #: (``localui.delegation``); empty when they decide it in their own right.
+    deciding_for: tuple[str, ...] = ()
+    #: ``for ada, who is away``: said after "Deciding as bob".
+    for_words: str = html_only("")
+
+
+def delegate_words(deciding_for: tuple[str, ...]) -> str:
+    """``for ada, who is away``: what a delegate's card says after "Deciding as bob"."""
+    if not deciding_for:
+        return ""
+    who = "who is away" if len(deciding_for) == 1 else "who are away"
+    return f"for {' or '.join(deciding_for)}, {who}"
 
 
 def rule_view(
-    rule: Rule, votes: tuple[Vote, ...], context: Any, may_decide: bool, now: datetime
+    rule: Rule,
+    votes: tuple[Vote, ...],
+    context: Any,
+    may_decide: bool,
+    now: datetime,
+    deciding_for: tuple[str, ...] = (),
 ) -> RuleView:
     shown = tuple(VoteView(v.actor, v.voted_at, age_words(v.voted_at, now)) for v in votes)
     plural = "approval" if rule.approvals == 1 else "approvals"
@@ -508,4 +523,6 @@ def rule_view(
         may_decide=may_decide,
         reason_required=rule.reason_required,
         fields=tuple(field_view(f, context) for f in rule.fields),
+        deciding_for=deciding_for,
+        for_words=delegate_words(deciding_for),
     )

@@ -46,7 +46,7 @@ from localui.backends.decisions import (
 from localui.backends.postgres.index.schema import Tables
 from localui.backends.postgres.pool import Pool, StaleConnection, identifier, iso, parse_instant
 from localui.errors import BadRequest, Unavailable
-from localui.names import one_person
+from localui.names import same_voter
 from localui.records import (
     AGAIN,
     COUNTED,
@@ -711,7 +711,7 @@ class PostgresDecisionLog:
                 (f"{self.schema}.{VOTES_TABLE}:{execution_id}:{checkpoint_id}",),
             )
             votes = tuple(vote_from_row(r, iso) for r in cur.execute(select, key).fetchall())
-            if any(one_person(v.actor, actor) for v in votes):
+            if any(same_voter(v.actor, actor) for v in votes):
                 return Ballot(AGAIN, votes)
             if len(votes) >= needed:
                 return Ballot(FULL, votes)

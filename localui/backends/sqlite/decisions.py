@@ -41,7 +41,7 @@ from localui.backends.decisions import (
 from localui.backends.sqlite.connect import connect, transaction, with_retry
 from localui.backends.sqlite.files import file_uri
 from localui.errors import Unavailable
-from localui.names import one_person
+from localui.names import same_voter
 from localui.records import (
     AGAIN,
     COUNTED,
@@ -558,7 +558,7 @@ class SQLiteDecisionLog:
             # count the insert adds to.
             with transaction(self._conn) as conn:
                 votes = self._votes(execution_id, checkpoint_id)
-                if any(one_person(v.actor, actor) for v in votes):
+                if any(same_voter(v.actor, actor) for v in votes):
                     return Ballot(AGAIN, votes)
                 if len(votes) >= needed:
                     return Ballot(FULL, votes)
