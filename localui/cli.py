@@ -236,10 +236,12 @@ def _add_notify_options(parser: argparse.ArgumentParser) -> None:
     )
     notify.add_argument(
         "--notify-on",
-        default="paused,decided,failed,cancelled,stalled,overdue",
+        default="paused,decided,failed,cancelled,stalled,overdue,escalated,timed_out",
         metavar="EVENTS",
         help="Which events to announce (default: paused,decided,failed,cancelled,stalled,"
-        "overdue). 'failed' is a run that failed or ran out of its timeout_seconds;"
+        "overdue,escalated,timed_out). 'escalated' and 'timed_out' are a policy rule's"
+        " deadline passing (its due, its on_timeout decision);"
+        " 'failed' is a run that failed or ran out of its timeout_seconds;"
         " 'cancelled' is the run.failed of a run someone cancelled on purpose (leave it out"
         " to hear of failures only).",
     )

@@ -80,7 +80,15 @@ CLAIM_LEASE_SECONDS = 30.0
 
 
 #: Every event a watcher announces (``localui.notify.events``).
-EVENT_TYPES = ("run.paused", "run.decided", "run.failed", "run.stalled", "pause.overdue")
+EVENT_TYPES = (
+    "run.paused",
+    "run.decided",
+    "run.failed",
+    "run.stalled",
+    "pause.overdue",
+    "pause.escalated",
+    "pause.timed_out",
+)
 #: Not an event of its own: the ``run.failed`` of a run someone cancelled on purpose,
 #: which ``--notify-on`` chooses apart from other failures (``cancelled``).
 CANCELLED_FAILURES = "run.failed.cancelled"

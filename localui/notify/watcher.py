@@ -63,6 +63,7 @@ from localui.notify.outbox import notices_of
 from localui.notify.people import PERSONAL_EVENTS, People, person_of_target
 from localui.notify.sender import ROUND_SIZE, Deliverer, Sender
 from localui.notify.targets import Target, routes_of, targets_of
+from localui.policy import Rule
 from localui.records import Decision, IndexProgress, Pending, RunQuery
 from localui.settings import Settings
 
@@ -176,10 +177,21 @@ class Watcher:
         names = ", ".join(repr(rule) for rule in rules)
         return f"the pauses (and reminders) of rule{'s' if len(rules) > 1 else ''} {names}"
 
-    def _rule_of(self, pending: Pending) -> str:
+    def _rule(self, pending: Pending) -> Rule | None:
         policy = self.settings.policy
-        rule = policy.rule_for(pending) if policy is not None else None
+        return policy.rule_for(pending) if policy is not None else None
+
+    def _rule_of(self, pending: Pending) -> str:
+        rule = self._rule(pending)
         return rule.name if rule is not None else ""
+
+    def _rhythm(self, pending: Pending) -> tuple[float, float | None]:
+        """When a pause's first reminder comes and how often the next: a rule with
+        ``due`` and ``remind_every`` gives its own, else ``--remind-after``."""
+        rule = self._rule(pending)
+        if rule is not None and rule.due is not None and rule.remind_every is not None:
+            return rule.due, rule.remind_every
+        return self.settings.remind_after, None
 
     def record(self, found: Sequence[Event]) -> int:
         """Record the wanted events for each of their targets; how many rows are new."""
@@ -232,25 +244,26 @@ class Watcher:
             rule = self._rule_of(pending)
             found.append(ev.paused(pending, call, self._redact, rule))
             if overdue:
+                first, every = self._rhythm(pending)
                 reminder = ev.overdue(
                     pending,
                     call,
                     now,
-                    self.settings.remind_after,
+                    first,
                     self.notifications.remind_times,
                     self._redact,
                     rule,
+                    every,
                 )
                 if reminder is not None:
                     found.append(reminder)
         return found
 
     def _wanted_keys(self, pending: Pending, now: datetime) -> list[str]:
+        first, every = self._rhythm(pending)
         return [
             key
-            for key in ev.pause_keys(
-                pending, now, self.settings.remind_after, self.notifications.remind_times
-            )
+            for key in ev.pause_keys(pending, now, first, self.notifications.remind_times, every)
             if key.partition("\x1f")[0] in self._wanted
         ]
 

@@ -10,6 +10,7 @@ from localui import runs
 from localui.backends.base import (
     AuditLog,
     ChangeSource,
+    Deadlines,
     DecisionLog,
     Outbox,
     Prunes,
@@ -65,6 +66,11 @@ class SQLiteBackend:
         from localui.backends.sqlite.audit import SQLiteAuditLog
 
         return SQLiteAuditLog(self.path, writable=writable)
+
+    def deadlines(self, *, writable: bool) -> Deadlines:
+        from localui.backends.sqlite.deadlines import SQLiteDeadlines
+
+        return SQLiteDeadlines(self.path, writable=writable)
 
     def checkpointer(self) -> Prunes:
         from fastaiagent.checkpointers import SQLiteCheckpointer
