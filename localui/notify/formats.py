@@ -63,6 +63,8 @@ def line_of(event: Event, url: str, now: datetime, *, personal: bool = False) ->
             f"Overdue: {_what(event)} waits past rule {event.rule!r}'s deadline — {who}{why};"
             f" paused {since}. {added} may now decide it too."
         )
+        if personal:
+            text += f" {deciders}"
     elif event.type == ev.TIMED_OUT:
         verb = "approved" if event.approved else "rejected"
         outcome = f" (outcome: {event.outcome})" if event.outcome else ""

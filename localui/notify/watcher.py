@@ -60,7 +60,7 @@ from localui.notify import events as ev
 from localui.notify.events import Event
 from localui.notify.formats import Links
 from localui.notify.outbox import notices_of
-from localui.notify.people import PERSONAL_EVENTS, People, person_of_target
+from localui.notify.people import People, person_of_target
 from localui.notify.sender import ROUND_SIZE, Deliverer, Sender
 from localui.notify.targets import Target, routes_of, targets_of
 from localui.policy import Rule
@@ -166,6 +166,12 @@ class Watcher:
         people = self.people.target_ids(rule, self._now()) if personal and self.people else ()
         return tuple(dict.fromkeys([*self._everyone, *self._routes.get(rule, ()), *people]))
 
+    def _targets_of(self, event: Event) -> tuple[str, ...]:
+        """Where ``event`` goes: the server's own targets, its rule's, and the people told
+        of it at their own address (``localui.notify.people``)."""
+        people = self.people.target_ids_of(event, self._now()) if self.people else ()
+        return tuple(dict.fromkeys([*self._target_ids(event.rule), *people]))
+
     def gets(self, target_id: str) -> str:
         """What a target is told, as the notifications page says it."""
         person = person_of_target(target_id)
@@ -198,9 +204,7 @@ class Watcher:
         by_targets: dict[tuple[str, ...], list[Event]] = {}
         for event in found:
             if ev.wanted(event, self._wanted):
-                personal = event.type in PERSONAL_EVENTS
-                targets = self._target_ids(event.rule, personal=personal)
-                by_targets.setdefault(targets, []).append(event)
+                by_targets.setdefault(self._targets_of(event), []).append(event)
         now = self._clock()
         added = 0
         for target_ids, events in by_targets.items():
