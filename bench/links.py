@@ -86,9 +86,14 @@ def _pauses(env: dict[str, str], count: int) -> list[str]:
 def _add_ada(store_args: list[str], env: dict[str, str], address: str) -> str:
     """ada, an approver with an address, as ``localui users add`` makes her; her
     personal token (this script reads the runs' states with it)."""
+    # The users table is the app's: ``localui users`` takes no SDK schema.
+    where = list(store_args)
+    if "--pg-schema" in where:
+        at = where.index("--pg-schema")
+        del where[at : at + 2]
     done = subprocess.run(
         [sys.executable, "-m", "localui", "users", "add", "ada", "--role", "approver"]
-        + [*store_args, "--notify", address],
+        + [*where, "--notify", address],
         env=env,
         cwd=REPO,
         capture_output=True,

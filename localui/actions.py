@@ -19,7 +19,7 @@ import contextlib
 import json
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -196,10 +196,13 @@ class ActionService:
                     f"this pause has no fields (no rule governs it): {', '.join(sorted(fields))}"
                 )
         else:
-            standing = await off_loop(self.preflight.standing, rule, person)
+            standing = await off_loop(self.preflight.standing, rule, person, pending)
             if not standing.may:
+                who = rule.who
+                if rule.escalate_to:
+                    who += f" (and, once it is overdue, {rule.escalated_who})"
                 raise Forbidden(
-                    f"Rule {rule.name!r}: only {rule.who} may decide this pause,"
+                    f"Rule {rule.name!r}: only {who} may decide this pause,"
                     f" and {approver} is not one of them"
                 )
             if rule.needs_reason(approved) and not reason:
@@ -337,6 +340,90 @@ class ActionService:
             owner,
             context=context,
             modified_state=claim.decision.edited_state,
+        )
+
+    async def decide_by_rule(
+        self,
+        execution_id: str,
+        checkpoint_id: str,
+        *,
+        late: bool = False,
+        claimed: Callable[[Decision], Awaitable[None]] | None = None,
+    ) -> Outcome:
+        """Decide the pause at ``checkpoint_id`` as its rule's ``on_timeout`` says, as
+        the rule (actor ``policy:NAME``, reason the rule's ``timeout_reason``), through
+        the same exactly-once claim and resume as :meth:`decide`, its checks first in
+        the same order. An approval hands the tool each field's default; it decides
+        alone, whatever votes the rule counts. ``late``: no localui ran at the deadline,
+        and the recorded reason says so (the tool is handed the rule's reason alone).
+        ``claimed`` is called once the claim is won, before the SDK is asked: whatever
+        it announces is not lost to a process that dies while the tool runs."""
+        self.preflight.ensure_writable()
+        pending = await off_loop(self.store.get_pending, execution_id)
+        if pending is None:
+            await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
+            raise NotFound(f"run {execution_id!r} is not waiting for an approval")
+        if pending.checkpoint_id != checkpoint_id:
+            await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
+            raise StaleCard(
+                f"the run now waits at row {pending.checkpoint_id}, not {checkpoint_id}",
+                pending.checkpoint_id,
+            )
+        rule = self.preflight.rule_for(pending)
+        if rule is None or rule.on_timeout is None:
+            raise Refused("no rule with on_timeout governs this pause here")
+        approved = rule.on_timeout == "approve"
+        typed = rule.timeout_fields(pending.context) if approved else {}
+        rows = await off_loop(self.store.list_rows, execution_id)
+        problem = await off_loop(lambda: self.preflight.approval_problem(pending, rows=rows))
+        if problem is not None:
+            await self._raise_decided(execution_id, checkpoint_id, APPROVAL)
+            raise Refused(problem)
+        for taken in await off_loop(self.decisions.list_for_run, execution_id):
+            if taken.kind == APPROVAL and taken.rearmed_checkpoint_id == checkpoint_id:
+                raise AlreadyDecided(f"This pause was {words.being_or_already(taken)}.", taken)
+        owner = runs.run_owner(rows)
+        context = await self.context_of(owner, "aresume", execution_id)
+        actor = rule.actor
+        resume_metadata: dict[str, Any] = {
+            "approver": actor,
+            "approvers": [actor],
+            "reason": rule.timeout_reason,
+            **typed,
+        }
+        recorded_reason = rule.timeout_reason + (words.DECIDED_AT_START if late else "")
+        claim = await off_loop(
+            lambda: self.decisions.claim(
+                kind=APPROVAL,
+                execution_id=execution_id,
+                checkpoint_id=checkpoint_id,
+                approved=approved,
+                actor=actor,
+                reason=recorded_reason,
+                still_pending=lambda: self.store.get_pending(execution_id) is not None,
+                metadata=resume_metadata,
+                agent=owner.name,
+            )
+        )
+        if not claim.won:
+            raise AlreadyDecided(
+                f"This pause was {words.being_or_already(claim.decision)}.", claim.decision
+            )
+        if claimed is not None:
+            await claimed(claim.decision)
+        from fastaiagent import Resume
+
+        recorded = claim.decision.resume_metadata
+        resume_value = Resume(
+            approved=approved, metadata=recorded if recorded is not None else resume_metadata
+        )
+        return await self.run_resume(
+            execution_id,
+            claim.decision,
+            "approve" if approved else "reject",
+            resume_value,
+            owner,
+            context=context,
         )
 
     async def _deciding_for(

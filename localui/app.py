@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,12 @@ from localui.backends.base import Backend, Changes
 from localui.backends.traces import SpanIndex
 from localui.backends.users import new_token
 from localui.contexts import RunContexts
+from localui.deadlines import DeadlineSweep
 from localui.errors import LocalUIError, NotFound, Unavailable
 from localui.links import LinkSigner
 from localui.live import ChangeFeed, LiveRenders
 from localui.metrics import RequestTiming, app_metrics
+from localui.notify.events import Event
 from localui.notify.people import People
 from localui.notify.watcher import Watcher, make_watcher
 from localui.offloop import off_loop
@@ -383,6 +385,10 @@ def create_app(
         if settings.notifies or (people is not None and await off_loop(people.any_address)):
             watcher = new_watcher()
         traces = trace_index(settings, opened)
+        # The pauses' deadlines, when a rule gives any: the queue sorts by them, and a
+        # writable server escalates and decides them (``localui.deadlines``).
+        has_deadlines = settings.policy is not None and settings.policy.has_deadlines
+        deadlines = opened.deadlines(writable=not settings.read_only) if has_deadlines else None
         app.state.localui = AppState(
             settings=settings,
             backend=opened,
@@ -400,6 +406,7 @@ def create_app(
             seeding=seeding,
             watcher=watcher,
             audit=audit_log,
+            deadlines=deadlines,
         )
         metrics.fleet.open(opened.store, decisions)
         # A read-only server changes nothing, so it carries no decision out either.
@@ -438,9 +445,21 @@ def create_app(
             seeder = asyncio.create_task(seeding.run(landed, actions), name="localui seeding")
         if recovery is not None:
             await recovery.start()
+        sweep = None
+        if deadlines is not None and not settings.read_only:
+
+            def record(events: Sequence[Event]) -> int:
+                # The watcher as it is now: one may start later (start_when_addressed).
+                current = app.state.localui.watcher
+                return current.record(events) if current is not None else 0
+
+            sweep = DeadlineSweep(actions, deadlines, record=record)
+            await sweep.start()
         try:
             yield
         finally:
+            if sweep is not None:
+                await sweep.stop()
             if recovery is not None:
                 await recovery.stop()
             if seeder is not None:
@@ -460,6 +479,8 @@ def create_app(
             await asyncio.gather(*app.state.localui.background, return_exceptions=True)
             metrics.fleet.close()
             decisions.close()
+            if deadlines is not None:
+                deadlines.close()
             recorder.log = None
             audit_log.close()
             notes.close()

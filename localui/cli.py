@@ -236,11 +236,13 @@ def _add_notify_options(parser: argparse.ArgumentParser) -> None:
     )
     notify.add_argument(
         "--notify-on",
-        default="paused,decided,failed,cancelled,stalled,overdue,noted",
+        default="paused,decided,failed,cancelled,stalled,overdue,escalated,timed_out,noted",
         metavar="EVENTS",
         help="Which events to announce (default: paused,decided,failed,cancelled,stalled,"
-        "overdue,noted). 'noted' is a note left on a pause. 'failed' is a run that failed or"
-        " ran out of its timeout_seconds;"
+        "overdue,escalated,timed_out,noted). 'noted' is a note left on a pause; 'escalated'"
+        " and 'timed_out' are a policy rule's deadline passing (its due, its on_timeout"
+        " decision);"
+        " 'failed' is a run that failed or ran out of its timeout_seconds;"
         " 'cancelled' is the run.failed of a run someone cancelled on purpose (leave it out"
         " to hear of failures only).",
     )

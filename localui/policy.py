@@ -14,6 +14,14 @@ approver fills in (``[[rule.field]]``), which reach the tool in ``Resume.metadat
 (the SDK drops anything passed any other way), and where its pauses are announced
 besides the server's own targets (``notify``: Apprise URLs).
 
+A rule may give its pauses a deadline (``due``: "4h"): once a pause has waited that
+long it is overdue, its reminders come every ``remind_every`` (instead of the server's
+``--remind-after``), and the people of ``escalate_to`` may decide it too. With
+``on_timeout`` the rule itself decides a pause nobody answered by ``timeout_after``
+(``due`` unless given): ``"reject"`` with ``timeout_reason``, or ``"approve"`` only
+where the rule also says ``allow_timeout_approve = true``; the fields then take their
+defaults. Carrying that out is ``localui.deadlines``'s.
+
 Everything here is pure: parsing, matching, who may decide and checking the fields.
 The votes themselves live in each backend's decision log.
 """
@@ -25,6 +33,7 @@ import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
@@ -53,7 +62,21 @@ RULE_KEYS = (
     "reason_required",
     "field",
     "notify",
+    "due",
+    "remind_every",
+    "escalate_to",
+    "on_timeout",
+    "timeout_after",
+    "timeout_reason",
+    "allow_timeout_approve",
 )
+#: What a rule may do with a pause nobody decided by its deadline.
+ON_TIMEOUT = ("reject", "approve")
+#: The units of a duration (``90s``, ``30m``, ``4h``, ``1d``), in seconds.
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"([0-9]{1,7})([smhd])\Z")
+#: The actor a timeout decision is recorded under: ``policy:NAME``.
+POLICY_ACTOR = "policy:"
 FIELD_KEYS = ("name", "type", "label", "default", "min", "max", "required", "choices")
 _FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 #: The longest text an approver may type into a text field.
@@ -195,6 +218,27 @@ def _number(value: float) -> str:
     return str(int(value)) if value.is_integer() else str(value)
 
 
+def _names(entries: Sequence[str], name: str, role: str, groups: Sequence[str]) -> bool:
+    """Whether ``entries`` (``user:``, ``group:``, ``role:``) name this person."""
+    for entry in entries:
+        kind, _, value = entry.partition(":")
+        if kind == "user" and value == name:
+            return True
+        if kind == "group" and value in groups:
+            return True
+        if kind == "role" and role in ROLES and ROLES.index(role) >= ROLES.index(value):
+            return True
+    return False
+
+
+def _who(entries: Sequence[str]) -> str:
+    names = []
+    for entry in entries:
+        kind, _, value = entry.partition(":")
+        names.append(f"{value}s" if kind == "role" else value)
+    return " or ".join(names)
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     name: str
@@ -211,6 +255,17 @@ class Rule:
     #: Apprise URLs the rule's pauses (and their reminders) are announced to, besides
     #: the targets every event goes to.
     notify: tuple[str, ...] = ()
+    #: Seconds after it paused that a pause is overdue; None: no deadline.
+    due: float | None = None
+    #: While overdue, remind this often (seconds); None: the server's ``--remind-after``.
+    remind_every: float | None = None
+    #: Entries like ``approvers``, who may decide a pause once it is overdue too.
+    escalate_to: tuple[str, ...] = ()
+    #: ``reject`` or ``approve``: what the rule decides at ``timeout_after``; None: nothing.
+    on_timeout: str | None = None
+    #: Seconds after it paused that the rule decides a pause (``on_timeout``).
+    timeout_after: float | None = None
+    timeout_reason: str = ""
 
     def matches(self, *, owner: str, agent: str, reason: str, tool: str) -> bool:
         if self.agent is not None and not (
@@ -224,28 +279,50 @@ class Rule:
     def allows(self, name: str, role: str, groups: Sequence[str]) -> bool:
         """Whether this person is one the rule lets decide (their role must still
         allow deciding at all: the rule narrows who, it never widens it)."""
-        if not self.approvers:
-            return True
-        for entry in self.approvers:
-            kind, _, value = entry.partition(":")
-            if kind == "user" and value == name:
-                return True
-            if kind == "group" and value in groups:
-                return True
-            if kind == "role" and role in ROLES and ROLES.index(role) >= ROLES.index(value):
-                return True
-        return False
+        return not self.approvers or _names(self.approvers, name, role, groups)
+
+    def allows_escalated(self, name: str, role: str, groups: Sequence[str]) -> bool:
+        """Whether this person is one ``escalate_to`` adds once a pause is overdue."""
+        return _names(self.escalate_to, name, role, groups)
 
     @property
     def who(self) -> str:
         """Who may decide, as a person reads it: ``finance or ada``."""
-        if not self.approvers:
-            return "any approver"
-        names = []
-        for entry in self.approvers:
-            kind, _, value = entry.partition(":")
-            names.append(f"{value}s" if kind == "role" else value)
-        return " or ".join(names)
+        return _who(self.approvers) if self.approvers else "any approver"
+
+    @property
+    def escalated_who(self) -> str:
+        """Who ``escalate_to`` adds, as a person reads it: ``managers or bob``."""
+        return _who(self.escalate_to)
+
+    @property
+    def actor(self) -> str:
+        """Who a timeout decision is recorded as: ``policy:NAME``."""
+        return f"{POLICY_ACTOR}{self.name}"
+
+    def due_at(self, paused_at: str) -> datetime | None:
+        """When a pause that paused at ``paused_at`` (the SDK's time) is overdue."""
+        then = runs.parse_time(paused_at)
+        if self.due is None or then is None:
+            return None
+        return then + timedelta(seconds=self.due)
+
+    def timeout_at(self, paused_at: str) -> datetime | None:
+        """When the rule decides a pause that paused at ``paused_at``; None: never."""
+        then = runs.parse_time(paused_at)
+        if self.timeout_after is None or self.on_timeout is None or then is None:
+            return None
+        return then + timedelta(seconds=self.timeout_after)
+
+    def is_overdue(self, paused_at: str, now: datetime) -> bool:
+        due = self.due_at(paused_at)
+        return due is not None and now >= due
+
+    def timeout_fields(self, context: Any) -> dict[str, Value | None]:
+        """The fields a timeout approval hands the tool: each one's default for this
+        pause, checked as a person's would be (a 400 when one cannot be)."""
+        sent = {f.name: v for f in self.fields if (v := f.default_for(context)) is not None}
+        return self.check_fields(sent, context)
 
     def needs_reason(self, approved: bool) -> bool:
         return not approved or self.reason_required == "always"
@@ -284,6 +361,11 @@ class Policy:
         return self.match(
             owner=owner.name, agent=pending.agent, reason=pending.reason, tool=tool or ""
         )
+
+    @property
+    def has_deadlines(self) -> bool:
+        """Whether any rule gives its pauses a deadline (``due``)."""
+        return any(r.due is not None for r in self.rules)
 
     @property
     def notify_urls(self) -> tuple[str, ...]:
@@ -354,18 +436,7 @@ def _rule(raw: dict[str, Any], where: str) -> Rule:
     extra = sorted(set(raw) - set(RULE_KEYS))
     if extra:
         raise PolicyError(f"{where}: unknown key {extra[0]!r} (allowed: {', '.join(RULE_KEYS)})")
-    approvers = _strings(raw, "approvers", where)
-    for entry in approvers:
-        kind, colon, value = entry.partition(":")
-        if not colon or kind not in WHO_KINDS or not value:
-            raise PolicyError(
-                f"{where}: key 'approvers': {entry!r} must be group:NAME, user:NAME or role:ROLE"
-            )
-        if kind == "role" and value not in ROLES[1:]:
-            raise PolicyError(
-                f"{where}: key 'approvers': {entry!r}: the roles that decide are"
-                f" {', '.join(ROLES[1:])}"
-            )
+    approvers = _who_entries(raw, "approvers", where)
     approvals = raw.get("approvals", 1)
     if isinstance(approvals, bool) or not isinstance(approvals, int) or approvals < 1:
         raise PolicyError(
@@ -402,7 +473,99 @@ def _rule(raw: dict[str, Any], where: str) -> Rule:
         reason_required=str(reason_required),
         fields=tuple(fields),
         notify=_strings(raw, "notify", where),
+        **_deadline(raw, where, fields),
     )
+
+
+def _who_entries(raw: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    entries = _strings(raw, key, where)
+    for entry in entries:
+        kind, colon, value = entry.partition(":")
+        if not colon or kind not in WHO_KINDS or not value:
+            raise PolicyError(
+                f"{where}: key {key!r}: {entry!r} must be group:NAME, user:NAME or role:ROLE"
+            )
+        if kind == "role" and value not in ROLES[1:]:
+            raise PolicyError(
+                f"{where}: key {key!r}: {entry!r}: the roles that decide are {', '.join(ROLES[1:])}"
+            )
+    return entries
+
+
+def _duration(raw: Mapping[str, Any], key: str, where: str) -> float | None:
+    """A duration key (``90s``, ``30m``, ``4h``, ``1d``) in seconds; None when absent."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    found = _DURATION.match(value.strip()) if isinstance(value, str) else None
+    if found is None or int(found.group(1)) < 1:
+        raise PolicyError(
+            f'{where}: key {key!r} must be a duration such as "90s", "30m", "4h"'
+            f' or "1d", not {value!r}'
+        )
+    return float(int(found.group(1)) * DURATION_UNITS[found.group(2)])
+
+
+def _deadline(raw: Mapping[str, Any], where: str, fields: Sequence[Field]) -> dict[str, Any]:
+    """The deadline keys of a rule (``due`` and those that need it), checked."""
+    due = _duration(raw, "due", where)
+    if due is None:
+        for key in RULE_KEYS[RULE_KEYS.index("remind_every") :]:
+            if key in raw:
+                raise PolicyError(
+                    f"{where}: key {key!r} needs 'due' (how long after it paused a pause is"
+                    " overdue)"
+                )
+        return {}
+    on_timeout = raw.get("on_timeout")
+    if on_timeout is not None and on_timeout not in ON_TIMEOUT:
+        raise PolicyError(
+            f"{where}: key 'on_timeout' must be one of {', '.join(ON_TIMEOUT)}, not {on_timeout!r}"
+        )
+    timeout_after = _duration(raw, "timeout_after", where)
+    reason = _text(raw, "timeout_reason", where)
+    allow = raw.get("allow_timeout_approve", False)
+    if not isinstance(allow, bool):
+        raise PolicyError(f"{where}: key 'allow_timeout_approve' must be true or false")
+    if on_timeout is None:
+        for key in ("timeout_after", "timeout_reason", "allow_timeout_approve"):
+            if key in raw:
+                raise PolicyError(f"{where}: key {key!r} needs 'on_timeout' (reject or approve)")
+    else:
+        if reason is None:
+            raise PolicyError(
+                f"{where}: key 'timeout_reason' is required with 'on_timeout': the reason"
+                " the run (and whoever it answers) is given"
+            )
+        if timeout_after is not None and timeout_after < due:
+            raise PolicyError(
+                f"{where}: key 'timeout_after' ({raw['timeout_after']}) must be at least"
+                f" 'due' ({raw['due']})"
+            )
+        if on_timeout == "approve" and not allow:
+            raise PolicyError(
+                f"{where}: key 'on_timeout' = \"approve\" approves what nobody looked at:"
+                " say so twice with allow_timeout_approve = true"
+            )
+        if on_timeout != "approve" and allow:
+            raise PolicyError(
+                f"{where}: key 'allow_timeout_approve' is only for on_timeout = \"approve\""
+            )
+        if on_timeout == "approve":
+            for field in fields:
+                if field.required and field.default is None:
+                    raise PolicyError(
+                        f"{where}: field {field.name!r} is required and has no default, so"
+                        ' on_timeout = "approve" could not fill it in: give it a default'
+                    )
+    return {
+        "due": due,
+        "remind_every": _duration(raw, "remind_every", where),
+        "escalate_to": _who_entries(raw, "escalate_to", where),
+        "on_timeout": on_timeout,
+        "timeout_after": None if on_timeout is None else (timeout_after or due),
+        "timeout_reason": reason or "",
+    }
 
 
 def _path(text: str, where: str, key: str) -> ContextPath:

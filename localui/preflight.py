@@ -215,20 +215,43 @@ class Preflight:
         policy = self.settings.policy
         return policy.rule_for(pending) if policy is not None else None
 
-    def may_decide(self, rule: Rule | None, person: Person | None) -> bool:
+    def may_decide(
+        self,
+        rule: Rule | None,
+        person: Person | None,
+        pending: Pending | None = None,
+        now: datetime | None = None,
+    ) -> bool:
         """Whether the rule lets this person decide, in their own right or for someone
         away whose delegate they are. With sign-in off nobody is identified, so the
-        rule's count, reasons and fields apply, but not its "who"."""
-        return self.standing(rule, person).may
+        rule's count, reasons and fields apply, but not its "who". Once ``pending`` is
+        past its rule's ``due`` at ``now`` (default: this moment), the rule's
+        ``escalate_to`` people may decide it too; without ``pending``, only the rule's
+        approvers (and their delegates)."""
+        return self.standing(rule, person, pending, now).may
 
-    def standing(self, rule: Rule | None, person: Person | None) -> delegation.Standing:
-        """What this person may do with a pause under ``rule``: decide it themselves,
+    def standing(
+        self,
+        rule: Rule | None,
+        person: Person | None,
+        pending: Pending | None = None,
+        now: datetime | None = None,
+    ) -> delegation.Standing:
+        """What this person may do with a pause under ``rule``: decide it themselves
+        (as one of its approvers, or of its ``escalate_to`` once ``pending`` is overdue),
         or for the away people they stand in for (``localui.delegation``). The users
         table is read (through its two-second cache) only when the rule does not let
         them decide themselves."""
         if rule is None or person is None or not person.identified:
             return delegation.Standing(own=True)
         if rule.allows(person.name, person.role, person.groups):
+            return delegation.Standing(own=True)
+        if (
+            pending is not None
+            and rule.escalate_to
+            and rule.is_overdue(pending.created_at, now or datetime.now(UTC))
+            and rule.allows_escalated(person.name, person.role, person.groups)
+        ):
             return delegation.Standing(own=True)
         represented = self._stand_ins().get(person.name, ())
         return delegation.standing_among(rule, person.name, person.role, person.groups, represented)

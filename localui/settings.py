@@ -86,6 +86,8 @@ EVENT_TYPES = (
     "run.failed",
     "run.stalled",
     "pause.overdue",
+    "pause.escalated",
+    "pause.timed_out",
     "pause.noted",
 )
 #: Not an event of its own: the ``run.failed`` of a run someone cancelled on purpose,

@@ -456,3 +456,34 @@ def edit_lines(metadata: Any) -> tuple[str, ...]:
     if more > 0:
         lines.append(f"and {more} more")
     return tuple(lines)
+
+
+#: What the record's reason of a timeout decision ends with when no localui ran at the
+#: deadline, and the pause was decided when one started (``localui.deadlines``).
+DECIDED_AT_START = " (decided at start: localui was not running at the deadline)"
+
+
+def _span(seconds: int) -> str:
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min"
+    if seconds < 86400:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} d"
+
+
+def timeout_words(rule: str, approves: bool, timeout_at: datetime, now: datetime) -> str:
+    """``rule 'refunds' rejects it in 20 h``: what a rule's ``on_timeout`` will do."""
+    verb = "approves" if approves else "rejects"
+    seconds = int((timeout_at - now).total_seconds())
+    when = f"in {_span(seconds)}" if seconds > 0 else "now"
+    return f"rule {rule!r} {verb} it {when} unless someone decides first"
+
+
+def due_words(due_at: datetime, now: datetime) -> str:
+    """``"due in 3 h"`` or ``"overdue by 20 min"``: a pause's deadline from ``now``."""
+    seconds = int((due_at - now).total_seconds())
+    if seconds > 0:
+        return f"due in {_span(seconds)}"
+    return f"overdue by {_span(-seconds)}"

@@ -178,3 +178,57 @@ async def _notifications_page(app: Any) -> dict[str, Any]:
         answer = await client.get("/notifications.json")
         assert answer.status_code == 200, answer.text
         return dict(answer.json())
+
+
+@pytest.mark.anyio
+async def test_an_escalation_tells_the_people_it_adds_with_links_that_decide(
+    where: Where,
+) -> None:
+    """Past its rule's due a pause is escalated: the people ``escalate_to`` adds are told
+    at their own address, and their own link decides it (the seeded pauses are long
+    overdue, so they are escalated at once)."""
+    with Receiver() as receiver, contextlib.ExitStack() as stack:
+        port = receiver.port
+        with users_of(where) as users:
+            add(users, "ada", "approver", f"json://127.0.0.1:{port}/ada")
+            users.add(
+                "carl",
+                "approver",
+                token_hash("token-of-carl-0123456789abcdef"),
+                ("managers",),
+                f"json://127.0.0.1:{port}/carl",
+            )
+        policy = parse_policy(ADA_ONLY + 'due = "2s"\nescalate_to = ["group:managers"]\n')
+        settings = where.settings(
+            Notifications(**QUICK_RETRIES), sign_in=sign_in_settings(), policy=policy
+        )
+        app = create_app(settings, agents=acting_agents(where, stack))
+        async with running(app):
+            got = await until(
+                receiver,
+                lambda r: (
+                    len(links_in(" ".join(x.json()["message"] for x in r if x.path == "/carl")))
+                    >= SEEDED_PAUSES
+                ),
+            )
+            told = " ".join(x.json()["message"] for x in got if x.path == "/carl")
+            assert "waits past rule 'refunds'" in told and "You may decide it" in told
+            links = links_in(told)
+            assert set(links) == set(where.seed.ids("paused"))
+            run = where.seed.id("paused-1")
+            path = links[run].split("://", 1)[1].split("/", 1)[1]
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app, client=("127.0.0.1", 50000)),
+                base_url="http://127.0.0.1:8765",
+            ) as client:
+                page = await client.get("/" + path)
+                assert "Deciding as <strong>carl</strong>" in page.text, page.text
+                form = dict(re.findall(r'type="hidden" name="(\w+)" value="([^"]*)"', page.text))
+                pressed = await client.post(
+                    f"/decide/{run}", data={**form, "decision": "reject", "reason": "too late"}
+                )
+                assert pressed.status_code == 303, pressed.text
+        # carl is not told of the pauses themselves: the rule names ada alone.
+        assert all(
+            "waits for a person" not in x.json()["message"] for x in receiver.requests("/carl")
+        )

@@ -178,7 +178,9 @@ BAD_POLICIES = {
     '[[rule]]\nname = "a"\n[[rule]]\nname = "a"': "policy.toml: rule 2: key 'name': 'a' is"
     " already the name of another rule",
     '[[rule]]\nname = "a"\nwho = 1': "policy.toml: rule 'a': unknown key 'who' (allowed: name,"
-    " agent, reason, tool, approvers, approvals, reason_required, field, notify)",
+    " agent, reason, tool, approvers, approvals, reason_required, field, notify, due,"
+    " remind_every, escalate_to, on_timeout, timeout_after, timeout_reason,"
+    " allow_timeout_approve)",
     '[[rule]]\nname = "a"\nagent = 3': "policy.toml: rule 'a': key 'agent' must be a non-empty"
     " string, not 3",
     '[[rule]]\nname = "a"\napprovers = "group:x"': "policy.toml: rule 'a': key 'approvers' must"

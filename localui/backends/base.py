@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from localui.audit import AuditEntry, AuditEvent, AuditPage, AuditQuery
+from localui.backends.deadlines import Deadline
 from localui.backends.decisions import ABANDONED_AFTER_SECONDS
 from localui.backends.keys import Key, Shared
 from localui.backends.notes import Note
@@ -559,6 +560,50 @@ class NoteLog(Protocol):
     def close(self) -> None: ...
 
 
+class Deadlines(Protocol):
+    """The deadlines of pauses a policy rule gives a ``due``
+    (``localui.backends.deadlines``); keys are ``(execution_id, checkpoint_id)``."""
+
+    def record(self, rows: Sequence[Deadline]) -> int:
+        """Record the rows not recorded yet (by any process); how many were new."""
+        ...
+
+    def list_keys(self) -> set[tuple[str, str]]:
+        """Every recorded pause."""
+        ...
+
+    def list_work(self, now: float, limit: int) -> tuple[Deadline, ...]:
+        """Rows past their ``due_at`` not escalated, or past their ``timeout_at`` not
+        timed out, soonest due first."""
+        ...
+
+    def mark_escalated(self, key: tuple[str, str], now: float) -> bool:
+        """Set ``escalated_at`` unless set: True for the one process that set it."""
+        ...
+
+    def mark_timed_out(self, key: tuple[str, str], now: float) -> bool:
+        """Set ``timed_out_at`` unless set: True for the one process that set it."""
+        ...
+
+    def forget(self, keys: Sequence[tuple[str, str]]) -> int:
+        """Delete the rows of pauses that no longer wait."""
+        ...
+
+    def by_due(self, after: tuple[float, str] | None, limit: int) -> tuple[Deadline, ...]:
+        """Rows soonest due first (``due_at``, then ``execution_id``), after ``after``."""
+        ...
+
+    def get_many(self, keys: Sequence[tuple[str, str]]) -> Mapping[tuple[str, str], Deadline]:
+        """The rows of these pauses, in one query; those without one are left out."""
+        ...
+
+    def list_overdue(self, now: float, limit: int) -> tuple[Deadline, ...]:
+        """Rows past their ``due_at``, soonest due first."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class Prunes(Protocol):
     """The one SDK checkpointer method the app calls: prune goes through the SDK."""
 
@@ -633,6 +678,10 @@ class Backend(Protocol):
 
     def notes(self, *, writable: bool) -> NoteLog:
         """Notes on pauses in the store's own database (the caller closes it)."""
+        ...
+
+    def deadlines(self, *, writable: bool) -> Deadlines:
+        """The pauses' deadlines in the store's own database (the caller closes it)."""
         ...
 
     def checkpointer(self) -> Prunes:

@@ -27,9 +27,13 @@ DECIDED = "run.decided"
 FAILED = "run.failed"
 STALLED = "run.stalled"
 OVERDUE = "pause.overdue"
+#: A pause past its rule's ``due``, whose ``escalate_to`` people may now decide it too.
+ESCALATED = "pause.escalated"
+#: A pause its rule decided at ``timeout_after`` (``on_timeout``), nobody having done so.
+TIMED_OUT = "pause.timed_out"
 #: A person who may decide a pause left a note on it (``localui.backends.notes``).
 NOTED = "pause.noted"
-EVENT_TYPES = (PAUSED, DECIDED, FAILED, STALLED, OVERDUE, NOTED)
+EVENT_TYPES = (PAUSED, DECIDED, FAILED, STALLED, OVERDUE, ESCALATED, TIMED_OUT, NOTED)
 #: ``--notify-on`` names: the part after the dot, and ``cancelled`` for the failures
 #: of runs someone cancelled on purpose (``failed`` alone leaves them out).
 SHORT_NAMES = {**{t.split(".", 1)[1]: t for t in EVENT_TYPES}, "cancelled": CANCELLED_FAILURES}
@@ -97,6 +101,10 @@ class Event:
     #: A pause's: the approval policy's rule that governs it ("" without one); its
     #: ``notify`` URLs are told too.
     rule: str = ""
+    #: Escalated: who the rule added (``escalate_to`` entries: ``group:managers``), so
+    #: they can be told; and when the pause became overdue.
+    escalate_to: tuple[str, ...] = ()
+    due_at: str = ""
     #: Noted: the note's text, as its author wrote it.
     text: str = ""
 
@@ -162,26 +170,41 @@ def event_key(event_type: str, execution_id: str, row: str, reminder: int = 0) -
 
 
 def pause_keys(
-    pending: Pending, now: datetime, remind_after: float, remind_times: int
+    pending: Pending,
+    now: datetime,
+    remind_after: float,
+    remind_times: int,
+    every: float | None = None,
 ) -> tuple[str, ...]:
     """The keys of the events a sweep offers for ``pending``: its ``run.paused``, and
     its reminder when one is due (:func:`overdue`'s number), read from the pending
     row alone."""
     row = pending.checkpoint_id or pending.created_at
     keys = [event_key(PAUSED, pending.execution_id, row)]
-    number = reminder_number(pending, now, remind_after, remind_times)
+    number = reminder_number(pending, now, remind_after, remind_times, every)
     if number:
         keys.append(event_key(OVERDUE, pending.execution_id, row, number))
     return tuple(keys)
 
 
-def reminder_number(pending: Pending, now: datetime, remind_after: float, remind_times: int) -> int:
-    """Which reminder is due for ``pending`` at ``now`` (0: none yet)."""
+def reminder_number(
+    pending: Pending,
+    now: datetime,
+    remind_after: float,
+    remind_times: int,
+    every: float | None = None,
+) -> int:
+    """Which reminder is due for ``pending`` at ``now`` (0: none yet): the first
+    ``remind_after`` seconds after it paused, then one each ``every`` (by default
+    ``remind_after`` again: a rule's ``due`` and ``remind_every`` give their own)."""
     then = runs.parse_time(pending.created_at)
-    if then is None or remind_after <= 0 or remind_times < 1:
+    every = remind_after if every is None else every
+    if then is None or remind_after <= 0 or every <= 0 or remind_times < 1:
         return 0
     waited = (now - then).total_seconds()
-    return max(0, min(math.floor(waited / remind_after), remind_times))
+    if waited < remind_after:
+        return 0
+    return min(1 + math.floor((waited - remind_after) / every), remind_times)
 
 
 def overdue(
@@ -192,10 +215,12 @@ def overdue(
     remind_times: int,
     redact_keys: frozenset[str] = frozenset(),
     rule: str = "",
+    every: float | None = None,
 ) -> Event | None:
     """A reminder for a pause waiting longer than ``remind_after`` seconds: the
-    first after one interval, then one each interval, ``remind_times`` at most."""
-    number = reminder_number(pending, now, remind_after, remind_times)
+    first after one interval, then one each ``every`` (default: the same interval),
+    ``remind_times`` at most."""
+    number = reminder_number(pending, now, remind_after, remind_times, every)
     if number < 1:
         return None
     return Event(
@@ -205,6 +230,46 @@ def overdue(
         reminder=number,
         rule=rule,
         **_pause_fields(pending, call, redact_keys),
+    )
+
+
+def escalated(
+    pending: Pending,
+    call: PausedCall | None,
+    rule: str,
+    escalate_to: tuple[str, ...],
+    due_at: str,
+    redact_keys: frozenset[str] = frozenset(),
+) -> Event:
+    """A pause past its rule's ``due``: ``escalate_to`` may decide it too, and are told."""
+    return Event(
+        type=ESCALATED,
+        row=pending.checkpoint_id or pending.created_at,
+        at=due_at,
+        rule=rule,
+        escalate_to=escalate_to,
+        due_at=due_at,
+        **_pause_fields(pending, call, redact_keys),
+    )
+
+
+def timed_out(
+    pending: Pending,
+    call: PausedCall | None,
+    decision: Decision,
+    redact_keys: frozenset[str] = frozenset(),
+) -> Event:
+    """A pause its rule decided (``decision``, whose actor is ``policy:NAME``), told as
+    soon as its claim is won: the outcome comes with ``run.decided``."""
+    return Event(
+        type=TIMED_OUT,
+        row=pending.checkpoint_id or pending.created_at,
+        at=decision.finished_at or decision.decided_at,
+        rule=decision.actor.partition(":")[2],
+        actor=decision.actor,
+        approved=decision.approved,
+        outcome=decision.outcome or "",
+        **{**_pause_fields(pending, call, redact_keys), "reason": decision.reason},
     )
 
 

@@ -25,7 +25,7 @@ class Links:
 
 def link_of(event: Event, links: Links) -> str:
     """A pause's approval page while it waits, the run page otherwise."""
-    if event.type in (ev.PAUSED, ev.OVERDUE, ev.NOTED):
+    if event.type in (ev.PAUSED, ev.OVERDUE, ev.ESCALATED, ev.NOTED):
         return links.approval(event.execution_id)
     return links.run(event.execution_id)
 
@@ -55,6 +55,22 @@ def line_of(event: Event, url: str, now: datetime, *, personal: bool = False) ->
         text = (
             f"Reminder {event.reminder}: {_what(event)} still waits — {who}{why};"
             f" paused {since}. {deciders}"
+        )
+    elif event.type == ev.ESCALATED:
+        why = f': "{event.reason}"' if event.reason else ""
+        added = ", ".join(e.partition(":")[2] for e in event.escalate_to) or "nobody more"
+        text = (
+            f"Overdue: {_what(event)} waits past rule {event.rule!r}'s deadline — {who}{why};"
+            f" paused {since}. {added} may now decide it too."
+        )
+        if personal:
+            text += f" {deciders}"
+    elif event.type == ev.TIMED_OUT:
+        verb = "approved" if event.approved else "rejected"
+        outcome = f" (outcome: {event.outcome})" if event.outcome else ""
+        text = (
+            f"Run {event.execution_id} of {event.agent or 'an agent'} was {verb} by rule"
+            f" {event.rule!r}, nobody having decided in time: {event.reason}{outcome}."
         )
     elif event.type == ev.DECIDED:
         verb = "approved" if event.approved else "rejected"
@@ -88,7 +104,7 @@ def _failed_verb(event: Event) -> str:
 
 
 def _title(batch: Sequence[Event]) -> str:
-    waiting = sum(1 for e in batch if e.type in (ev.PAUSED, ev.OVERDUE))
+    waiting = sum(1 for e in batch if e.type in (ev.PAUSED, ev.OVERDUE, ev.ESCALATED))
     if len(batch) == 1:
         only = batch[0]
         return {
@@ -97,6 +113,8 @@ def _title(batch: Sequence[Event]) -> str:
             ev.DECIDED: f"Decided: run {only.execution_id}",
             ev.FAILED: f"Run {_failed_verb(only)}: {only.execution_id}",
             ev.STALLED: f"Run stalled: {only.execution_id}",
+            ev.ESCALATED: f"Overdue, escalated: {_what(only)}",
+            ev.TIMED_OUT: f"Decided by its rule at the deadline: run {only.execution_id}",
             ev.NOTED: f"Note from {only.actor}: {_what(only)}",
         }[only.type]
     if waiting == len(batch):
@@ -134,8 +152,10 @@ def webhook_body(event: Event, links: Links, redact_keys: frozenset[str]) -> dic
         "call": event.call,
         "url": link_of(event, links),
     }
-    if event.type == ev.DECIDED:
+    if event.type in (ev.DECIDED, ev.TIMED_OUT):
         data.update(actor=event.actor, approved=event.approved, outcome=event.outcome)
+    if event.type == ev.ESCALATED:
+        data.update(escalate_to=list(event.escalate_to), due_at=event.due_at)
     if event.type == ev.OVERDUE:
         data["reminder"] = event.reminder
     if event.type == ev.NOTED:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from localui.backends.notifications import Notice, Notification
 from localui.notify.events import Event
 
 _FIELDS = {f.name for f in dataclasses.fields(Event)}
+#: Fields held as tuples, which JSON gives back as lists.
+_TUPLES = {f.name for f in dataclasses.fields(Event) if isinstance(f.default, tuple)}
 
 
 def notice_of(event: Event) -> Notice:
@@ -36,4 +39,7 @@ def notices_of(events: Sequence[Event]) -> tuple[Notice, ...]:
 def event_of(notification: Notification) -> Event:
     """The event a row was recorded for; fields a newer localui added are left out."""
     data = json.loads(notification.payload)
-    return Event(**{k: v for k, v in data.items() if k in _FIELDS})
+    kept: dict[str, Any] = {
+        k: tuple(v) if k in _TUPLES else v for k, v in data.items() if k in _FIELDS
+    }
+    return Event(**kept)

@@ -21,13 +21,15 @@ from datetime import datetime
 from localui.backends.base import UserDirectory
 from localui.delegation import deciders
 from localui.notify import events as ev
+from localui.notify.events import Event
 from localui.notify.targets import CHAT, Target
 from localui.policy import Policy, Rule
 from localui.records import User
 
 PERSON_PREFIX = "person:"
-#: The events a person is told of at their own address: the pauses they may decide.
-PERSONAL_EVENTS = frozenset({ev.PAUSED, ev.OVERDUE})
+#: The events a person is told of at their own address, with their own decision link:
+#: the pauses they may decide, their reminders, and an escalation that adds them.
+PERSONAL_EVENTS = frozenset({ev.PAUSED, ev.OVERDUE, ev.ESCALATED})
 #: How long what the users table said is believed (as sign-in believes it).
 CACHE_SECONDS = 2.0
 
@@ -89,6 +91,20 @@ class People:
         """The outbox targets of the people told of a pause under the rule named."""
         names = told_of(self.rule_named(rule_name), self.everyone(), now)
         return tuple(person_target_id(n) for n in names)
+
+    def target_ids_of(self, event: Event, now: datetime) -> tuple[str, ...]:
+        """The outbox targets of the people told of ``event`` at their own address: for a
+        pause and its reminders, those who may decide it; for an escalation, the people
+        it adds (``escalate_to``, each away one's delegate in their place)."""
+        if event.type == ev.ESCALATED:
+            if not event.escalate_to:
+                return ()
+            added = Rule(name=event.rule, approvers=event.escalate_to)
+            names = told_of(added, self.everyone(), now)
+            return tuple(person_target_id(n) for n in names)
+        if event.type in PERSONAL_EVENTS:
+            return self.target_ids(event.rule, now)
+        return ()
 
     def targets(self) -> dict[str, Target]:
         """Each person with an address as a target, by id: a chat target (Apprise) whose

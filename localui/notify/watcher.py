@@ -65,9 +65,10 @@ from localui.notify import events as ev
 from localui.notify.events import Event
 from localui.notify.formats import Links
 from localui.notify.outbox import notices_of
-from localui.notify.people import PERSONAL_EVENTS, People, person_of_target
+from localui.notify.people import People, person_of_target
 from localui.notify.sender import ROUND_SIZE, Deliverer, Sender
 from localui.notify.targets import Target, routes_of, targets_of
+from localui.policy import Rule
 from localui.records import Decision, IndexProgress, Pending, RunQuery
 from localui.settings import Settings
 
@@ -174,6 +175,12 @@ class Watcher:
         people = self.people.target_ids(rule, self._now()) if personal and self.people else ()
         return tuple(dict.fromkeys([*self._everyone, *self._routes.get(rule, ()), *people]))
 
+    def _targets_of(self, event: Event) -> tuple[str, ...]:
+        """Where ``event`` goes: the server's own targets, its rule's, and the people told
+        of it at their own address (``localui.notify.people``)."""
+        people = self.people.target_ids_of(event, self._now()) if self.people else ()
+        return tuple(dict.fromkeys([*self._target_ids(event.rule), *people]))
+
     def gets(self, target_id: str) -> str:
         """What a target is told, as the notifications page says it."""
         person = person_of_target(target_id)
@@ -185,19 +192,28 @@ class Watcher:
         names = ", ".join(repr(rule) for rule in rules)
         return f"the pauses (and reminders) of rule{'s' if len(rules) > 1 else ''} {names}"
 
-    def _rule_of(self, pending: Pending) -> str:
+    def _rule(self, pending: Pending) -> Rule | None:
         policy = self.settings.policy
-        rule = policy.rule_for(pending) if policy is not None else None
+        return policy.rule_for(pending) if policy is not None else None
+
+    def _rule_of(self, pending: Pending) -> str:
+        rule = self._rule(pending)
         return rule.name if rule is not None else ""
+
+    def _rhythm(self, pending: Pending) -> tuple[float, float | None]:
+        """When a pause's first reminder comes and how often the next: a rule with
+        ``due`` and ``remind_every`` gives its own, else ``--remind-after``."""
+        rule = self._rule(pending)
+        if rule is not None and rule.due is not None and rule.remind_every is not None:
+            return rule.due, rule.remind_every
+        return self.settings.remind_after, None
 
     def record(self, found: Sequence[Event]) -> int:
         """Record the wanted events for each of their targets; how many rows are new."""
         by_targets: dict[tuple[str, ...], list[Event]] = {}
         for event in found:
             if ev.wanted(event, self._wanted):
-                personal = event.type in PERSONAL_EVENTS
-                targets = self._target_ids(event.rule, personal=personal)
-                by_targets.setdefault(targets, []).append(event)
+                by_targets.setdefault(self._targets_of(event), []).append(event)
         now = self._clock()
         added = 0
         for target_ids, events in by_targets.items():
@@ -246,25 +262,26 @@ class Watcher:
             rule = self._rule_of(pending)
             found.append(ev.paused(pending, call, self._redact, rule))
             if overdue:
+                first, every = self._rhythm(pending)
                 reminder = ev.overdue(
                     pending,
                     call,
                     now,
-                    self.settings.remind_after,
+                    first,
                     self.notifications.remind_times,
                     self._redact,
                     rule,
+                    every,
                 )
                 if reminder is not None:
                     found.append(reminder)
         return found
 
     def _wanted_keys(self, pending: Pending, now: datetime) -> list[str]:
+        first, every = self._rhythm(pending)
         return [
             key
-            for key in ev.pause_keys(
-                pending, now, self.settings.remind_after, self.notifications.remind_times
-            )
+            for key in ev.pause_keys(pending, now, first, self.notifications.remind_times, every)
             if key.partition("\x1f")[0] in self._wanted
         ]
 

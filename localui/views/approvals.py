@@ -17,6 +17,7 @@ from starlette.responses import Response
 from localui import audit, edits
 from localui.actions import ActionService
 from localui.auth import APPROVER, OPEN, OPERATOR, Person, person_of, require
+from localui.backends.base import Deadlines
 from localui.backends.shared import pending_key
 from localui.errors import BadRequest, NotFound
 from localui.offloop import off_loop
@@ -73,6 +74,8 @@ class ApprovalsPage:
     mine_url: str = html_only("")
     #: Whether any rule governs pauses here (the queue then offers ``mine_url``).
     has_policy: bool = html_only(False)
+    #: Whether any rule gives deadlines (the queue then offers to sort by them).
+    has_deadlines: bool = html_only(False)
 
 
 #: Pages of the queue a "cards I can decide" page reads at most to fill itself; past
@@ -110,24 +113,129 @@ def pending_page(
     return PendingPage(tuple(kept), cursor, total)
 
 
+#: The queue's orders: ``due`` (soonest deadline first, pauses without one after) is
+#: the default where a policy rule gives a ``due``, ``oldest`` elsewhere.
+ORDERS = ("oldest", "newest", "due")
+#: A ``due`` cursor's first element starts with one of these: still among the pauses
+#: with a deadline (and the deadline's time), or among those without (their time).
+_WITH_DUE, _WITHOUT_DUE = "d", "p"
+
+
+def order_of(request: Request, deadlines: Deadlines | None) -> str:
+    """``?order=``: ``oldest``, ``newest`` or ``due``; by default ``due`` when a rule
+    gives deadlines, else ``oldest``."""
+    order = request.query_params.get("order", "due" if deadlines is not None else "oldest")
+    if order not in ORDERS:
+        raise BadRequest(f"order={order!r} is not one of {', '.join(ORDERS)}")
+    return order
+
+
+def due_page(
+    actions: ActionService,
+    deadlines: Deadlines | None,
+    after: tuple[str, str] | None,
+    limit: int,
+    keep: Callable[[Pending], bool] | None,
+) -> PendingPage:
+    """A page of the queue soonest deadline first (``localui_deadlines``), then the
+    pauses with no deadline recorded, oldest first; ``keep`` filters as
+    :func:`pending_page`'s does."""
+    store = actions.store
+    kept: list[Pending] = []
+    total = store.count_pending()
+    tag, point = (after[0][:1], after[0][1:]) if after is not None else (_WITH_DUE, "")
+    # The deadlines this request read, and where it began reading them: the pauses
+    # without one follow all of them, and a pause whose deadline was recorded after its
+    # place in the order went by is shown among those, not lost between the two.
+    shown: set[tuple[str, str]] | None = None
+    start: tuple[float, str] | None = None
+    if tag == _WITH_DUE and deadlines is not None:
+        shown = set()
+        if after is not None:
+            try:
+                start = (float(point), after[1])
+            except ValueError:
+                raise BadRequest("after= is not a cursor this server gave out") from None
+        cursor = start
+        for _ in range(MINE_SCAN_PAGES):
+            rows = deadlines.by_due(cursor, limit)
+            for row in rows:
+                cursor = (row.due_at, row.execution_id)
+                shown.add(row.key)
+                pending = store.get_pending(row.execution_id)
+                if pending is None or pending.checkpoint_id != row.checkpoint_id:
+                    continue  # decided since: its row goes at the sweep's next poll
+                if keep is not None and not keep(pending):
+                    continue
+                kept.append(pending)
+                if len(kept) == limit:
+                    return PendingPage(
+                        tuple(kept), (f"{_WITH_DUE}{row.due_at!r}", row.execution_id), total
+                    )
+            if len(rows) < limit:
+                break
+        else:
+            assert cursor is not None
+            return PendingPage(tuple(kept), (f"{_WITH_DUE}{cursor[0]!r}", cursor[1]), total)
+        after = None
+    elif tag == _WITH_DUE:
+        after = None
+    else:
+        after = (point, after[1]) if after is not None else None
+    for _ in range(MINE_SCAN_PAGES):
+        page = store.list_pending(after=after, limit=limit)
+        keys = [(p.execution_id, p.checkpoint_id or "") for p in page.items]
+        known: set[tuple[str, str]] = set(shown or ())
+        if deadlines is not None and (shown is None or start is not None):
+            # Those an earlier page showed among the pauses with a deadline.
+            known.update(
+                key
+                for key, row in deadlines.get_many(keys).items()
+                if start is None or (row.due_at, row.execution_id) <= start
+            )
+        for index, item in enumerate(page.items):
+            if (item.execution_id, item.checkpoint_id or "") in known:
+                continue  # shown with the pauses that have a deadline
+            if keep is not None and not keep(item):
+                continue
+            kept.append(item)
+            if len(kept) == limit:
+                last = index == len(page.items) - 1 and page.next_key is None
+                created, execution_id = pending_key(item)
+                return PendingPage(
+                    tuple(kept), None if last else (f"{_WITHOUT_DUE}{created}", execution_id), total
+                )
+        if page.next_key is None:
+            return PendingPage(tuple(kept), None, total)
+        after = page.next_key
+    assert after is not None
+    return PendingPage(tuple(kept), (f"{_WITHOUT_DUE}{after[0]}", after[1]), total)
+
+
 def build_approvals_page(
     actions: ActionService,
     after: tuple[str, str] | None,
-    newest_first: bool,
+    order: str,
     limit: int,
     urls: Urls,
     person: Person = OPEN,
     mine: bool = False,
+    deadlines: Deadlines | None = None,
 ) -> ApprovalsPage:
+    """A page of the queue in ``order`` (:data:`ORDERS`); ``deadlines`` is the table
+    ``due`` sorts by."""
     keep = None
     if mine:
 
         def keep(pending: Pending) -> bool:
             return person.can_decide and actions.preflight.may_decide(
-                actions.preflight.rule_for(pending), person
+                actions.preflight.rule_for(pending), person, pending
             )
 
-    page = pending_page(actions, after, newest_first, limit, keep)
+    if order == "due":
+        page = due_page(actions, deadlines, after, limit, keep)
+    else:
+        page = pending_page(actions, after, order == "newest", limit, keep)
     # The page's paused calls in one read, not one per card; its votes too.
     calls = actions.store.paused_calls(page.items)
     policy = actions.settings.policy
@@ -143,12 +251,12 @@ def build_approvals_page(
     )
     now = datetime.now(UTC)
     cursor = encode_cursor(page.next_key) if page.next_key else None
-    order = "newest" if newest_first else "oldest"
-    newest = "newest" if newest_first else None
+    # The order the URL names, left out where it is the default.
+    named = None if order == ("due" if deadlines is not None else "oldest") else order
     next_url = None
     if cursor:
         next_url = urls.path(
-            "approvals", {"after": cursor, "order": newest, "mine": "1" if mine else None}
+            "approvals", {"after": cursor, "order": named, "mine": "1" if mine else None}
         )
     shown = shortest_unique(p.execution_id for p in page.items)
     items = tuple(
@@ -175,16 +283,15 @@ def build_approvals_page(
         mine=mine,
         next_url=next_url,
         missing_runners=missing_runners_words(actions, items),
-        mine_url=urls.path("approvals", {"order": newest, "mine": None if mine else "1"}),
+        mine_url=urls.path("approvals", {"order": named, "mine": None if mine else "1"}),
         has_policy=policy is not None,
+        has_deadlines=deadlines is not None,
     )
 
 
 async def approvals_list(request: Request) -> Response:
     ctx = context(request)
-    order = request.query_params.get("order", "oldest")
-    if order not in ("oldest", "newest"):
-        raise BadRequest(f"order={order!r} is not oldest or newest")
+    order = order_of(request, ctx.deadlines)
     after_text = request.query_params.get("after")
     after = decode_cursor(after_text) if after_text else None
     attention = (
@@ -196,11 +303,12 @@ async def approvals_list(request: Request) -> Response:
         build_approvals_page,
         actions_of(request),
         after,
-        order == "newest",
+        order,
         queue_page_size(ctx.settings.page_size),
         urls_of(request),
         person_of(request),
         mine_of(request),
+        ctx.deadlines,
     )
     page = replace(page, approver=approver_of(request))
     # The queue's total is the badge's count: no second count of the pauses.

@@ -3,7 +3,8 @@
 A run is here when it is stalled (unfinished, its newest row older than
 ``--stale-after``: its process most likely died), failed, orphaned (its pause was
 claimed and it never went on), paused for longer than ``--remind-after``, or has rows
-the plane quarantined. The list and its counts come from the runs index; each row of
+the plane quarantined; above them, the pauses past their policy rule's ``due``. The
+list and its counts come from the runs index; each row of
 the page then says what a resume would do, in the run page's words, read from that
 run's own rows (found by its id, never by a scan): the rows of the page's runs, the rows
 their resumes re-enter at and their cache are each read in one query for the page.
@@ -23,6 +24,7 @@ from starlette.responses import Response
 from localui import runs
 from localui.actions import RECENT_SECONDS, ActionService
 from localui.auth import OPERATOR, person_of
+from localui.backends.base import Deadlines
 from localui.offloop import off_loop
 from localui.records import (
     APPROVAL,
@@ -41,7 +43,7 @@ from localui.views.respond import html_only, respond, wants_json
 from localui.views.run_cache import writer_row
 from localui.views.state import beside, context
 from localui.views.urls import Urls, urls_of
-from localui.words import age_words, decided_words, verdict
+from localui.words import age_words, decided_words, due_words, verdict
 
 #: Runs on one page: each is read from its own rows for what a resume would do.
 ATTENTION_PAGE = 25
@@ -91,6 +93,52 @@ class AttentionRow:
 
 
 @dataclass(frozen=True, slots=True)
+class OverduePause:
+    """A pause past its policy rule's ``due`` (``localui_deadlines``)."""
+
+    execution_id: str
+    checkpoint_id: str
+    rule: str
+    due_at: str
+    #: ``overdue by 20 min``.
+    due: str = html_only("")
+    #: ``escalated to managers`` once its rule's ``escalate_to`` may decide it; else "".
+    escalated: str = html_only("")
+    card_url: str = html_only("")
+
+
+#: Overdue pauses the page lists, soonest due first.
+OVERDUE_PAUSES = 50
+
+
+def overdue_pauses(
+    actions: ActionService, deadlines: Deadlines, now: datetime, urls: Urls
+) -> tuple[OverduePause, ...]:
+    """The pauses past their rule's ``due`` that still wait, soonest due first."""
+    found: list[OverduePause] = []
+    for row in deadlines.list_overdue(now.timestamp(), OVERDUE_PAUSES):
+        pending = actions.store.get_pending(row.execution_id)
+        if pending is None or pending.checkpoint_id != row.checkpoint_id:
+            continue  # decided since: the deadlines' next poll forgets it
+        rule = actions.preflight.rule_for(pending)
+        due = datetime.fromtimestamp(row.due_at, UTC)
+        found.append(
+            OverduePause(
+                execution_id=row.execution_id,
+                checkpoint_id=row.checkpoint_id,
+                rule=row.rule,
+                due_at=due.isoformat(),
+                due=due_words(due, now),
+                escalated=f"escalated to {rule.escalated_who}"
+                if rule is not None and rule.escalate_to
+                else "",
+                card_url=urls.approval(row.execution_id),
+            )
+        )
+    return tuple(found)
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionPage:
     runs: tuple[AttentionRow, ...]
     #: Runs per reason (a run may count under two) and ``total``, each run once.
@@ -101,6 +149,9 @@ class AttentionPage:
     stale_after: float
     remind_after: float
     oldest_pause_at: str | None
+    #: Pauses past their policy rule's ``due`` (on the first page; none without a rule
+    #: that gives deadlines).
+    overdue_pauses: tuple[OverduePause, ...] = ()
     #: Whether this person may tick runs and resume them here.
     can_resume: bool = html_only(False)
     legend: tuple[tuple[str, str], ...] = html_only(())
@@ -312,6 +363,7 @@ def build_attention_page(
     urls: Urls,
     *,
     can_resume: bool,
+    deadlines: Deadlines | None = None,
 ) -> AttentionPage:
     settings = actions.settings
     now = datetime.now(UTC)
@@ -339,6 +391,9 @@ def build_attention_page(
         stale_after=settings.stale_after,
         remind_after=settings.remind_after,
         oldest_pause_at=page.counts.oldest_pause_at,
+        overdue_pauses=overdue_pauses(actions, deadlines, now, urls)
+        if deadlines is not None and after is None
+        else (),
         can_resume=can_resume and not settings.read_only,
         legend=tuple(REASON_WORDS.items()),
     )
@@ -353,7 +408,11 @@ async def attention_list(request: Request) -> Response:
     pending = None if wants_json(request) else beside(ctx, ctx.store.count_pending)
     page = await off_loop(
         lambda: build_attention_page(
-            ctx.actions, after, urls_of(request), can_resume=person.may(OPERATOR)
+            ctx.actions,
+            after,
+            urls_of(request),
+            can_resume=person.may(OPERATOR),
+            deadlines=ctx.deadlines,
         )
     )
     nav = (

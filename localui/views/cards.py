@@ -34,7 +34,7 @@ from localui.views.decision_views import VoteView, needed_words
 from localui.views.notes import NotesView, notes_view
 from localui.views.respond import html_only
 from localui.views.urls import Urls
-from localui.words import age_words, call_text, short_json
+from localui.words import age_words, call_text, due_words, short_json, timeout_words
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +283,14 @@ class ApprovalItem:
     context_size: str = html_only("")
     #: What the reason box says is needed.
     reason_hint: str = html_only("required to reject")
+    #: When its rule's deadline is (ISO), or null when no rule gives one.
+    due_at: str | None = None
+    #: ``due in 3 h`` or ``overdue by 20 min``; "" without a deadline.
+    due: str = html_only("")
+    #: Past its deadline, who the rule added: ``escalated to managers``; else "".
+    escalated: str = html_only("")
+    #: What its rule does at the deadline, in words; "" when it does nothing.
+    on_timeout: str = html_only("")
     #: The notes people who may decide left on this pause (``views.notes``); null when
     #: there is no paused row to bind one to.
     notes: NotesView | None = None
@@ -328,10 +336,19 @@ def approval_item(
         key = (pending.execution_id, pending.checkpoint_id or "")
         if votes is None:
             votes = actions.decisions.votes_for([key]) if rule.approvals > 1 else {}
-        standing = actions.preflight.standing(rule, person)
+        standing = actions.preflight.standing(rule, person, pending, now)
         shown_rule = rule_view(
             rule, votes.get(key, ()), context_value, standing.may, now, standing.for_names
         )
+    due_at = rule.due_at(pending.created_at) if rule is not None else None
+    escalated = ""
+    on_timeout = ""
+    if rule is not None and due_at is not None:
+        if rule.escalate_to and now >= due_at:
+            escalated = f"escalated to {rule.escalated_who}"
+        timeout_at = rule.timeout_at(pending.created_at)
+        if timeout_at is not None:
+            on_timeout = timeout_words(rule.name, rule.on_timeout == "approve", timeout_at, now)
     effects = effects_of(pending, paused)
     runner = owner.describe()
     keys = len(context_value) if isinstance(context_value, dict | list) else 1
@@ -362,6 +379,10 @@ def approval_item(
         reason_hint="required"
         if shown_rule is not None and shown_rule.reason_required == "always"
         else "required to reject",
+        due_at=due_at.isoformat() if due_at is not None else None,
+        due=due_words(due_at, now) if due_at is not None else "",
+        escalated=escalated,
+        on_timeout=on_timeout,
         notes=notes_view(actions, pending, urls, person, notes=notes, rule=rule),
     )
 
@@ -419,6 +440,9 @@ class QueueCards:
             item.effects,
             item.short_id,
             item.runner_missing,
+            item.due,
+            item.escalated,
+            item.on_timeout,
             item.notes,
             approver,
             ctx["person"],

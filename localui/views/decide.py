@@ -173,7 +173,7 @@ async def read_link(request: Request, ctx: AppState, token: str, execution_id: s
             " was sent, so the link no longer decides it. Open the pause on the desk.",
             link.person,
         )
-    if not actions.preflight.may_decide(rule, person):
+    if not actions.preflight.may_decide(rule, person, pending):
         assert rule is not None
         raise Refusal(
             403,

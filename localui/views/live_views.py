@@ -13,7 +13,7 @@ from starlette.requests import Request
 
 from localui.auth import NOBODY, Person, person_of
 from localui.backends.base import Changes
-from localui.errors import BadRequest, NotFound
+from localui.errors import NotFound
 from localui.live import Fragment, LiveView, Rendered
 from localui.offloop import off_loop
 from localui.views.approvals import (
@@ -21,6 +21,7 @@ from localui.views.approvals import (
     build_approvals_page,
     gone_notes,
     mine_of,
+    order_of,
     queue_page_size,
 )
 from localui.views.nav import nav_counts
@@ -141,7 +142,8 @@ class QueueView:
     """The approvals queue, one page of it, with this browser's approver name."""
 
     after: tuple[str, str] | None
-    newest_first: bool
+    #: ``oldest``, ``newest`` or ``due`` (``views.approvals.ORDERS``).
+    order: str
     approver: str
     urls: Urls
     person: Person = NOBODY
@@ -153,7 +155,7 @@ class QueueView:
         return (
             "queue",
             self.after,
-            self.newest_first,
+            self.order,
             self.approver,
             self.urls,
             self.person,
@@ -170,11 +172,12 @@ class QueueView:
         page = build_approvals_page(
             actions,
             self.after,
-            self.newest_first,
+            self.order,
             queue_page_size(ctx.settings.page_size),
             self.urls,
             self.person,
             self.mine,
+            ctx.deadlines,
         )
         page = replace(page, approver=self.approver)
         shown = tuple(item.execution_id for item in page.approvals)
@@ -254,14 +257,12 @@ async def run_views(request: Request) -> list[LiveView[AppState]]:
 
 async def approvals_views(request: Request) -> list[LiveView[AppState]]:
     actions_of(request)  # the queue needs the action service: fail now, not mid-stream
-    order = request.query_params.get("order", "oldest")
-    if order not in ("oldest", "newest"):
-        raise BadRequest(f"order={order!r} is not oldest or newest")
+    order = order_of(request, context(request).deadlines)
     after_text = request.query_params.get("after")
     after = decode_cursor(after_text) if after_text else None
     view = QueueView(
         after=after,
-        newest_first=order == "newest",
+        order=order,
         approver=approver_of(request),
         urls=urls_of(request),
         person=person_of(request),

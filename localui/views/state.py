@@ -22,7 +22,7 @@ from starlette.templating import Jinja2Templates
 from localui import runs
 from localui.actions import ActionService
 from localui.auth import Authenticator, Person
-from localui.backends.base import AuditLog, Backend, Store
+from localui.backends.base import AuditLog, Backend, Deadlines, Store
 from localui.backends.traces import SpanIndex
 from localui.errors import LifespanNotRun
 from localui.keyring import KeyRing
@@ -96,6 +96,9 @@ class AppState:
     #: Every change made through localui (``/audit``); None only in an app state
     #: built without the lifespan.
     audit: AuditLog | None = None
+    #: The pauses' deadlines (``localui.backends.deadlines``); None when no policy rule
+    #: gives a ``due``.
+    deadlines: Deadlines | None = None
 
     @property
     def store(self) -> Store:

@@ -7,6 +7,7 @@ from localui import runs
 from localui.backends.base import (
     AuditLog,
     ChangeSource,
+    Deadlines,
     DecisionLog,
     NoteLog,
     Outbox,
@@ -82,6 +83,11 @@ class PostgresBackend:
         from localui.backends.postgres.notes import PostgresNotes
 
         return PostgresNotes(self.dsn, schema=self.app_schema, writable=writable)
+
+    def deadlines(self, *, writable: bool) -> Deadlines:
+        from localui.backends.postgres.deadlines import PostgresDeadlines
+
+        return PostgresDeadlines(self.dsn, schema=self.app_schema, writable=writable)
 
     def checkpointer(self) -> Prunes:
         return PostgresPrune(self.dsn, schema=self.schema)

@@ -10,6 +10,7 @@ from localui import runs
 from localui.backends.base import (
     AuditLog,
     ChangeSource,
+    Deadlines,
     DecisionLog,
     NoteLog,
     Outbox,
@@ -71,6 +72,11 @@ class SQLiteBackend:
         from localui.backends.sqlite.notes import SQLiteNotes
 
         return SQLiteNotes(self.path, writable=writable)
+
+    def deadlines(self, *, writable: bool) -> Deadlines:
+        from localui.backends.sqlite.deadlines import SQLiteDeadlines
+
+        return SQLiteDeadlines(self.path, writable=writable)
 
     def checkpointer(self) -> Prunes:
         from fastaiagent.checkpointers import SQLiteCheckpointer
