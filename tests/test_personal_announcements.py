@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from helpers import sign_in_settings
+from helpers import JSON, sign_in_settings
 from test_notify import QUICK_RETRIES, SEEDED_PAUSES, Where, acting_agents, running, until, where
 
 from bench.receiver import Receiver
@@ -232,3 +232,40 @@ async def test_an_escalation_tells_the_people_it_adds_with_links_that_decide(
         assert all(
             "waits for a person" not in x.json()["message"] for x in receiver.requests("/carl")
         )
+
+
+@pytest.mark.anyio
+async def test_a_note_is_told_to_the_others_who_may_decide_not_its_author(where: Where) -> None:
+    with Receiver() as receiver:
+        port = receiver.port
+        with users_of(where) as users:
+            add(users, "ada", "approver", f"json://127.0.0.1:{port}/ada")
+            add(users, "bob", "approver", f"json://127.0.0.1:{port}/bob")
+        settings = where.settings(Notifications(**QUICK_RETRIES), sign_in=sign_in_settings())
+        app = create_app(settings)
+        run = where.seed.id("paused-1")
+        async with running(app):
+            await until(receiver, lambda r: {x.path for x in r} >= {"/ada", "/bob"})
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app, client=("127.0.0.1", 50000)),
+                base_url="http://127.0.0.1:8765",
+                headers={"Authorization": "Bearer token-of-ada-0123456789abcdef", **JSON},
+            ) as client:
+                card = (await client.get(f"/approvals/{run}.json")).json()["pending"]
+                wrote = await client.post(
+                    f"/approvals/{run}/notes",
+                    data={"checkpoint_id": card["checkpoint_id"], "text": "called the customer"},
+                )
+                assert wrote.status_code == 201, wrote.text
+
+            def noted(r: list[Any]) -> bool:
+                return any("left a note" in x.json()["message"] for x in r if x.path == "/bob")
+
+            got = await until(receiver, noted)
+            await anyio.sleep(1.0)  # a few polls more: ada is not told of her own note
+        [to_bob] = [x for x in got if x.path == "/bob" and "left a note" in x.json()["message"]]
+        message = to_bob.json()["message"]
+        assert "ada left a note" in message and '"called the customer"' in message
+        assert set(links_in(message)) == {run}
+        told_ada = [x.json()["message"] for x in receiver.requests("/ada")]
+        assert not any("left a note" in m for m in told_ada)

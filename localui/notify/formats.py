@@ -85,6 +85,8 @@ def line_of(event: Event, url: str, now: datetime, *, personal: bool = False) ->
             f"{event.actor} left a note on {_what(event)} of run {event.execution_id}{where}:"
             f' "{event.text}"'
         )
+        if personal:
+            text += f" {deciders}"
     elif event.type == ev.FAILED:
         text = (
             f"Run {event.execution_id} of {event.agent} {_failed_verb(event)} at"

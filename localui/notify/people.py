@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from localui import names
 from localui.backends.base import UserDirectory
 from localui.delegation import deciders
 from localui.notify import events as ev
@@ -28,8 +29,9 @@ from localui.records import User
 
 PERSON_PREFIX = "person:"
 #: The events a person is told of at their own address, with their own decision link:
-#: the pauses they may decide, their reminders, and an escalation that adds them.
-PERSONAL_EVENTS = frozenset({ev.PAUSED, ev.OVERDUE, ev.ESCALATED})
+#: the pauses they may decide, their reminders, an escalation that adds them, and a
+#: note another of them left.
+PERSONAL_EVENTS = frozenset({ev.PAUSED, ev.OVERDUE, ev.ESCALATED, ev.NOTED})
 #: How long what the users table said is believed (as sign-in believes it).
 CACHE_SECONDS = 2.0
 
@@ -89,8 +91,8 @@ class People:
 
     def target_ids(self, rule_name: str, now: datetime) -> tuple[str, ...]:
         """The outbox targets of the people told of a pause under the rule named."""
-        names = told_of(self.rule_named(rule_name), self.everyone(), now)
-        return tuple(person_target_id(n) for n in names)
+        told = told_of(self.rule_named(rule_name), self.everyone(), now)
+        return tuple(person_target_id(n) for n in told)
 
     def target_ids_of(self, event: Event, now: datetime) -> tuple[str, ...]:
         """The outbox targets of the people told of ``event`` at their own address: for a
@@ -100,8 +102,14 @@ class People:
             if not event.escalate_to:
                 return ()
             added = Rule(name=event.rule, approvers=event.escalate_to)
-            names = told_of(added, self.everyone(), now)
-            return tuple(person_target_id(n) for n in names)
+            return tuple(person_target_id(n) for n in told_of(added, self.everyone(), now))
+        if event.type == ev.NOTED:
+            # The others who may decide: not its author (nor, for a note a delegate
+            # wrote, the person they stand in for).
+            readers = told_of(self.rule_named(event.rule), self.everyone(), now)
+            return tuple(
+                person_target_id(n) for n in readers if not names.same_voter(n, event.actor)
+            )
         if event.type in PERSONAL_EVENTS:
             return self.target_ids(event.rule, now)
         return ()
