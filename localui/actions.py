@@ -305,13 +305,46 @@ class ActionService:
             }
 
         recording = resume_metadata if edit is None else {**resume_metadata, STATE_EDIT: edit}
+        return await self._claim_and_resume(
+            execution_id,
+            checkpoint_id,
+            approved=approved,
+            actor=approver,
+            reason=reason,
+            recording=recording,
+            resume_metadata=resume_metadata,
+            owner=owner,
+            context=context,
+            withdraw=mine,
+        )
+
+    async def _claim_and_resume(
+        self,
+        execution_id: str,
+        checkpoint_id: str,
+        *,
+        approved: bool,
+        actor: str,
+        reason: str,
+        recording: dict[str, Any],
+        resume_metadata: dict[str, Any],
+        owner: runs.Owner,
+        context: Any,
+        withdraw: Vote | None = None,
+        claimed: Callable[[Decision], Awaitable[None]] | None = None,
+    ) -> Outcome:
+        """The decision recorded with its claim, then handed to the SDK as recorded: only
+        one claim of a pause is ever won, by any process, so it is carried out once; a
+        recovery of a crashed approval hands the tool the same. ``withdraw``: the vote
+        this click cast, which counts for nothing if another decision came first;
+        ``claimed``: called once the claim is won, before the SDK is asked."""
         claim = await off_loop(
             lambda: self.decisions.claim(
                 kind=APPROVAL,
                 execution_id=execution_id,
                 checkpoint_id=checkpoint_id,
                 approved=approved,
-                actor=approver,
+                actor=actor,
                 reason=reason,
                 still_pending=lambda: self.store.get_pending(execution_id) is not None,
                 metadata=recording,
@@ -319,12 +352,13 @@ class ActionService:
             )
         )
         if not claim.won:
-            if mine is not None:
-                # Another decision came first: this approval counts for nothing.
-                await off_loop(self.decisions.withdraw_vote, mine.id)
+            if withdraw is not None:
+                await off_loop(self.decisions.withdraw_vote, withdraw.id)
             raise AlreadyDecided(
                 f"This pause was {words.being_or_already(claim.decision)}.", claim.decision
             )
+        if claimed is not None:
+            await claimed(claim.decision)
         from fastaiagent import Resume
 
         # What the record now holds, as it holds it: a recovery hands the tool the same.
@@ -392,38 +426,17 @@ class ActionService:
             **typed,
         }
         recorded_reason = rule.timeout_reason + (words.DECIDED_AT_START if late else "")
-        claim = await off_loop(
-            lambda: self.decisions.claim(
-                kind=APPROVAL,
-                execution_id=execution_id,
-                checkpoint_id=checkpoint_id,
-                approved=approved,
-                actor=actor,
-                reason=recorded_reason,
-                still_pending=lambda: self.store.get_pending(execution_id) is not None,
-                metadata=resume_metadata,
-                agent=owner.name,
-            )
-        )
-        if not claim.won:
-            raise AlreadyDecided(
-                f"This pause was {words.being_or_already(claim.decision)}.", claim.decision
-            )
-        if claimed is not None:
-            await claimed(claim.decision)
-        from fastaiagent import Resume
-
-        recorded = claim.decision.resume_metadata
-        resume_value = Resume(
-            approved=approved, metadata=recorded if recorded is not None else resume_metadata
-        )
-        return await self.run_resume(
+        return await self._claim_and_resume(
             execution_id,
-            claim.decision,
-            "approve" if approved else "reject",
-            resume_value,
-            owner,
+            checkpoint_id,
+            approved=approved,
+            actor=actor,
+            reason=recorded_reason,
+            recording=resume_metadata,
+            resume_metadata=resume_metadata,
+            owner=owner,
             context=context,
+            claimed=claimed,
         )
 
     async def _deciding_for(
