@@ -195,8 +195,10 @@ BUDGETS: tuple[Budget, ...] = (
         needs_demo=True,
     ),
     # 80 KB until "Notify me", the title's waiting count and the one-tab notification
-    # (1.6 KB of live-shared.js) came; the design's bar is the one on the wire, below.
-    Budget("js_css", "JS + CSS per page, uncompressed", 82, "KB", ("js_css_kb",)),
+    # (1.6 KB of live-shared.js) came; 82 KB until notes on a pause (kept live on the
+    # queue and the card's page, 1.3 KB of desk.js and CSS) and the person's own menu
+    # (away and back, 0.4 KB of CSS). The design's bar is the one on the wire, below.
+    Budget("js_css", "JS + CSS per page, uncompressed", 84, "KB", ("js_css_kb",)),
     Budget("js_css_wire", "JS + CSS per page, on the wire", 30, "KB", ("js_css_wire_kb",)),
 )
 
