@@ -30,6 +30,7 @@ from localui.auth import OPERATOR, require, template_values
 from localui.errors import AlreadyDecided, BadRequest, LocalUIError, NeedsConfirmation, StaleCard
 from localui.offloop import off_loop
 from localui.views.attention import repeats_uncached
+from localui.views.me import me_values
 from localui.views.nav import nav_counts
 from localui.views.params import picked_cards
 from localui.views.respond import to_jsonable, wants_json
@@ -238,7 +239,9 @@ async def _stream(
         "request": request,
         "stream_mark": Markup(STREAM_MARK),
     }
+    # What the context processors give a page rendered by a TemplateResponse.
     values.update(template_values(request))
+    values.update(me_values(request))
     html = ctx.templates.get_template("pages/bulk_resume.html").render(values)
     head, _, tail = html.partition(STREAM_MARK)
     yield head
