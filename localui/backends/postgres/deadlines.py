@@ -67,6 +67,9 @@ class PostgresDeadlines:
                 sql.Identifier(f"{TABLE}_due"), self._table
             )
         )
+        # Committed before it is taken as made: another thread's connection must see
+        # the table the moment this one stops checking for it.
+        conn.commit()
         self._made = True
         return True
 

@@ -80,6 +80,9 @@ class PostgresKeys:
             ),
             (new_secret(), new_ring()),
         )
+        # Committed before it is taken as made: another thread's connection must see
+        # the tables and the first key the moment this one stops checking for them.
+        conn.commit()
         self._made = True
 
     def shared(self, ended_after: float) -> Shared | None:
