@@ -192,6 +192,19 @@ def _details(
     return store.get_rows(ids) if ids else {}
 
 
+def _same_in_store(store: Store, pairs: Sequence[tuple[int, compare.Aligned]]) -> set[int]:
+    """The indexes of ``pairs`` whose two rows' payloads the store holds as equal text
+    (so equal values) where the payloads decide whether the pair differs."""
+    ids = {
+        (a.checkpoint_id, b.checkpoint_id): i
+        for i, pair in pairs
+        if pair.needs_payloads
+        for a, b in [(pair.a, pair.b)]
+        if a is not None and b is not None
+    }
+    return {ids[p] for p in store.same_payloads(list(ids))} if ids else set()
+
+
 def _first_difference(
     store: Store, pairs: Sequence[compare.Aligned], known: Mapping[int, bool]
 ) -> int | None:
@@ -202,14 +215,7 @@ def _first_difference(
     read and compared by value."""
     for start in range(0, len(pairs), SCAN_CHUNK):
         chunk = [i for i in range(start, min(len(pairs), start + SCAN_CHUNK)) if i not in known]
-        ids = {
-            (a.checkpoint_id, b.checkpoint_id): i
-            for i in chunk
-            if pairs[i].needs_payloads
-            for a, b in [(pairs[i].a, pairs[i].b)]
-            if a is not None and b is not None
-        }
-        same = {ids[p] for p in store.same_payloads(list(ids))} if ids else set()
+        same = _same_in_store(store, [(i, pairs[i]) for i in chunk])
         details = _details(store, [pairs[i] for i in chunk if i not in same])
         for i in range(start, min(len(pairs), start + SCAN_CHUNK)):
             if i in same:
@@ -334,8 +340,12 @@ def build_compare_page(
     aligned = compare.align(a_rows, b_rows)
     window = _window(urls, a_id, b_id, len(aligned), start)
     in_window = range(window.start, window.start + window.count)
-    details = _details(store, [aligned[i] for i in in_window], to_diff=True)
-    flags = {i: compare.differs(aligned[i], details) for i in in_window}
+    # Pairs whose payloads the store holds as equal text are the same without being
+    # read: only the others are read, parsed and diffed (half of two sibling runs'
+    # rows, whose conversations match step for step up to where they part).
+    same = _same_in_store(store, [(i, aligned[i]) for i in in_window])
+    details = _details(store, [aligned[i] for i in in_window if i not in same], to_diff=True)
+    flags = {i: False if i in same else compare.differs(aligned[i], details) for i in in_window}
     first = _first_difference(store, aligned, flags)
     # The steps of two conversations repeat their earlier messages: each pair of
     # messages is diffed once for the page.
