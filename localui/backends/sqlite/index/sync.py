@@ -695,10 +695,16 @@ class IndexSync:
         )
         pending = store_pending(conn)
         marked_at = _newest_marked(conn, columns)
-        # In run order (the SDK's index on execution_id), so that each run is complete
-        # when the next begins and memory holds one batch of runs, not the store's.
+        # In run order, so that each run is complete when the next begins and memory
+        # holds one batch of runs, not the store's. Sorted by SQLite's own sorter from
+        # one pass over the table in file order (NOT INDEXED), not read through the
+        # SDK's index on execution_id: that visits the table's pages in random order,
+        # which on a store too big for the page cache (a million runs beside their
+        # spans, 16 GB) is a disk seek a row (84 s, against 13 s read and sorted). The
+        # sorter keeps about 20 MB in memory and spills the rest to a temporary file.
         rows = conn.execute(
-            f"SELECT {columns.select} FROM s.checkpoints WHERE rowid <= ? ORDER BY execution_id",
+            f"SELECT {columns.select} FROM s.checkpoints NOT INDEXED WHERE rowid <= ?"
+            " ORDER BY execution_id",
             (high_water,),
         )
         for folded in _fold_in_order(self._counted(rows, high_water)):
