@@ -8,7 +8,6 @@ corrupt row is something a page can show rather than an exception.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,9 +38,12 @@ MAX_JSON_DEPTH = 300
 
 #: :func:`parse_json`'s mark for a text orjson did not read.
 _NOT_READ = object()
-#: Nineteen digits in a row: a number orjson may read otherwise than Python (an integer
-#: past 64 bits becomes a float), so Python's json reads that text.
-_LONG_NUMBER = re.compile(r"\d{19}")
+#: Nineteen digits in a row mark a number orjson may read otherwise than Python (an
+#: integer past 64 bits becomes a float), so Python's json reads that text. Found by
+#: turning every digit into a 0 and looking for nineteen of them: a third of a regular
+#: expression's cost, which was more than orjson's own.
+_DIGITS_AS_ZERO = str.maketrans("123456789", "000000000")
+_LONG_NUMBER = "0" * 19
 
 
 def parse_json(text: str | None, default: Any) -> Any:
@@ -53,7 +55,7 @@ def parse_json(text: str | None, default: Any) -> Any:
         # page parses two hundred payloads); what it refuses and Python's json reads
         # (NaN and Infinity, which the SDK writes as Python does, integers past 64
         # bits, lone surrogates) is read by Python's json, which also words the error.
-        value = _NOT_READ if _LONG_NUMBER.search(text) else orjson.loads(text)
+        value = _NOT_READ if _LONG_NUMBER in text.translate(_DIGITS_AS_ZERO) else orjson.loads(text)
     except (orjson.JSONDecodeError, TypeError):
         value = _NOT_READ
     try:
