@@ -317,9 +317,12 @@ def read_ahead(path: Path, stop: Callable[[], bool]) -> int:
     for a build that reads every page of it anyway; how many bytes were read.
 
     The fold's columns (``created_at``, ``checkpoint_id`` …) come after the SDK's
-    snapshots in each row, so the build walks every overflow page, in row order: from a
-    cold cache that is 4 KB reads all over the file (124-163 s at a million runs, a
-    5.2 GB file, where reading it in order takes a few seconds). ``posix_fadvise``'s
+    snapshots in each row, so the build reads every page of the table. It reads them in
+    the table's order, mostly the file's (when it read them in run order, through the
+    SDK's index, a cold cache made that 4 KB reads all over the file: 124-163 s at a
+    million runs, a 5.2 GB file, where reading it in order takes a few seconds), but a
+    table written beside others (the cache, spans) or pruned lies in pieces, which one
+    read of the whole file in order brings into the cache at disk speed. ``posix_fadvise``'s
     WILLNEED would read without copying, but Linux reads only its readahead window
     (128 KB) per call. Skipped when the file would not fit in half the memory free now
     (the kernel would drop what it read first); stops when ``stop()`` says so.
