@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 #: The SDK's node id and ``step_type`` of the row that opens a fork.
 FORK_ORIGIN_NODE = "__fork_origin__"
 FORK_ORIGIN_STEP = "fork_origin"
@@ -36,31 +34,13 @@ class Unreadable:
 #: Python stops at a thousand frames. The SDK's own values are a few levels deep.
 MAX_JSON_DEPTH = 300
 
-#: :func:`parse_json`'s mark for a text orjson did not read.
-_NOT_READ = object()
-#: Nineteen digits in a row mark a number orjson may read otherwise than Python (an
-#: integer past 64 bits becomes a float), so Python's json reads that text. Found by
-#: turning every digit into a 0 and looking for nineteen of them: a third of a regular
-#: expression's cost, which was more than orjson's own.
-_DIGITS_AS_ZERO = str.maketrans("123456789", "000000000")
-_LONG_NUMBER = "0" * 19
-
 
 def parse_json(text: str | None, default: Any) -> Any:
     """Parse a JSON column, turning damage into :class:`Unreadable` instead of raising."""
     if text is None or text == "":
         return default
     try:
-        # orjson reads the SDK's JSON four times as fast as Python's json (a compare
-        # page parses two hundred payloads); what it refuses and Python's json reads
-        # (NaN and Infinity, which the SDK writes as Python does, integers past 64
-        # bits, lone surrogates) is read by Python's json, which also words the error.
-        value = _NOT_READ if _LONG_NUMBER in text.translate(_DIGITS_AS_ZERO) else orjson.loads(text)
-    except (orjson.JSONDecodeError, TypeError):
-        value = _NOT_READ
-    try:
-        if value is _NOT_READ:
-            value = json.loads(text)
+        value = json.loads(text)
     except (ValueError, TypeError) as exc:
         return Unreadable(error=str(exc), raw=str(text)[:2000])
     except RecursionError:

@@ -1,6 +1,6 @@
-"""The store's JSON columns read as Python's json reads them, whichever parser reads
-them (``localui.records.parse_json``: orjson first, Python's json for what orjson reads
-otherwise or refuses)."""
+"""The store's JSON columns as ``localui.records.parse_json`` reads them: as Python's
+json reads them (NaN and Infinity as the SDK writes them, integers of any size), with
+damage and deep nesting as :class:`Unreadable` values rather than errors."""
 
 from __future__ import annotations
 

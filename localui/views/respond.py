@@ -17,7 +17,6 @@ from dataclasses import field
 from datetime import datetime
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
@@ -85,19 +84,6 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-class PageJSON(JSONResponse):
-    """A page as JSON, written by orjson: the compare of two 50-row runs is some 50 KB,
-    which Python's json took a millisecond to write and orjson writes in a twentieth of
-    that. What orjson refuses (an integer past 64 bits, which a tool's arguments may
-    hold) is written by Python's json, as before."""
-
-    def render(self, content: Any) -> bytes:
-        try:
-            return orjson.dumps(content)
-        except (orjson.JSONEncodeError, TypeError):
-            return super().render(content)
-
-
 def wants_json(request: Request) -> bool:
     """``.json`` routes set ``format``; otherwise the Accept header decides."""
     if request.scope.get("localui.format") == "json":
@@ -122,7 +108,7 @@ async def respond(
     """Render ``page`` as JSON, as the htmx partial, or as the full page with its nav
     (``nav`` when the caller has just counted it, else counted here)."""
     if wants_json(request):
-        return PageJSON(to_jsonable(page), status_code=status_code)
+        return JSONResponse(to_jsonable(page), status_code=status_code)
     ctx = context(request)
     fragment = partial is not None and is_htmx(request)
     name = partial if fragment and partial is not None else template
