@@ -502,6 +502,22 @@ def test_a_run_page_s_first_reads_at_once_are_the_three_reads(backend: Backend) 
     assert store.run_reads("no-such-run") == (None, (), ())
 
 
+def test_a_comparison_s_first_reads_at_once_are_each_run_s_three_reads(backend: Backend) -> None:
+    store, seeded = backend.store, backend.seeded
+    names = ("completed", "fork-of-completed", "paused-1", "crashed-in-tool")
+    ids = [seeded.id(n) for n in names]
+    reads = store.compare_reads([*ids, ids[0], "no-such-run"])
+    assert list(reads) == [*ids, "no-such-run"]
+    for name, execution_id in zip(names, ids, strict=True):
+        assert reads[execution_id] == (
+            store.get_run(execution_id),
+            store.list_rows(execution_id),
+            store.get_fork_origin(execution_id),
+        ), name
+    assert reads[seeded.id("fork-of-completed")][2] is not None
+    assert reads["no-such-run"] == (None, (), None)
+
+
 def test_fork_links_both_ways(backend: Backend) -> None:
     store, seeded = backend.store, backend.seeded
     source, fork = seeded.id("completed"), seeded.id("fork-of-completed")

@@ -77,6 +77,13 @@ class Store(Protocol):
         page reads first."""
         ...
 
+    def compare_reads(
+        self, execution_ids: Sequence[str]
+    ) -> Mapping[str, tuple[RunFacts | None, tuple[RowHeader, ...], ForkLink | None]]:
+        """:meth:`get_run`, :meth:`list_rows` and :meth:`get_fork_origin` of each run at
+        once, by execution id: what a comparison of runs reads first."""
+        ...
+
     def list_attention(self, query: AttentionQuery) -> AttentionPage:
         """One page of the runs that need a person, from the runs index, newest first,
         with how many there are for each reason."""

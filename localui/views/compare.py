@@ -22,7 +22,7 @@ from localui.backends.traces import SpanIndex
 from localui.diff import DiffMemo, SectionDiff, diff_rows
 from localui.errors import BadRequest, NotFound
 from localui.offloop import off_loop
-from localui.records import RowDetail, RowHeader
+from localui.records import ForkLink, RowDetail, RowHeader, RunFacts
 from localui.shortids import shortest_unique
 from localui.views.params import parse_count
 from localui.views.respond import html_only, nav_ahead, respond
@@ -144,17 +144,34 @@ def _anchor(index: int) -> str:
     return f"pair-{index}"
 
 
+def _run_sides(
+    store: Store, traces: SpanIndex | None, a_id: str, b_id: str, urls: Urls
+) -> tuple[
+    tuple[RunSide, tuple[RowHeader, ...], dict[str, tuple[str, ...]]],
+    tuple[RunSide, tuple[RowHeader, ...], dict[str, tuple[str, ...]]],
+]:
+    """Both runs' sides, read at once (one round trip on PostgreSQL, not six)."""
+    for param, execution_id in (("a", a_id), ("b", b_id)):
+        # No store holds such an id (PostgreSQL text cannot), and PostgreSQL refuses to look.
+        if "\x00" in execution_id:
+            raise NotFound(f"{param}: no run with execution id {execution_id!r} in this store")
+    reads = store.compare_reads([a_id, b_id])
+    return (
+        _run_side(traces, a_id, "a", urls, reads[a_id]),
+        _run_side(traces, b_id, "b", urls, reads[b_id]),
+    )
+
+
 def _run_side(
-    store: Store, traces: SpanIndex | None, execution_id: str, param: str, urls: Urls
+    traces: SpanIndex | None,
+    execution_id: str,
+    param: str,
+    urls: Urls,
+    reads: tuple[RunFacts | None, tuple[RowHeader, ...], ForkLink | None],
 ) -> tuple[RunSide, tuple[RowHeader, ...], dict[str, tuple[str, ...]]]:
-    # No store holds such an id (PostgreSQL text cannot), and PostgreSQL refuses to look.
-    if "\x00" in execution_id:
-        raise NotFound(f"{param}: no run with execution id {execution_id!r} in this store")
-    facts = store.get_run(execution_id)
-    headers = store.list_rows(execution_id) if facts is not None else ()
+    facts, headers, origin = reads
     if facts is None or not headers:
         raise NotFound(f"{param}: no run with execution id {execution_id!r} in this store")
-    origin = store.get_fork_origin(execution_id)
     trace = trace_section(traces, execution_id, headers)
     durations = [t.duration_ms for t in trace.attempts if t.duration_ms is not None]
     tokens = [t.tokens for t in trace.attempts if t.tokens is not None]
@@ -332,8 +349,7 @@ def build_compare_page(
     start: int = 0,
     traces: SpanIndex | None = None,
 ) -> ComparePage:
-    a, a_rows, a_calls = _run_side(store, traces, a_id, "a", urls)
-    b, b_rows, b_calls = _run_side(store, traces, b_id, "b", urls)
+    (a, a_rows, a_calls), (b, b_rows, b_calls) = _run_sides(store, traces, a_id, b_id, urls)
     shown = shortest_unique([a_id, b_id])
     a = _with_short_id(a, shown)
     b = _with_short_id(b, shown)

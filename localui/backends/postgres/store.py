@@ -602,6 +602,55 @@ class PostgresStore:
             tuple(_cache_entry(r) for r in cache),
         )
 
+    def compare_reads(
+        self, execution_ids: Sequence[str]
+    ) -> dict[str, tuple[RunFacts | None, tuple[RowHeader, ...], ForkLink | None]]:
+        from psycopg.rows import dict_row
+
+        wanted = list(dict.fromkeys(execution_ids))
+
+        def work(cur: Any, s: _Schema) -> tuple[list[Any], list[Any], list[Any]]:
+            if not s.has_checkpoints or not wanted:
+                return [], [], []
+            conn = cur.connection
+            # Sent together and answered together: one round trip for every run's
+            # facts, rows and fork origin (six, one after another).
+            with conn.pipeline():
+                facts = []
+                for eid in wanted:
+                    one = conn.cursor(row_factory=dict_row)
+                    one.execute(f"{self._runs_sql(s, one_run=True)} SELECT * FROM r", {"run": eid})
+                    facts.append(one)
+                rows = conn.cursor(row_factory=dict_row)
+                rows.execute(self._rows_of_sql(s), (wanted,))
+                origins = None
+                if "parent_checkpoint_id" in s.checkpoint_columns:
+                    origins = conn.cursor(row_factory=dict_row)
+                    origins.execute(self._fork_links_sql("f.execution_id = ANY(%s)"), (wanted,))
+            return (
+                [f.fetchone() for f in facts],
+                rows.fetchall(),
+                origins.fetchall() if origins is not None else [],
+            )
+
+        facts, rows, origins = self._run(work)
+        by_run: dict[str, list[RowHeader]] = {eid: [] for eid in wanted}
+        for r in rows:
+            header = self._header(r)
+            by_run[header.execution_id].append(header)
+        origin_of: dict[str, ForkLink] = {}
+        for r in origins:
+            link = shared.fork_link(r, iso)
+            origin_of.setdefault(link.execution_id, link)
+        return {
+            eid: (
+                self._facts(facts[i]) if i < len(facts) and facts[i] is not None else None,
+                tuple(by_run[eid]),
+                origin_of.get(eid),
+            )
+            for i, eid in enumerate(wanted)
+        }
+
     # --- rows ---------------------------------------------------------
 
     @staticmethod
@@ -629,17 +678,20 @@ class PostgresStore:
 
         return tuple(self._header(r) for r in self._run(work))
 
+    def _rows_of_sql(self, s: _Schema) -> str:
+        """The rows of the runs in ``%s`` (an array), each run's in the order written."""
+        return (
+            f"SELECT {self._header_columns(s)} FROM {self._t['checkpoints']}"
+            f" WHERE execution_id = ANY(%s) ORDER BY execution_id, {OLDEST_FIRST}"
+        )
+
     def list_rows_of(self, execution_ids: Sequence[str]) -> dict[str, tuple[RowHeader, ...]]:
         wanted = list(dict.fromkeys(execution_ids))
 
         def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:
             if not s.has_checkpoints or not wanted:
                 return []
-            cur.execute(
-                f"SELECT {self._header_columns(s)} FROM {self._t['checkpoints']}"
-                f" WHERE execution_id = ANY(%s) ORDER BY execution_id, {OLDEST_FIRST}",
-                (wanted,),
-            )
+            cur.execute(self._rows_of_sql(s), (wanted,))
             rows: list[dict[str, Any]] = cur.fetchall()
             return rows
 
@@ -920,21 +972,22 @@ class PostgresStore:
 
     # --- lineage ------------------------------------------------------
 
+    def _fork_links_sql(self, where: str) -> str:
+        """The fork origin rows ``where`` says, each with the source row it names."""
+        cp = self._t["checkpoints"]
+        return f"""SELECT f.execution_id AS execution_id, f.parent_checkpoint_id AS parent,
+                          f.created_at AS created_at, src.execution_id AS source_execution_id,
+                          src.node_id AS source_node_id
+                   FROM {cp} f
+                   LEFT JOIN {cp} src ON src.checkpoint_id = f.parent_checkpoint_id
+                   WHERE f.node_id = '{FORK_ORIGIN_NODE}' AND {where}
+                   ORDER BY f.created_at ASC, f.execution_id COLLATE "C" ASC"""
+
     def _fork_links(self, where: str, params: Sequence[Any]) -> tuple[ForkLink, ...]:
         def work(cur: Any, s: _Schema) -> list[dict[str, Any]]:
             if "parent_checkpoint_id" not in s.checkpoint_columns:
                 return []
-            cp = self._t["checkpoints"]
-            cur.execute(
-                f"""SELECT f.execution_id AS execution_id, f.parent_checkpoint_id AS parent,
-                           f.created_at AS created_at, src.execution_id AS source_execution_id,
-                           src.node_id AS source_node_id
-                    FROM {cp} f
-                    LEFT JOIN {cp} src ON src.checkpoint_id = f.parent_checkpoint_id
-                    WHERE f.node_id = '{FORK_ORIGIN_NODE}' AND {where}
-                    ORDER BY f.created_at ASC, f.execution_id COLLATE "C" ASC""",
-                tuple(params),
-            )
+            cur.execute(self._fork_links_sql(where), tuple(params))
             rows: list[dict[str, Any]] = cur.fetchall()
             return rows
 

@@ -699,6 +699,15 @@ class SQLiteStore:
             self.list_cache(execution_id),
         )
 
+    def compare_reads(
+        self, execution_ids: Sequence[str]
+    ) -> dict[str, tuple[RunFacts | None, tuple[RowHeader, ...], ForkLink | None]]:
+        # In process, one read after another: no round trip to save.
+        return {
+            eid: (self.get_run(eid), self.list_rows(eid), self.get_fork_origin(eid))
+            for eid in dict.fromkeys(execution_ids)
+        }
+
     # --- actions' helpers ---------------------------------------------
 
     def get_project_id(self, execution_id: str) -> str | None:
