@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
@@ -125,17 +125,8 @@ class RowDiff:
 def diff_rows(a: RowDetail, b: RowDetail, *, memo: DiffMemo | None = None) -> RowDiff:
     """Compare the payload columns of row ``a`` (the before) with row ``b`` (the after);
     a page that diffs many pairs of rows hands each the same ``memo``."""
-    sections = tuple(
-        diff_section(
-            name,
-            getattr(a, name),
-            getattr(b, name),
-            title=title,
-            sides=(f"A ({a.header.node_id})", f"B ({b.header.node_id})"),
-            memo=memo,
-        )
-        for name, title in SECTIONS
-    )
+    sides = (f"A ({a.header.node_id})", f"B ({b.header.node_id})")
+    sections = tuple(_section_of(name, title, a, b, sides, memo) for name, title in SECTIONS)
     same = all(s.same for s in sections)
     changed = [s.name for s in sections if not s.same and s.unreadable is None]
     unreadable = [s.name for s in sections if s.unreadable is not None]
@@ -149,6 +140,29 @@ def diff_rows(a: RowDetail, b: RowDetail, *, memo: DiffMemo | None = None) -> Ro
             parts.append("Could not compare: " + _join(unreadable, "and") + ".")
         summary = " ".join(parts)
     return RowDiff(same=same, sections=sections, summary=summary)
+
+
+def _section_of(
+    name: str,
+    title: str,
+    a: RowDetail,
+    b: RowDetail,
+    sides: tuple[str, str],
+    memo: DiffMemo | None,
+) -> SectionDiff:
+    """One column of two rows compared; a page's ``memo`` keeps each comparison by the
+    columns' text as stored, so the same two values (a tool called with the same
+    arguments at every step of both runs) are compared once for the page."""
+
+    def compare() -> SectionDiff:
+        return diff_section(
+            name, getattr(a, name), getattr(b, name), title=title, sides=sides, memo=memo
+        )
+
+    raw_a, raw_b = a.raw.get(name), b.raw.get(name)
+    if memo is None or not isinstance(raw_a, str) or not isinstance(raw_b, str):
+        return compare()
+    return memo.section((name, title, *sides, raw_a, raw_b), compare)
 
 
 def diff_section(
@@ -239,26 +253,32 @@ class _Changes:
         return len(self._found) >= MAX_CHANGES
 
     def add(self, kind: str, path: Path, old: Any, new: Any) -> None:
+        self.add_made(path, _change(kind, path, old, new))
+
+    def add_made(self, path: Path, change: Change) -> None:
         if self.full:
             self.truncated = True
             return
-        old_text, old_block = _display(old) if kind != ADDED else ("", False)
-        new_text, new_block = _display(new) if kind != REMOVED else ("", False)
-        label = _LABELS.get(kind) or f"type changed ({_type_name(old)} → {_type_name(new)})"
-        change = Change(
-            kind=kind,
-            path=readable_path(path),
-            old=old if kind != ADDED else None,
-            new=new if kind != REMOVED else None,
-            label=label,
-            old_text=old_text,
-            new_text=new_text,
-            block=old_block or new_block,
-        )
         self._found.append((path, change))
 
     def sorted(self) -> tuple[Change, ...]:
         return tuple(c for _, c in sorted(self._found, key=lambda pc: _path_key(pc[0])))
+
+
+def _change(kind: str, path: Path, old: Any, new: Any) -> Change:
+    old_text, old_block = _display(old) if kind != ADDED else ("", False)
+    new_text, new_block = _display(new) if kind != REMOVED else ("", False)
+    label = _LABELS.get(kind) or f"type changed ({_type_name(old)} → {_type_name(new)})"
+    return Change(
+        kind=kind,
+        path=readable_path(path),
+        old=old if kind != ADDED else None,
+        new=new if kind != REMOVED else None,
+        label=label,
+        old_text=old_text,
+        new_text=new_text,
+        block=old_block or new_block,
+    )
 
 
 #: One finding of DeepDiff's, relative to where the two values sit: its kind, its path
@@ -274,6 +294,16 @@ class DiffMemo:
 
     def __init__(self) -> None:
         self._found: dict[tuple[str, str], tuple[Finding, ...]] = {}
+        self._sections: dict[tuple[str, ...], SectionDiff] = {}
+        self._changes: dict[tuple[str, str, Path], tuple[tuple[Path, Change], ...]] = {}
+
+    def section(self, key: tuple[str, ...], compare: Callable[[], SectionDiff]) -> SectionDiff:
+        """A column's comparison, by its name, its sides' words and both texts as
+        stored: equal texts are equal values, so the comparison is the same."""
+        found = self._sections.get(key)
+        if found is None:
+            found = self._sections[key] = compare()
+        return found
 
     def findings(self, a: Any, b: Any) -> tuple[Finding, ...]:
         key = (_fingerprint(a), _fingerprint(b))
@@ -281,6 +311,19 @@ class DiffMemo:
         if found is None:
             found = self._found[key] = _findings(a, b)
         return found
+
+    def changes(self, a: Any, b: Any, base: Path) -> tuple[tuple[Path, Change], ...]:
+        """The changes between ``a`` and ``b`` found under ``base``, worded once for
+        the page: the same two messages at the same place in every step's
+        conversation are the same changes."""
+        key = (_fingerprint(a), _fingerprint(b), base)
+        made = self._changes.get(key)
+        if made is None:
+            made = self._changes[key] = tuple(
+                (path, _change(kind, path, old, new))
+                for kind, path, old, new in _placed(self.findings(a, b), base)
+            )
+        return made
 
 
 def _deep(a: Any, b: Any, base: Path, found: _Changes, memo: DiffMemo | None = None) -> None:
@@ -290,15 +333,24 @@ def _deep(a: Any, b: Any, base: Path, found: _Changes, memo: DiffMemo | None = N
     if found.full:
         found.truncated = True
         return
-    for kind, old_path, new_path, old, new in (
-        memo.findings(a, b) if memo is not None else _findings(a, b)
-    ):
+    if memo is not None:
+        for path, change in memo.changes(a, b, base):
+            found.add_made(path, change)
+        return
+    for kind, path, old, new in _placed(_findings(a, b), base):
+        found.add(kind, path, old, new)
+
+
+def _placed(findings: Sequence[Finding], base: Path) -> Iterator[tuple[str, Path, Any, Any]]:
+    """Each finding as ``(kind, path, old, new)`` under ``base``: paths of added values
+    count in B, of the others in A."""
+    for kind, old_path, new_path, old, new in findings:
         if kind == ADDED:
-            found.add(ADDED, base + new_path, None, new)
+            yield ADDED, base + new_path, None, new
         elif kind == REMOVED:
-            found.add(REMOVED, base + old_path, old, None)
+            yield REMOVED, base + old_path, old, None
         else:
-            found.add(kind, base + old_path, old, new)
+            yield kind, base + old_path, old, new
 
 
 def _findings(a: Any, b: Any) -> tuple[Finding, ...]:
