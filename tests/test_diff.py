@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from localui.backends.sqlite.store import SQLiteStore
 from localui.diff import MAX_CHANGES, diff_section, readable_path
@@ -490,3 +492,49 @@ def test_a_memo_shared_by_many_diffs_changes_none_of_them() -> None:
         shared = diff_section("state_snapshot", a, b, memo=memo)
         assert shared == plain, turns
         assert len(plain.changes) == 1 + 2 * turns + (0 if turns % 2 else 1), plain.changes
+
+
+# --- flat objects: found without DeepDiff, as DeepDiff finds them -------------------
+
+_SCALAR = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**20), max_value=10**20)
+    | st.floats()
+    | st.text(max_size=6)
+)
+_FLAT = st.dictionaries(st.sampled_from("abcdef"), _SCALAR, max_size=6)
+
+
+def _as_set(findings: tuple[Any, ...]) -> set[str]:
+    """As the diff reads them (an added value has no old one, a removed one no new one),
+    by repr: NaN is not equal to itself, and 1 == 1.0 == True."""
+    from localui.diff import ADDED, REMOVED
+
+    return {
+        repr((kind, p, q, None if kind == ADDED else old, None if kind == REMOVED else new))
+        for kind, p, q, old, new in findings
+    }
+
+
+@given(_FLAT, _FLAT)
+def test_two_flat_objects_differ_as_deepdiff_says(a: dict[str, Any], b: dict[str, Any]) -> None:
+    from localui.diff import _deepdiff_findings, _flat_findings
+
+    flat = _flat_findings(a, b)
+    if flat is not None:
+        assert _as_set(flat) == _as_set(_deepdiff_findings(a, b) if a != b else ())
+
+
+def test_a_message_and_a_tool_s_arguments_are_found_without_deepdiff() -> None:
+    from localui.diff import CHANGED, _flat_findings
+
+    user = {"role": "user", "content": "Refund A-1001", "name": None, "tool_calls": None}
+    assert _flat_findings(user, {**user, "content": "Refund A-1999"}) == (
+        (CHANGED, ("content",), ("content",), "Refund A-1001", "Refund A-1999"),
+    )
+    arguments = {"order_id": "A-1", "amount": 40.0}
+    assert _flat_findings(arguments, {**arguments, "amount": 40}) == ()
+    # Nested values and a number against a string go to DeepDiff.
+    assert _flat_findings({"tool_calls": [{"id": 1}]}, {"tool_calls": []}) is None
+    assert _flat_findings({"amount": 40}, {"amount": "40"}) is None
