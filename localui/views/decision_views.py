@@ -118,19 +118,18 @@ def decision_views(
     *,
     approvals_only: bool = False,
     recorded: tuple[Decision, ...] | None = None,
+    votes: tuple[Vote, ...] | None = None,
 ) -> tuple[DecisionView, ...]:
-    """A run's decisions (``recorded``, when the caller read them) and votes, oldest
-    first, their rows' ids shortened to read apart from each other. The vote that
-    completed a count is a decision as well, shown once, as that."""
+    """A run's decisions and votes (``recorded`` and ``votes``, when the caller read
+    them), oldest first, their rows' ids shortened to read apart from each other. The
+    vote that completed a count is a decision as well, shown once, as that."""
     if recorded is None:
         recorded = actions.decisions.list_for_run(execution_id)
+    if votes is None:
+        votes = actions.decisions.votes_for_run(execution_id)
     decisions = [d for d in recorded if not approvals_only or d.kind == APPROVAL]
     decided = {(d.checkpoint_id, d.actor) for d in decisions if d.kind == APPROVAL}
-    votes = [
-        v
-        for v in actions.decisions.votes_for_run(execution_id)
-        if (v.checkpoint_id, v.actor) not in decided
-    ]
+    votes = tuple(v for v in votes if (v.checkpoint_id, v.actor) not in decided)
     ids = shortest_unique([d.checkpoint_id for d in decisions] + [v.checkpoint_id for v in votes])
     shown = [(d.decided_at, decision_view(d, ids[d.checkpoint_id])) for d in decisions]
     shown += [(v.voted_at, vote_view(v, ids[v.checkpoint_id])) for v in votes]

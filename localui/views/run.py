@@ -20,7 +20,7 @@ from localui.auth import OPEN, Person, person_of
 from localui.backends.base import Store
 from localui.backends.traces import SpanIndex
 from localui.errors import BadRequest, NotFound
-from localui.offloop import off_loop
+from localui.offloop import off_loop, read_ahead
 from localui.records import (
     EDIT,
     RowDetail,
@@ -135,6 +135,11 @@ def build_run_page(
     facts, headers, cache = store.run_reads(execution_id)
     if facts is None or not headers:
         raise NotFound(f"no run with execution id {execution_id!r} in this store")
+    # What the page shows beside the rows, read meanwhile (four round trips on PostgreSQL).
+    family = read_ahead(store.fork_family, execution_id)
+    recorded = read_ahead(actions.decisions.list_for_run, execution_id)
+    votes = read_ahead(actions.decisions.votes_for_run, execution_id)
+    noted = read_ahead(actions.notes.for_run, execution_id) if actions.notes is not None else None
     now = datetime.now(UTC)
     state = runs.state_of(facts)
     # The owner's plan on this backend, with the registered Chain's node order.
@@ -171,17 +176,27 @@ def build_run_page(
         steps_by_row(trace),
         reentries(trace, headers),
     )
-    origin, forks = store.fork_family(execution_id)
+    origin, forks = family.result()
     edited = (
         actions.decisions.latest_for_runs(EDIT, [f.execution_id for f in forks]) if forks else {}
     )
-    acting = actions_section(actions, execution_id, owner, plan, pending, now, urls, person)
+    acting = actions_section(
+        actions,
+        execution_id,
+        owner,
+        plan,
+        pending,
+        now,
+        urls,
+        person,
+        recorded=recorded.result(),
+        votes=votes.result(),
+    )
     orphan = None
     if state == runs.ORPHANED and last.status == "interrupted":
-        recorded = actions.decisions.list_for_run(execution_id)
-        orphan = orphan_view(actions, last, owner, recorded)
+        orphan = orphan_view(actions, last, owner, acting.recorded)
     age = runs.seconds_since(last.created_at)
-    run_notes = actions.notes.for_run(execution_id) if actions.notes is not None else ()
+    run_notes = noted.result() if noted is not None else ()
     waiting_at = pending.checkpoint_id if pending is not None else None
     return RunPage(
         execution_id=execution_id,

@@ -17,6 +17,7 @@ from localui.records import (
     Decision,
     Pending,
     RowHeader,
+    Vote,
 )
 from localui.views.cards import ApprovalItem, approval_item
 from localui.views.decision_views import DecisionView, decision_views
@@ -145,7 +146,12 @@ def actions_section(
     now: datetime,
     urls: Urls,
     person: Person = OPEN,
+    *,
+    recorded: tuple[Decision, ...] | None = None,
+    votes: tuple[Vote, ...] | None = None,
 ) -> ActionsSection:
+    """``recorded`` and ``votes``: the run's decisions and votes, when the caller read
+    them (else read here)."""
     resume_problem = None
     if isinstance(plan, runs.ResumePlan) and plan.shape != "approval":
         resume_problem = actions.preflight.plan_problem(plan)
@@ -155,9 +161,10 @@ def actions_section(
         if actions.registry.get(owner.name) is None
         else None
     )
-    recorded = actions.decisions.list_for_run(execution_id)
+    if recorded is None:
+        recorded = actions.decisions.list_for_run(execution_id)
     return ActionsSection(
-        decisions=decision_views(actions, execution_id, recorded=recorded),
+        decisions=decision_views(actions, execution_id, recorded=recorded, votes=votes),
         recorded=recorded,
         last_approval=next((d for d in reversed(recorded) if d.kind == APPROVAL), None),
         # What the missing runner explains is not said again in a panel of its own.
