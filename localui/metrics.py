@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from localui import runs
 from localui.backends.base import STATES, DecisionLog, Store
 from localui.errors import Unavailable
+from localui.offloop import read_ahead
 from localui.records import APPROVAL, FleetCounts
 from localui.settings import Settings
 
@@ -178,6 +179,8 @@ def fleet_metrics(
     a scrape costs the same at a million runs as at a thousand."""
     now = datetime.now(UTC)
     stale_before, overdue_before = settings.attention_cutoffs(now)
+    # The decisions are folded in meanwhile: on PostgreSQL each read is a round trip.
+    folded = read_ahead(tally.fold, log, store)
     # None while a first build of the runs index runs: what it counts is left out then.
     fleet = store.fleet_counts(stale_before, overdue_before)
     if fleet is not None:
@@ -193,7 +196,7 @@ def fleet_metrics(
     )
     if fleet is not None:
         yield from _index_metrics(fleet, now)
-    tally.fold(log, store)
+    folded.result()
     with tally.lock:
         # A counter: the record only grows (prune never touches it).
         decisions = CounterMetricFamily(
