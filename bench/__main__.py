@@ -84,6 +84,7 @@ from bench.servers import (
     pythonpath,
     start_localui,
     start_sdk_ui,
+    wait_until_idle,
     wait_until_indexed,
     wait_until_search_indexed,
     wait_until_sqlite_search_indexed,
@@ -264,6 +265,7 @@ def measure_localui(
             log(f"  trigram index made {result.search_indexed_s:.2f} s after start")
             with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
                 cursor, result.deep_page = follow_next(client, "/runs.json", pages=DEEP_PAGES)
+            log(f"  server idle {wait_until_idle(server):.1f} s later (its own work done)")
             if cursor is None:
                 result.errors.append("the runs list has one page only: no deep page to time")
             urls = localui_urls(store, cursor)
