@@ -209,6 +209,15 @@ def deciders(rule: Rule | None, people: People, now: datetime) -> tuple[Decider,
     return tuple(found.values())
 
 
+def delegate_words(deciding_for: Sequence[str]) -> str:
+    """``for ada, who is away``: what a delegate is told after "Deciding as bob", on a
+    card, a decision link's page and their own message."""
+    if not deciding_for:
+        return ""
+    who = "who is away" if len(deciding_for) == 1 else "who are away"
+    return f"for {' or '.join(deciding_for)}, {who}"
+
+
 def away_problem(name: str, to: str, people: People, now: datetime) -> str | None:
     """Why ``name`` cannot be away to ``to`` (one line), or None when they can: both
     must be people here, ``to`` someone else whose role may decide, and ``to``'s own

@@ -518,7 +518,10 @@ async def test_an_away_persons_pauses_are_announced_to_the_delegate_whose_link_d
             await anyio.sleep(1.0)  # a few polls more: ada, who is away, is told nothing
             assert receiver.requests("/ada") == []
             [to_bob] = receiver.requests("/bob")
-            links = links_in(to_bob.json()["message"])
+            said = to_bob.json()["message"]
+            # bob is told whom he decides it for, and his page says so beside his name.
+            assert "You may decide it for ada, who is away, at your own link" in said, said
+            links = links_in(said)
             run = where.seed.id("paused-1")
             path = links[run].split("://", 1)[1].split("/", 1)[1]
             async with httpx.AsyncClient(
@@ -527,6 +530,10 @@ async def test_an_away_persons_pauses_are_announced_to_the_delegate_whose_link_d
             ) as client:
                 page = await client.get("/" + path)
                 assert page.status_code == 200, page.text
+                assert re.search(
+                    r'Deciding as <strong>bob</strong> <span class="for">for ada, who is away',
+                    page.text,
+                ), page.text
                 form = dict(re.findall(r'type="hidden" name="(\w+)" value="([^"]*)"', page.text))
                 pressed = await client.post(
                     f"/decide/{run}", data={**form, "decision": "approve", "reason": "for ada"}

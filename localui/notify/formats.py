@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from localui.bundle import redact
+from localui.delegation import delegate_words
 from localui.notify import events as ev
 from localui.notify.events import Event
 from localui.words import age_words
@@ -36,14 +37,26 @@ def _what(event: Event) -> str:
     return f"node {event.node_id}" if event.node_id else "a run"
 
 
-def line_of(event: Event, url: str, now: datetime, *, personal: bool = False) -> str:
+@dataclass(frozen=True, slots=True)
+class PersonalLink:
+    """A reader's own decision link for an event, and the away person they decide it
+    for as that person's delegate (empty: in their own right)."""
+
+    url: str
+    for_name: str = ""
+
+
+def line_of(
+    event: Event, url: str, now: datetime, *, personal: bool = False, for_name: str = ""
+) -> str:
     """One event in a sentence or two, ending with its link (``personal``: the reader's
-    own decision link)."""
+    own decision link; ``for_name``: the away person they decide it for)."""
     since = age_words(event.at, now)
     who = f"{event.agent} ({event.runner})" if event.runner else event.agent
+    standing = f" {delegate_words((for_name,))}," if for_name else ""
     deciders = (
-        "You may decide it at your own link below, which only opens the page: nothing is"
-        " decided until you press Approve or Reject there."
+        f"You may decide it{standing} at your own link below, which only opens the page:"
+        " nothing is decided until you press Approve or Reject there."
         if personal
         else "Approvers and operators may decide."
     )
@@ -128,15 +141,17 @@ def message(
     batch: Sequence[Event],
     links: Links,
     now: datetime,
-    personal: Callable[[Event], str | None] | None = None,
+    personal: Callable[[Event], PersonalLink | None] | None = None,
 ) -> tuple[str, str]:
     """The title and body of one chat message about every event in ``batch``;
     ``personal`` gives the reader's own decision link of an event (None: the desk's)."""
     lines = []
     for event in batch:
         own = personal(event) if personal is not None else None
-        url = own if own is not None else link_of(event, links)
-        lines.append(line_of(event, url, now, personal=own is not None))
+        if own is None:
+            lines.append(line_of(event, link_of(event, links), now))
+        else:
+            lines.append(line_of(event, own.url, now, personal=True, for_name=own.for_name))
     return _title(batch), "\n\n".join(lines)
 
 

@@ -114,6 +114,17 @@ class People:
             return self.target_ids(event.rule, now)
         return ()
 
+    def deciding_for(self, person: str, event: Event, now: datetime) -> str:
+        """The away person ``person`` is told of ``event`` for, as their delegate (empty:
+        told in their own right, or not told at all): chosen as :meth:`target_ids_of`
+        chooses who is told."""
+        if event.type == ev.ESCALATED:
+            rule: Rule | None = Rule(name=event.rule, approvers=event.escalate_to)
+        else:
+            rule = self.rule_named(event.rule)
+        told = deciders(rule, self.everyone(), now)
+        return next((d.for_name for d in told if names.one_person(d.name, person)), "")
+
     def targets(self) -> dict[str, Target]:
         """Each person with an address as a target, by id: a chat target (Apprise) whose
         label is the id, so no page or log shows the address."""

@@ -101,9 +101,10 @@ class Deliverer:
 
             self._signer = Webhook(settings.webhook_secret)
 
-    def personal_link(self, person: str, event: Event) -> str | None:
+    def personal_link(self, person: str, event: Event) -> formats.PersonalLink | None:
         """``person``'s own decision link for a pause event, minted now (it lives
-        ``--link-ttl`` from now, so a message sent late still gets a whole day)."""
+        ``--link-ttl`` from now, so a message sent late still gets a whole day), and the
+        away person they decide it for, if they are told as a delegate."""
         if (
             event.type not in PERSONAL_EVENTS
             or self.link_signer is None
@@ -114,7 +115,8 @@ class Deliverer:
             return None
         rule = self.people.rule_named(event.rule)
         token = self.link_signer.mint(person, event.execution_id, event.checkpoint_id, rule)
-        return self.links.decide(event.execution_id, token)
+        for_name = self.people.deciding_for(person, event, self._now())
+        return formats.PersonalLink(self.links.decide(event.execution_id, token), for_name)
 
     def chat(self, target: Target, batch: Sequence[Notification]) -> None:
         """One Apprise message about every event in ``batch``, sent by the Apprise
@@ -126,7 +128,7 @@ class Deliverer:
         personal = None
         if person is not None:
 
-            def personal(event: Event) -> str | None:
+            def personal(event: Event) -> formats.PersonalLink | None:
                 return self.personal_link(person, event)
 
         events = [event_of(n) for n in batch]

@@ -21,6 +21,7 @@ from localui import runs
 from localui.actions import ActionService
 from localui.auth import OPEN, Person
 from localui.backends.notes import Note
+from localui.delegation import delegate_words
 from localui.errors import BadRequest
 from localui.policy import Field, Rule
 from localui.records import (
@@ -496,14 +497,6 @@ class RuleView:
     deciding_for: tuple[str, ...] = ()
     #: ``for ada, who is away``: said after "Deciding as bob".
     for_words: str = html_only("")
-
-
-def delegate_words(deciding_for: tuple[str, ...]) -> str:
-    """``for ada, who is away``: what a delegate's card says after "Deciding as bob"."""
-    if not deciding_for:
-        return ""
-    who = "who is away" if len(deciding_for) == 1 else "who are away"
-    return f"for {' or '.join(deciding_for)}, {who}"
 
 
 def rule_view(
