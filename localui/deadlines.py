@@ -250,7 +250,7 @@ class DeadlineSweep:
             "pause of %s decided by rule %r at its deadline%s: %s",
             row.execution_id,
             row.rule,
-            " (localui was not running then)" if late else "",
+            " (past it when this server started)" if late else "",
             outcome.status,
         )
         return True

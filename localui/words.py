@@ -458,9 +458,11 @@ def edit_lines(metadata: Any) -> tuple[str, ...]:
     return tuple(lines)
 
 
-#: What the record's reason of a timeout decision ends with when no localui ran at the
-#: deadline, and the pause was decided when one started (``localui.deadlines``).
-DECIDED_AT_START = " (decided at start: localui was not running at the deadline)"
+#: What the record's reason of a timeout decision ends with when the deadline had passed
+#: before the server that decided it started (``localui.deadlines``): no localui decided
+#: it then, whether none ran or the one that ran could not (it stopped, or was read-only
+#: or without the runner). It does not claim which: this server cannot know.
+DECIDED_AT_START = " (decided at start: no localui decided it at the deadline)"
 
 
 def _span(seconds: int) -> str:

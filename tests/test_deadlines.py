@@ -457,6 +457,67 @@ def test_a_timeout_rejects_as_the_rule_says(desk: Desk) -> None:
     assert "policy:payouts" in page and REJECT_REASON in page
 
 
+def test_escalation_and_timeout_reach_a_signed_webhook_once_each(desk: Desk) -> None:
+    """``pause.escalated`` and ``pause.timed_out`` as a webhook receiver gets them: each
+    POST signed (Standard Webhooks), each event once, with the rule, who it escalated to
+    and when it was due, and who decided at the timeout; both are announced by default."""
+    from test_notify import SECRET, verified
+
+    from bench.receiver import Receiver
+    from localui.notify import events as ev
+    from localui.settings import Notifications
+
+    run = desk.pause("W1")
+    with Receiver() as receiver:
+        notifications = Notifications(
+            webhooks=(receiver.url + "/hook",),
+            webhook_secret=SECRET,
+            retry_initial=0.1,
+            retry_max=0.4,
+        )
+        settings = desk.settings(
+            policy(
+                'due = "1s"',
+                'escalate_to = ["group:managers"]',
+                'on_timeout = "reject"',
+                'timeout_after = "3s"',
+                f'timeout_reason = "{REJECT_REASON}"',
+            ),
+            notifications=notifications,
+        )
+        assert {ev.ESCALATED, ev.TIMED_OUT} <= set(notifications.events)
+
+        def of_run(received: list[Any], event_type: str) -> list[Any]:
+            hooks = [r for r in received if r.path == "/hook"]
+            return [
+                r
+                for r in hooks
+                if (b := verified(r))["type"] == event_type and b["data"]["execution_id"] == run
+            ]
+
+        with in_process(desk, settings):
+            got = receiver.wait_for(
+                lambda r: bool(of_run(r, ev.ESCALATED) and of_run(r, ev.TIMED_OUT)),
+                ACTED_WITHIN_S,
+            )
+            time.sleep(2.5)  # more polls and sending rounds: nothing is sent again
+            got = receiver.requests("/hook")
+        [escalated] = of_run(got, ev.ESCALATED)
+        [timed_out] = of_run(got, ev.TIMED_OUT)
+        esc = verified(escalated)["data"]
+        assert (esc["rule"], esc["escalate_to"]) == ("payouts", ["group:managers"])
+        assert esc["due_at"] and esc["url"].endswith(f"/approvals/{run}")
+        out = verified(timed_out)["data"]
+        assert (out["rule"], out["actor"], out["approved"]) == ("payouts", "policy:payouts", False)
+        # Announced once the rule's claim is won, before the run goes on (a server killed
+        # while the tool runs has still told it): the run's outcome is not known yet.
+        assert out["outcome"] == ""
+        assert escalated.headers["webhook-id"] != timed_out.headers["webhook-id"]
+    [decision] = desk.decisions(run)
+    assert (decision.actor, decision.reason) == ("policy:payouts", REJECT_REASON)
+    assert parse_time(esc["due_at"]) < parse_time(decision.decided_at)
+
+
 def test_a_timeout_approves_with_the_fields_defaults(desk: Desk) -> None:
     desk.serve(
         "one",
@@ -556,7 +617,7 @@ def test_a_pause_overdue_while_no_server_ran_is_decided_at_the_next_start(desk: 
     assert [r["metadata"]["reason"] for r in desk.ran(run)] == [REJECT_REASON]
     with httpx.Client(base_url=server.url) as client:
         page = client.get(f"/approvals/{run}").text
-    assert "decided at start: localui was not running at the deadline" in page
+    assert "decided at start: no localui decided it at the deadline" in page
 
 
 # --- the queue by due, and /attention ---------------------------------------------------
