@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 from helpers import JSON, all_at_once
 from test_approval_policy import TWO_FROM_FINANCE, Desk, open_desk
 
@@ -158,6 +159,32 @@ def test_refusals_each_say_why(open_desk: Callable[..., Desk]) -> None:
     link = mint(desk, "ada", run, checkpoint_id)
     said(page_of(desk, run, link[:-3] + "abc"), 404, "does not open anything")
     said(page_of(desk, other_run, link), 403, "This link is for another pause")
+    # Its form posted for another run (the run in the path changed): refused the same.
+    moved = desk.client.post(
+        f"/decide/{other_run}",
+        data={**form_of(page_of(desk, run, link)), "decision": "approve"},
+        follow_redirects=False,
+    )
+    said(moved, 403, "This link is for another pause")
+    # Sent for another row of this run than the one it waits at (as after a second
+    # pause): the pause it was sent for is gone, and the link does not follow.
+    rows = desk.client.get(f"/runs/{run}.json", headers=ada).json()["rows"]
+    earlier = next(r["checkpoint_id"] for r in rows if r["checkpoint_id"] != checkpoint_id)
+    elsewhere = mint(desk, "ada", run, earlier)
+    said(
+        page_of(desk, run, elsewhere),
+        409,
+        f"no longer waits at the row this link was sent for ({earlier})",
+    )
+    said(
+        desk.client.post(
+            f"/decide/{run}",
+            data={"link": elsewhere, "form_key": form_of(page_of(desk, run, link))["form_key"]},
+            follow_redirects=False,
+        ),
+        409,
+        "it waits for a new decision now, on the desk",
+    )
     said(page_of(desk, run, mint(desk, "vic", run, checkpoint_id)), 403, "viewers decide nothing")
     said(page_of(desk, run, mint(desk, "nobody", run, checkpoint_id)), 403, "No one named nobody")
     # Signed in to the desk as someone else: the link is not theirs to use.
@@ -274,3 +301,23 @@ def test_presses_at_once_decide_once(open_desk: Callable[..., Desk]) -> None:
     ]
     assert [a.status_code for a in answers].count(303) >= 1
     assert len(desk.decisions(run)) == 1 and desk.run_ends(run) == ["completed"]
+
+
+def test_link_ttl_is_a_day_unless_told_and_a_bad_one_is_refused() -> None:
+    """``--link-ttl``: 24 h when not given, any length ``--older-than`` takes, and a
+    one-line refusal of anything else, before the server starts."""
+    from localui.cli import NotifyOptionError, _notifications, build_parser
+
+    parser = build_parser()
+
+    def ttl(*extra: str) -> float:
+        args = parser.parse_args(["serve", "--store", "x.db", *extra])
+        return _notifications(args).link_ttl
+
+    assert ttl() == 86400.0
+    assert ttl("--link-ttl", "90m") == 5400.0
+    assert ttl("--link-ttl", "2d") == 172800.0
+    for bad in ("soon", "0s", "-1h"):
+        with pytest.raises(NotifyOptionError) as refused:
+            ttl(f"--link-ttl={bad}")
+        assert "--link-ttl" in str(refused.value) and "\n" not in str(refused.value)

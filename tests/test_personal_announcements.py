@@ -167,6 +167,53 @@ async def test_links_point_at_the_public_url_or_under_the_root_path(where: Where
             assert url.startswith("http://localui.localhost:8765/ops/decide/"), url
 
 
+@pytest.mark.anyio
+async def test_a_link_behind_a_proxy_under_a_root_path_opens_and_decides(where: Where) -> None:
+    """The whole way a link goes behind a proxy: the message names the public address,
+    the proxy takes ``/ops`` off and the server is told it (``--root-path``, as uvicorn
+    sets the scope: the full path, the root path beside it); the page's form posts under
+    the prefix, from the public origin, and the decision answers with the page again
+    under the prefix."""
+    public = "https://desk.example/ops"
+    with Receiver() as receiver, contextlib.ExitStack() as stack:
+        with users_of(where) as users:
+            add(users, "ada", "approver", f"json://127.0.0.1:{receiver.port}/ada")
+        settings = where.settings(
+            Notifications(public_url=public, **QUICK_RETRIES),
+            sign_in=sign_in_settings(),
+            root_path="/ops",
+            allowed_hosts=("desk.example",),
+        )
+        app = create_app(settings, agents=acting_agents(where, stack))
+        async with running(app):
+            await until(receiver, lambda r: len(r) >= 1)
+            links = links_in(receiver.requests("/ada")[0].json()["message"])
+            run = where.seed.id("paused-1")
+            assert links[run].startswith(public + "/decide/"), links[run]
+            path = links[run].removeprefix("https://desk.example")
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(
+                    app=app, root_path="/ops", client=("203.0.113.9", 40000)
+                ),
+                base_url="https://desk.example",
+            ) as client:
+                page = await client.get(path)
+                assert page.status_code == 200, page.text
+                assert f'action="/ops/decide/{run}"' in page.text, page.text
+                assert 'href="/ops/static/' in page.text
+                form = dict(re.findall(r'type="hidden" name="(\w+)" value="([^"]*)"', page.text))
+                pressed = await client.post(
+                    f"/ops/decide/{run}",
+                    data={**form, "decision": "approve", "reason": "behind the proxy"},
+                    headers={"Origin": "https://desk.example"},
+                )
+                assert pressed.status_code == 303, pressed.text
+                assert pressed.headers["location"] == path
+                shown = await client.get(path)
+                assert "ada approved it at" in shown.text, shown.text
+                assert 'id="decision-form"' not in shown.text
+
+
 async def _notifications_page(app: Any) -> dict[str, Any]:
     from helpers import TEST_TOKEN
 
