@@ -191,7 +191,9 @@ class Desk:
         path.write_text(text)
         return path
 
-    def serve(self, name: str, policy_text: str, *, holds: Path | None = None) -> LocalServer:
+    def serve(
+        self, name: str, policy_text: str, *, holds: Path | None = None, sign_in: bool = False
+    ) -> LocalServer:
         env = dict(self.env)
         env["CRASH_HOLDS"] = str(holds or self.workdir / f"holds-{name}")
         Path(env["CRASH_HOLDS"]).mkdir(exist_ok=True)
@@ -201,7 +203,7 @@ class Desk:
                 *self.store_args,
                 "--agents",
                 f"{CRASH_AGENT}:payout_bot",
-                "--no-auth",
+                *([] if sign_in else ["--no-auth"]),
                 "--claim-lease",
                 "2",
                 "--policy",
@@ -210,7 +212,7 @@ class Desk:
             cwd=self.workdir,
             log=self.workdir / f"{name}-{time.monotonic_ns()}.log",
             env=env,
-            ready="/approvals.json",
+            ready="/signin" if sign_in else "/approvals.json",
         )
         self.servers.append(server)
         return server
