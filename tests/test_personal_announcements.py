@@ -119,6 +119,32 @@ async def test_each_person_who_may_decide_gets_their_own_link_and_it_decides(whe
 
 
 @pytest.mark.anyio
+async def test_with_no_rule_every_approver_and_operator_is_told_and_no_viewer(
+    where: Where,
+) -> None:
+    """No policy governs the pauses: each approver and operator with an address gets
+    their own links to every one of them; a viewer, who decides nothing, gets nothing."""
+    with Receiver() as receiver:
+        port = receiver.port
+        with users_of(where) as users:
+            add(users, "ada", "approver", f"json://127.0.0.1:{port}/ada")
+            add(users, "olga", "operator", f"json://127.0.0.1:{port}/olga")
+            add(users, "vic", "viewer", f"json://127.0.0.1:{port}/vic")
+        settings = where.settings(Notifications(**QUICK_RETRIES), sign_in=sign_in_settings())
+        async with running(create_app(settings)):
+            await until(receiver, lambda r: {x.path for x in r} >= {"/ada", "/olga"})
+            await anyio.sleep(1.0)  # a few polls and a sweep more: nothing else comes
+        assert receiver.requests("/vic") == []
+        for name in ("ada", "olga"):
+            [message] = [r.json()["message"] for r in receiver.requests(f"/{name}")]
+            links = links_in(message)
+            assert set(links) == set(where.seed.ids("paused")), message
+        # Each link is its person's own: no two alike.
+        every = [u for r in receiver.requests() for u in links_in(r.json()["message"]).values()]
+        assert len(every) == len(set(every)) == 2 * SEEDED_PAUSES
+
+
+@pytest.mark.anyio
 async def test_someone_given_an_address_while_the_server_runs_is_told_of_what_waits(
     where: Where,
 ) -> None:
