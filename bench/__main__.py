@@ -8,6 +8,7 @@
     .venv/bin/python -m bench --only kill9                      # kill -9 mid-approval
     .venv/bin/python -m bench --only bulk-resume                # 1,000 crashed runs resumed
     .venv/bin/python -m bench --only deadlines                  # escalation, timeout, kill -9
+    .venv/bin/python -m bench --only links                      # decision links, scanners
 
 Exit status: 0 when every budget is met, 1 when one is missed, 2 when the
 benchmark could not measure something (a page that did not answer 200, a server
@@ -674,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--only",
-        choices=("kill9", "bulk-resume", "team", "deadlines"),
+        choices=("kill9", "bulk-resume", "team", "deadlines", "links"),
         default=None,
         help="run one measurement alone: kill9 is kill -9 of localui at random moments"
         " during 100 approvals over 50 pauses, 5 rounds (bench/kill9.py); bulk-resume is"
@@ -682,7 +683,9 @@ def build_parser() -> argparse.ArgumentParser:
         " (bench/bulk_resume.py); team is two replicas behind HAProxy on the largest"
         " --sizes store (--backend postgres; bench/team.py); deadlines is how soon two"
         " servers escalate and decide a rule's pauses, one killed around the deadline, 3"
-        " rounds (bench/deadlines.py)",
+        " rounds (bench/deadlines.py); links is what scanners' 1,000 fetches of personal"
+        " decision links decide (nothing), the decision page and the press to the run"
+        " resumed (bench/links.py)",
     )
     parser.add_argument(
         "--bulk-resume-runs",
@@ -754,6 +757,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             with pg.server(log) as dsn:
                 return run_deadlines(dsn, log, out)
         return run_deadlines(None, log, out)
+    if args.only == "links":
+        from bench.links import run_links
+
+        out = REPO / "bench" / "results" / f"links-{args.backend}.md"
+        if args.backend == "postgres":
+            with pg.server(log) as dsn:
+                return run_links(dsn, out)
+        return run_links(None, out)
     if args.only == "bulk-resume":
         from bench.bulk_resume import main as bulk_resume_main
 
