@@ -788,10 +788,6 @@ def _main(
     log: Log,
     dsn: str | None,
 ) -> int:
-    if dsn is not None:
-        # Trace spans live in the SDK's SQLite trace file, and the SDK UI reads SQLite:
-        # it is timed only beside the approvals page, on the SQLite file of the same runs.
-        args.span_sizes = []
     pg_targets: dict[str, PgTarget] = {}
 
     largest = max(args.sizes)
@@ -841,6 +837,16 @@ def _main(
                 if args.fresh_app_tables:
                     _fresh_app_tables(spanned, store, log)
                 stores.append(spanned)
+                if dsn is not None:
+                    # A fleet's agents trace into a SQLite file of their own: the same
+                    # runs on PostgreSQL, served with that file's spans (--traces), and
+                    # an app schema of its own (its cold start drops it).
+                    pg_targets[spanned.label] = PgTarget(
+                        dsn,
+                        pg_targets[store.label].schema,
+                        f"bench_{size}_spans_localui_{os.getpid()}",
+                        traces=spanned.path,
+                    )
     except Exception:
         log(traceback.format_exc())
         return 2
@@ -887,7 +893,8 @@ def _main(
         if venv is not None and store.runs in sdk_sizes and options.pg is None:
             sdk = measure_sdk(store, venv, options, log)
         fleet = None
-        if options.pg is not None and at_largest and not args.no_fleet:
+        # The fleet and the team, once: on the largest store without spans.
+        if options.pg is not None and at_largest and not store.spans and not args.no_fleet:
             log(f"measuring the fleet on {store.label} (load average {os.getloadavg()[0]:.1f})")
             fleet = measure_fleet(
                 store,
@@ -897,7 +904,7 @@ def _main(
                 app_path=app_path,
                 log=log,
             )
-        if options.pg is not None and at_largest and not args.no_fleet:
+        if options.pg is not None and at_largest and not store.spans and not args.no_fleet:
             log(f"measuring a team's two replicas behind HAProxy (load {os.getloadavg()[0]:.1f})")
             team = measure_team(
                 store,
@@ -930,7 +937,8 @@ def _main(
         with_sdk_ui=dsn is None
         and any(r.localui.side_by_side for r in runs if r.store.runs == largest),
         with_demo=demo is not None,
-        # The traced chain's run page is timed on a store with spans (SQLite) only.
+        # The traced chain's run page is timed on a store with spans (on PostgreSQL, the
+        # same runs served with the spans' SQLite file) only.
         with_spans=any(r.store.spans for r in runs if r.store.runs == largest),
     )
     if targets is not None:

@@ -295,11 +295,13 @@ def agent_alone_rss_kb(
 
 @dataclass(frozen=True, slots=True)
 class PgTarget:
-    """A store on PostgreSQL: the SDK's schema, and the app's (its runs index)."""
+    """A store on PostgreSQL: the SDK's schema, and the app's (its runs index); with
+    ``traces``, the SQLite file whose spans the fleet's agents wrote (``--traces``)."""
 
     dsn: str
     schema: str
     app_schema: str
+    traces: Path | None = None
 
 
 def start_localui(
@@ -331,6 +333,8 @@ def start_localui(
         where = [pg.dsn, "--pg-schema", pg.schema, "--pg-app-schema", pg.app_schema]
         # The bench's agent binds to this store (bench/agents.py).
         extra = {"LOCALUI_BENCH_PG_DSN": pg.dsn, "LOCALUI_BENCH_PG_SCHEMA": pg.schema}
+        if pg.traces is not None:
+            where += ["--traces", str(pg.traces)]
     command = [sys.executable, "-m", "localui", "serve", "--store", *where, "--port", str(port)]
     if not sign_in:
         # Pages are timed as a page's work; what sign-in adds is measured in process.
