@@ -90,6 +90,7 @@ from bench.servers import (
     wait_until_search_indexed,
     wait_until_sqlite_search_indexed,
 )
+from bench.speed import read_speed
 from bench.stores import (
     BuiltStore,
     Templates,
@@ -128,10 +129,12 @@ class Options:
 
 
 def _time_all(
-    server: Server, urls: Mapping[str, str], options: Options, log: Log, loads: list[float]
+    server: Server, urls: Mapping[str, str], options: Options, log: Log, run: ServerRun
 ) -> dict[str, Timing]:
     timings: dict[str, Timing] = {}
-    loads.append(os.getloadavg()[0])
+    run.load.append(os.getloadavg()[0])
+    run.speed.append(read_speed())
+    log(f"  machine speed: the probe took {run.speed[-1].words()}")
     with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
         for key, url in urls.items():
             started = time.monotonic()
@@ -148,7 +151,9 @@ def _time_all(
             if t.ok:
                 shown = f"p50 {t.p50:.1f} ms, p95 {t.p95:.1f} ms, server CPU {t.cpu_ms:.1f} ms"
             log(f"  {server.name} {key}: {shown} ({time.monotonic() - started:.0f} s)")
-    loads.append(os.getloadavg()[0])
+    run.load.append(os.getloadavg()[0])
+    run.speed.append(read_speed())
+    log(f"  machine speed: the probe took {run.speed[-1].words()}")
     return timings
 
 
@@ -274,7 +279,7 @@ def measure_localui(
                 # Timed as a server with targets runs: what waited when it started
                 # (every pause, its reminder) announced and delivered.
                 log(f"  announcements at start delivered {settle(server, log):.1f} s later")
-            result.timings = _time_all(server, urls, options, log, result.load)
+            result.timings = _time_all(server, urls, options, log, result)
             if options.notify:
                 result.watcher_idle_pct = watcher_idle_pct(server, log, options.idle_seconds)
             result.memory_kb = server.memory_kb()
@@ -441,7 +446,7 @@ def measure_sdk(store: BuiltStore, venv: Path, options: Options, log: Log) -> Se
     result.startup_cpu["cold"] = server.startup_cpu_s
     log(f"  sdk-ui started in {server.startup_s:.2f} s")
     try:
-        result.timings = _time_all(server, sdk_urls(store), options, log, result.load)
+        result.timings = _time_all(server, sdk_urls(store), options, log, result)
         result.memory_kb = server.memory_kb()
         if options.weights:
             result.pages = page_weights(

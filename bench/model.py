@@ -8,6 +8,7 @@ from typing import Any
 
 from bench.browser import PageWeight
 from bench.latency import Timing
+from bench.speed import SpeedReading
 from bench.stores import BuiltStore
 from localui.views.approvals import QUEUE_PAGE
 
@@ -169,6 +170,9 @@ class ServerRun:
     #: The 1-minute load average as the timed requests began and as they ended: the
     #: machine is shared, and a busy one slows every figure.
     load: list[float] = field(default_factory=list)
+    #: ``bench.speed``'s readings as the timed requests began and as they ended: a
+    #: machine that runs Python slower slows every figure, with no load to show it.
+    speed: list[SpeedReading] = field(default_factory=list)
     #: Our approvals page (``approvals_html``) and the SDK UI's queue JSON
     #: (``sdk_pending``) timed in turns, both servers up at once (``bench.latency``).
     side_by_side: dict[str, Timing] = field(default_factory=dict)

@@ -23,6 +23,7 @@ from bench.model import (
     StoreRun,
 )
 from bench.servers import REPO
+from bench.speed import ROUNDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +147,19 @@ def _timing_cell(server: ServerRun | None, key: str) -> str:
     return f"{_ms(t.p50)} / {_ms(t.p95)}{cpu}"
 
 
+def _speed_words(runs: Sequence[StoreRun]) -> str:
+    """The range of ``bench.speed``'s readings over the run, in words."""
+    readings = [x.median_ms for r in runs for s in (r.localui, r.sdk) if s for x in s.speed]
+    if not readings:
+        return "not read (no server's pages were timed)"
+    return (
+        f"a fixed Python workload (`bench/speed.py`) took {min(readings):.1f} to"
+        f" {max(readings):.1f} ms (median of {ROUNDS}) before and after each server's pages;"
+        " lower is faster. A machine that runs it slower runs every page slower, load or"
+        " none: compare it with an earlier report's before comparing figures."
+    )
+
+
 def markdown(
     runs: Sequence[StoreRun],
     verdicts: Sequence[Verdict],
@@ -160,6 +174,7 @@ def markdown(
     add(f"- Command: `{ctx.command}`")
     add(f"- Code: {ctx.code}; served: {ctx.app_note}")
     add(f"- Machine: {_machine()}")
+    add(f"- Machine speed: {_speed_words(runs)}")
     add(f"- SDK UI: {ctx.sdk_note}")
     add(
         f"- Latency: {ctx.requests} timed GETs per page after {ctx.warmup} warm-up GETs, one"
@@ -441,9 +456,10 @@ def markdown(
     add("")
     add(
         "| server | store | start to first 200, cold (CPU) | runs index complete, cold"
-        " | warm (CPU) | VmRSS after warm-up | VmHWM | load average while timed |"
+        " | warm (CPU) | VmRSS after warm-up | VmHWM | load average while timed"
+        " | machine speed while timed |"
     )
-    add("|---|---|---|---|---|---|---|---|")
+    add("|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         if r.localui.viewer_startup_s is not None:
             add(
@@ -451,7 +467,7 @@ def markdown(
                 f" {_startup(r.localui.viewer_startup_s, r.localui.startup_cpu.get('viewer'))}"
                 f"{_samples(r.localui, 'viewer')} |"
                 f" {_num(r.localui.viewer_memory_kb.get('VmRSS'), 1024 / 1e6)} MB |"
-                f" {_num(r.localui.viewer_memory_kb.get('VmHWM'), 1024 / 1e6)} MB | – |"
+                f" {_num(r.localui.viewer_memory_kb.get('VmHWM'), 1024 / 1e6)} MB | – | – |"
             )
         for name, server in (("localui", r.localui), ("SDK UI", r.sdk)):
             if server is None:
@@ -467,6 +483,7 @@ def markdown(
                 f" {_num(server.memory_kb.get('VmRSS'), 1024 / 1e6)} MB |"
                 f" {_num(server.memory_kb.get('VmHWM'), 1024 / 1e6)} MB |"
                 f" {' → '.join(f'{x:.1f}' for x in server.load) or '–'} |"
+                f" {' → '.join(f'{x.median_ms:.1f} ms' for x in server.speed) or '–'} |"
             )
     add("")
     add(
@@ -534,6 +551,7 @@ def _server_json(server: ServerRun | None) -> Mapping[str, Any] | None:
         "startup_cpu_s": server.startup_cpu,
         "start_samples": server.start_samples,
         "load": server.load,
+        "speed": [x.as_json() for x in server.speed],
         "deep_page": server.deep_page,
         "pages": {k: w.as_json() for k, w in server.pages.items()},
         "errors": server.errors,

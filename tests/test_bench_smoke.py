@@ -364,3 +364,24 @@ def test_the_demo_budgets_judge_the_medians_of_its_starts() -> None:
     }
     assert not verdicts["demo_first_page"].passed and not verdicts["demo_seeded"].passed
     assert "demo_first_page" not in {b.key for b in applicable(0, with_sdk_ui=False)}
+
+
+def test_the_machines_speed_is_read_beside_each_servers_pages(
+    bench_run: tuple[int, str, dict, str], backend: str
+) -> None:
+    """The probe runs as each server's pages are timed and as they end: the report says
+    how fast the machine ran Python beside the figures it took."""
+    _status, table, results, _stderr = bench_run
+    for store in results["stores"]:
+        readings = store["localui"]["speed"]
+        assert len(readings) == 2, readings
+        for reading in readings:
+            assert 0 < reading["fastest_ms"] <= reading["median_ms"], reading
+    lowest = min(r["median_ms"] for s in results["stores"] for r in s["localui"]["speed"])
+    [header] = [line for line in table.splitlines() if line.startswith("- Machine speed: ")]
+    assert f"took {lowest:.1f} to" in header, header
+    for store in LABELS[backend]:
+        [memory] = [
+            line for line in table.splitlines() if line.startswith(f"| localui | {store} | ")
+        ]
+        assert memory.endswith(" ms |") and " ms → " in memory, memory
