@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import os
 import shutil
 import signal
@@ -688,6 +689,12 @@ def serve(
     # instead of a KeyboardInterrupt traceback or death by signal before it.
     signal.signal(signal.SIGINT, _exit_quietly)
     signal.signal(signal.SIGTERM, _exit_quietly)
+    # What start-up made (modules, templates, the SDK, the agents) lives as long as the
+    # server: moved out of the collector's generations, about 90,000 objects that are
+    # never garbage are no longer walked by every full collection a page's allocations
+    # set off (at a million runs that was 0.5 to 2.5 ms a request, averaged, on the
+    # pages of big runs; 0.4 to 0.8 ms after). Garbage made later is collected as ever.
+    gc.freeze()
     try:
         uvicorn.Server(config).run()
     finally:
