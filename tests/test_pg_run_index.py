@@ -587,6 +587,55 @@ def test_a_prune_after_a_build_in_chunks_leaves_the_index_right(pg_store: Any) -
         plain.close()
 
 
+def test_a_run_written_while_a_prune_is_folded_in_is_listed_at_once(
+    pg_store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a prune the index is walked again, chunk by chunk (a minute at a million
+    runs); a run written meanwhile is listed at the next look, not when the walk ends.
+    The walk is held between two chunks (its own step wrapped to wait: no real part can
+    hold a thread between two of its transactions and not the looks beside it) while
+    the run is written and the list read."""
+    store = open_store(pg_store, index_background_from_rows=0, index_chunk_rows=1)
+    plain = open_store(pg_store, runs_index=False)
+    assert store.runs_index is not None
+    sync = store.runs_index._sync
+    walked, go = threading.Event(), threading.Event()
+    step = sync._build_step
+
+    def held_between_chunks(conn: Any, cur: Any) -> bool:
+        done = step(conn, cur)
+        if not done and not go.is_set():
+            walked.set()
+            go.wait(60)
+        return done
+
+    try:
+        store.runs_index.complete()
+        monkeypatch.setattr(sync, "_build_step", held_between_chunks)
+        assert PostgresPrune(pg_store.dsn, schema=pg_store.schema).prune(timedelta(0)) > 0
+        # The server publishes the deletes count when the pruning session ends.
+        deadline = time.monotonic() + 15
+        while not walked.is_set():
+            store.list_runs(RunQuery(limit=4))
+            assert time.monotonic() < deadline, "the prune was never noticed"
+            time.sleep(0.05)
+        [new] = write_runs(pg_store, tmp_path, ["completed"])
+        listed = store.list_runs(RunQuery(limit=1000))
+        assert listed.indexing is None
+        assert new in [r.execution_id for r in listed.runs]
+        builder = sync._builder
+        assert builder is not None  # still held: the walk has not finished
+        go.set()
+        builder.join(60)
+        store.runs_index.complete()
+        assert store.list_runs(RunQuery(limit=1000)) == plain.list_runs(RunQuery(limit=1000))
+        assert store.totals() == plain.totals()
+    finally:
+        go.set()
+        store.close()
+        plain.close()
+
+
 def test_a_run_written_while_the_search_index_is_made_is_listed_at_once(
     pg_store: Any, tmp_path: Path
 ) -> None:
