@@ -108,6 +108,7 @@ def build_routes() -> list[Route | Mount]:
         *page_routes("/runs/{execution_id:localui_id}/diff", diff_views.run_diff, "run_diff"),
         *page_routes("/diff", diff_views.rows_diff, "diff"),
         *page_routes("/compare", compare_views.compare_runs, "compare"),
+        Route("/compare/pair", compare_views.compare_pair, name="compare_pair"),
         Route("/runs/{execution_id:localui_id}/bundle", bundle_views.run_bundle, name="run_bundle"),
         *page_routes(
             "/runs/{execution_id:localui_id}/fork", fork_views.fork_preview, "fork_preview"

@@ -192,5 +192,13 @@ def test_compare_two_ticked_runs_then_a_fork_with_its_source(
     page.locator("#first-difference-link").click()
     expect(page).to_have_url(re.compile(r"#pair-\d+$"))
     expect(opened).to_be_in_viewport()
+    # The steps after it are shown closed; one reads its differences when it is opened:
+    # the two runs' end rows, one completed and one failed.
+    ends = page.locator("details.compare-pair.differs").last
+    expect(ends).not_to_have_attribute("open", "")
+    expect(ends.locator(".pair-body")).to_have_text("Its differences are read when it is opened.")
+    ends.locator("summary").click()
+    expect(ends.locator(".pair-body .diff-summary")).to_contain_text("Status completed → failed.")
+    expect(ends.locator(".pair-body section.diff-section").first).to_be_visible()
     screenshot("2-fork")
     assert page_errors == []

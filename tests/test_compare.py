@@ -355,6 +355,65 @@ def test_a_fork_with_a_new_input_differs_just_after_its_origin(
     assert f"first differ at step {first + 1}" in page_text(page, "compare-summary")
 
 
+def test_the_page_diffs_the_pair_it_opens_and_the_others_when_opened(chains: Chains) -> None:
+    """Each other pair that differs is shown closed, undiffed, and loads when opened
+    the differences the JSON gives it; its link opened by itself is the diff page."""
+    source, fork = chains.id("completed"), chains.id("fork-failed")
+    body = compared(chains.client, source, fork)
+    first = body["first_difference"]
+    page = chains.client.get("/compare", params={"a": source, "b": fork}).text
+    closed = re.findall(
+        r'<details class="compare-pair differs" id="pair-(\d+)" hx-get="([^"]+)"'
+        r' hx-trigger="toggle once" hx-target="find .pair-body"',
+        page,
+    )
+    later = [
+        p["index"]
+        for p in body["pairs"]
+        if p["differs"] and p["a"] and p["b"] and p["index"] != first
+    ]
+    assert later and [int(i) for i, _ in closed] == later
+    # Only the open pair's differences are in the page.
+    assert page.count('<p class="diff-summary diff-changed">') == 1
+    assert len(re.findall(r'<section class="diff-section[^"]*" id="pair-(\d+)-', page)) == len(
+        body["pairs"][first]["sections"]
+    )
+    ends = body["pairs"][-1]
+    assert ends["index"] in later and ends["summary"].startswith("Status completed → failed.")
+    (url,) = [html.unescape(u) for i, u in closed if int(i) == ends["index"]]
+    opened = chains.client.get(url, headers={"HX-Request": "true"})
+    assert opened.status_code == 200, opened.text
+    assert "<html" not in opened.text
+    text = html.unescape(opened.text)
+    assert f'<p class="diff-summary diff-changed">{ends["summary"]}</p>' in text
+    for section in ends["sections"]:
+        assert f'id="pair-{ends["index"]}-{section["name"]}"' in opened.text
+        for change in section["changes"]:
+            assert str(change["path"]) in text
+    # The link opened by itself (a new tab, no htmx): the two rows' diff page.
+    plain = chains.client.get(url, follow_redirects=False)
+    assert plain.status_code == 303
+    target = urlsplit(plain.headers["location"])
+    assert target.path == "/diff"
+    assert parse_qs(target.query) == {
+        "a": [ends["a"]["checkpoint_id"]],
+        "b": [ends["b"]["checkpoint_id"]],
+    }
+    # Bad links get a clear error, as a fragment for the pair it was opened in.
+    hx = {"HX-Request": "true"}
+    a_row, b_row = ends["a"]["checkpoint_id"], ends["b"]["checkpoint_id"]
+    gone = chains.client.get(
+        "/compare/pair", params={"a": a_row, "b": "no-such-row", "pair": 3}, headers=hx
+    )
+    assert gone.status_code == 404 and "no-such-row" in html.unescape(gone.text)
+    missing = chains.client.get("/compare/pair", params={"a": a_row}, headers=hx)
+    assert missing.status_code == 400 and "b missing" in missing.text
+    bad = chains.client.get(
+        "/compare/pair", params={"a": a_row, "b": b_row, "pair": "x"}, headers=hx
+    )
+    assert bad.status_code == 400 and "pair" in bad.text
+
+
 def test_long_comparisons_come_a_window_at_a_time(
     chains: Chains, monkeypatch: pytest.MonkeyPatch
 ) -> None:

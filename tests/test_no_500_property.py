@@ -89,6 +89,7 @@ PARAMETERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "diff_json": (("a", "b"), ()),
     "compare": (("a", "b", "from", "run"), ()),
     "compare_json": (("a", "b", "from", "run"), ()),
+    "compare_pair": (("a", "b", "pair"), ()),
     "run": (("from", "rows"), ()),
     "run_json": (("from", "rows"), ()),
     "run_bundle": (("redact",), ()),

@@ -3,9 +3,12 @@
 The rows of both runs are read without payloads and aligned (``localui.compare``);
 payloads are read only for the window of pairs shown (``?from=N``, 200 at a time)
 and, in chunks from the start, until the first pair that differs is found. Each
-pair that differs is diffed as ``/diff`` diffs two rows. The runs list's "Compare"
-button sends the two ticked runs as ``?run=X&run=Y``, answered with a redirect to
-the page's own URL.
+pair that differs is diffed as ``/diff`` diffs two rows: in the JSON every one, on
+the page the one shown open (the first difference); the others are shown closed and
+diffed when a person opens one (``/compare/pair``, as the timeline loads a row), so
+a page of 25 differing steps diffs and renders one. The runs list's "Compare" button
+sends the two ticked runs as ``?run=X&run=Y``, answered with a redirect to the
+page's own URL.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from localui.offloop import off_loop
 from localui.records import ForkLink, RowDetail, RowHeader, RunFacts
 from localui.shortids import shortest_unique
 from localui.views.params import parse_count
-from localui.views.respond import html_only, nav_ahead, respond
+from localui.views.respond import html_only, is_htmx, nav_ahead, respond, wants_json
 from localui.views.state import context
 from localui.views.timeline import MAX_ROW_NUMBER
 from localui.views.trace import duration_words, steps_by_row, trace_section
@@ -96,6 +99,9 @@ class PairView:
     diff_url: str | None
     anchor: str = html_only("")
     title: str = html_only("")
+    #: Where the page loads this pair's differences when it is opened: set for a
+    #: pair of two rows that differs and was not diffed for the page.
+    body_url: str | None = html_only(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,17 +201,17 @@ def _run_side(
 
 
 def _details(
-    store: Store, pairs: Sequence[compare.Aligned], *, to_diff: bool = False
+    store: Store, pairs: Sequence[compare.Aligned], *, to_diff: Sequence[compare.Aligned] = ()
 ) -> Mapping[str, RowDetail]:
-    """The payloads of the rows that decide whether their pairs differ or, ``to_diff``,
-    of every pair of two rows (a pair of two steps that ended apart is diffed too)."""
-    ids = [
-        row.checkpoint_id
-        for pair in pairs
-        if (pair.needs_payloads or (to_diff and pair.both_rows))
-        for row in (pair.a, pair.b)
-        if row is not None
-    ]
+    """The payloads of the rows that decide whether their pairs differ, and of the
+    pairs ``to_diff`` that have two rows (two steps that ended apart are diffed too)."""
+    wanted = [pair for pair in pairs if pair.needs_payloads]
+    wanted += [pair for pair in to_diff if pair.both_rows]
+    ids = list(
+        dict.fromkeys(
+            row.checkpoint_id for pair in wanted for row in (pair.a, pair.b) if row is not None
+        )
+    )
     return store.get_rows(ids) if ids else {}
 
 
@@ -262,6 +268,25 @@ def _step_words(row: RowHeader) -> str:
     return f"{row.node_id} ({row.step_type or 'step'}, {row.status})"
 
 
+def _pair_diff(
+    a: RowHeader, b: RowHeader, details: Mapping[str, RowDetail], memo: DiffMemo
+) -> tuple[str, tuple[SectionDiff, ...]]:
+    """What differs between a pair's two rows, in words, and the payload columns."""
+    a_detail, b_detail = details.get(a.checkpoint_id), details.get(b.checkpoint_id)
+    if a_detail is None or b_detail is None:
+        return "One of the rows is no longer in the store.", ()
+    result = diff_rows(a_detail, b_detail, memo=memo)
+    summary = result.summary
+    if a.status != b.status:
+        summary = f"Status {a.status} → {b.status}. {summary}"
+    return summary, tuple(with_turns(s) for s in result.sections)
+
+
+def pair_url(urls: Urls, index: int, a: RowHeader, b: RowHeader) -> str:
+    """The differences of one pair of rows, as the page loads them when it is opened."""
+    return urls.path("compare_pair", {"a": a.checkpoint_id, "b": b.checkpoint_id, "pair": index})
+
+
 def _pair_view(
     index: int,
     pair: compare.Aligned,
@@ -270,25 +295,24 @@ def _pair_view(
     calls: tuple[Mapping[str, tuple[str, ...]], Mapping[str, tuple[str, ...]]],
     urls: Urls,
     memo: DiffMemo,
+    *,
+    diffed: bool = True,
 ) -> PairView:
+    """One pair; ``diffed`` false leaves a differing pair's diff to be loaded when the
+    pair is opened (``body_url``)."""
     a, b = pair.a, pair.b
     title = _step_words(a) if a is not None else _step_words(b) if b is not None else ""
     if a is not None and b is not None and _step_words(a) != _step_words(b):
         title = f"{_step_words(a)} · {_step_words(b)}"
     sections: tuple[SectionDiff, ...] = ()
     summary = ""
+    body_url = None
     if pair.kind == compare.INHERITED:
         summary = "Before the branch point: the fork started from this row's conversation."
+    elif differs and a is not None and b is not None and not diffed:
+        body_url = pair_url(urls, index, a, b)
     elif differs and a is not None and b is not None:
-        a_detail, b_detail = details.get(a.checkpoint_id), details.get(b.checkpoint_id)
-        if a_detail is None or b_detail is None:
-            summary = "One of the rows is no longer in the store."
-        else:
-            result = diff_rows(a_detail, b_detail, memo=memo)
-            sections = tuple(with_turns(s) for s in result.sections)
-            summary = result.summary
-            if a.status != b.status:
-                summary = f"Status {a.status} → {b.status}. {summary}"
+        summary, sections = _pair_diff(a, b, details, memo)
     elif differs:
         summary = f"{'A' if a is not None else 'B'} has this step; the other run has not."
     else:
@@ -308,6 +332,7 @@ def _pair_view(
         ),
         anchor=_anchor(index),
         title=f"{_KIND_WORDS[pair.kind]}: {title}" if pair.kind in _KIND_WORDS else title,
+        body_url=body_url,
     )
 
 
@@ -348,7 +373,10 @@ def build_compare_page(
     *,
     start: int = 0,
     traces: SpanIndex | None = None,
+    diff_all: bool = True,
 ) -> ComparePage:
+    """The comparison; ``diff_all`` false diffs only the pair shown open (the page),
+    true every pair that differs in the window (the JSON)."""
     (a, a_rows, a_calls), (b, b_rows, b_calls) = _run_sides(store, traces, a_id, b_id, urls)
     shown = shortest_unique([a_id, b_id])
     a = _with_short_id(a, shown)
@@ -360,14 +388,23 @@ def build_compare_page(
     # read: only the others are read, parsed and diffed (half of two sibling runs'
     # rows, whose conversations match step for step up to where they part).
     same = _same_in_store(store, [(i, aligned[i]) for i in in_window])
-    details = _details(store, [aligned[i] for i in in_window if i not in same], to_diff=True)
+    read = [aligned[i] for i in in_window if i not in same]
+    details = _details(store, read, to_diff=read if diff_all else ())
     flags = {i: False if i in same else compare.differs(aligned[i], details) for i in in_window}
     first = _first_difference(store, aligned, flags)
+    diffed: set[int] = set(in_window)
+    if not diff_all:
+        diffed = {first} if first is not None and first in in_window else set()
+        # The open pair's rows, where only their headers said they differ.
+        opened = [aligned[i] for i in diffed if i not in same]
+        details = {**details, **_details(store, (), to_diff=opened)}
     # The steps of two conversations repeat their earlier messages: each pair of
     # messages is diffed once for the page.
     memo = DiffMemo()
     views = tuple(
-        _pair_view(i, aligned[i], flags[i], details, (a_calls, b_calls), urls, memo)
+        _pair_view(
+            i, aligned[i], flags[i], details, (a_calls, b_calls), urls, memo, diffed=i in diffed
+        )
         for i in in_window
     )
     if first is None:
@@ -435,7 +472,53 @@ async def compare_runs(request: Request) -> Response:
     start = 0 if start_text is None else parse_count("from", start_text, maximum=MAX_ROW_NUMBER)
     urls = urls_of(request)
     nav_ahead(request)
+    diff_all = wants_json(request)
     page = await off_loop(
-        lambda: build_compare_page(ctx.store, urls, a, b, start=start, traces=ctx.traces)
+        lambda: build_compare_page(
+            ctx.store, urls, a, b, start=start, traces=ctx.traces, diff_all=diff_all
+        )
     )
     return await respond(request, "pages/compare.html", page)
+
+
+@dataclass(frozen=True, slots=True)
+class PairBody:
+    """A closed pair's differences, loaded when a person opens it."""
+
+    anchor: str
+    summary: str
+    sections: tuple[SectionDiff, ...]
+
+
+def build_pair_body(store: Store, a_id: str, b_id: str, index: int) -> PairBody:
+    for param, checkpoint_id in (("a", a_id), ("b", b_id)):
+        if "\x00" in checkpoint_id:
+            raise NotFound(f"{param}: no row with checkpoint id {checkpoint_id!r} in this store")
+    details = store.get_rows([a_id, b_id])
+    for param, checkpoint_id in (("a", a_id), ("b", b_id)):
+        if checkpoint_id not in details:
+            raise NotFound(f"{param}: no row with checkpoint id {checkpoint_id!r} in this store")
+    a, b = details[a_id].header, details[b_id].header
+    summary, sections = _pair_diff(a, b, details, DiffMemo())
+    return PairBody(anchor=_anchor(index), summary=summary, sections=sections)
+
+
+async def compare_pair(request: Request) -> Response:
+    """One pair's differences, the fragment a closed pair of ``/compare`` loads when it
+    is opened; a person who opens the link itself gets the two rows' diff page."""
+    params = request.query_params
+    a, b = params.get("a", "").strip(), params.get("b", "").strip()
+    missing = [name for name, value in (("a", a), ("b", b)) if not value]
+    if missing:
+        raise BadRequest(
+            f"Name the two rows: {' and '.join(missing)} missing."
+            " Use ?a=CHECKPOINT_ID&b=CHECKPOINT_ID&pair=N."
+        )
+    index = parse_count("pair", params.get("pair", "0"), maximum=MAX_ROW_NUMBER)
+    urls = urls_of(request)
+    if not is_htmx(request):
+        return RedirectResponse(urls.path("diff", {"a": a, "b": b}), status_code=303)
+    body = await off_loop(build_pair_body, context(request).store, a, b, index)
+    return context(request).templates.TemplateResponse(
+        request, "partials/_compare_pair_body.html", {"pair": body}
+    )
