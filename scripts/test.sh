@@ -197,6 +197,17 @@ no_test_selected() {
 
 EXTRA_ARGS=("$@")
 
+# The full runs spread test files over worker processes (pytest-xdist): most tests
+# wait on servers, child processes and receivers rather than the CPU, so three
+# workers on two cores take about half the time of one. A file stays on one worker,
+# so its module fixtures (a bench run, a seeded store) are made once and its tests
+# keep their order. A test past its time limit ends its worker (pyproject.toml's
+# timeout_method); the worker is not replaced, since a replacement would be handed the
+# same file and run that test again. LOCALUI_TEST_WORKERS=0 runs everything in this
+# process.
+WORKERS=${LOCALUI_TEST_WORKERS:-3}
+PARALLEL=(-n "$WORKERS" --dist loadfile --max-worker-restart=0 --durations=15)
+
 step "set up .venv" ensure_venv
 step "install Chromium, PostgreSQL, HAProxy, faketime" ensure_system_packages
 step "npm ci tests/oidc" ensure_oidc_provider
@@ -208,10 +219,10 @@ step "lint-imports" .venv/bin/lint-imports --no-cache
 if ((${#EXTRA_ARGS[@]})) && names_a_test_path "${EXTRA_ARGS[@]}"; then
     step "pytest ${EXTRA_ARGS[*]}" run_pytest "${EXTRA_ARGS[@]}"
 else
-    step "pytest tests" run_pytest tests "${EXTRA_ARGS[@]}"
-    step "pytest playwright_tests" run_pytest playwright_tests "${EXTRA_ARGS[@]}"
+    step "pytest tests" run_pytest "${PARALLEL[@]}" tests "${EXTRA_ARGS[@]}"
+    step "pytest playwright_tests" run_pytest "${PARALLEL[@]}" playwright_tests "${EXTRA_ARGS[@]}"
     step "set up .venv-floor (fastaiagent $(sdk_floor))" ensure_floor_venv
-    step "pytest -m floor on fastaiagent $(sdk_floor)" run_floor_tests "${EXTRA_ARGS[@]}"
+    step "pytest -m floor on fastaiagent $(sdk_floor)" run_floor_tests "${PARALLEL[@]}" "${EXTRA_ARGS[@]}"
 fi
 if [[ -z $PYTEST_RAN_ANY ]]; then
     step "pytest selected a test" no_test_selected
