@@ -578,6 +578,7 @@ def serve(
 
     from localui.app import create_app
     from localui.backends import open_backend, target_of
+    from localui.diff import load_deepdiff
     from localui.limits import server_limits
     from localui.memory import ReleaseFreedMemory, keep_thresholds
     from localui.notify.targets import TargetError, routes_of, targets_of
@@ -621,6 +622,9 @@ def serve(
         factories = [ContextFactory.load(spec) for spec in context_specs]
     except RegistryError as exc:
         return fail(str(exc))
+    # Before the store opens and any thread starts (see load_deepdiff): a diff is the
+    # first page that needs it, and without agents it comes without pydantic.
+    load_deepdiff()
     # A server stays up for days: have malloc give back what its pages free (see
     # localui.memory), from before the store opens and perhaps starts indexing it.
     releasing = keep_thresholds()

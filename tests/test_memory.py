@@ -134,3 +134,55 @@ print(json.dumps({"agents": [a.name for a in agents], "from_sdk": from_sdk}))
     assert seen["agents"] == ["refund-bot"]
     # The SDK imports its pytest plugin where pytest is installed, and localui lets it.
     assert seen["from_sdk"]
+
+
+DEEPDIFF_PROBE = """
+import json, sys
+if sys.argv[1] == "pydantic first":
+    import pydantic
+from localui.diff import diff_section, load_deepdiff
+load_deepdiff()
+import deepdiff.helper
+seen = {
+    "pydantic_loaded": "pydantic" in sys.modules and sys.modules["pydantic"] is not None,
+    "stand_in": deepdiff.helper.PydanticBaseModel.__module__ == "deepdiff.helper",
+}
+a, b = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+seen["changes"] = repr(diff_section("state_snapshot", a, b).changes)
+import pydantic  # kept out of DeepDiff only: the process can still import it
+seen["importable"] = pydantic.BaseModel.__name__ == "BaseModel"
+print(json.dumps(seen))
+"""
+
+#: Values only DeepDiff compares (lists of objects whose values are not all scalars).
+NESTED_A = {"orders": [{"id": "A-1", "lines": [{"sku": 1, "qty": 2}]}, {"id": "A-2"}], "n": 1}
+NESTED_B = {"orders": [{"id": "A-1", "lines": [{"sku": 1, "qty": 3}]}], "n": 1, "note": "x"}
+
+
+@pytest.mark.parametrize("first", ["nothing first", "pydantic first"])
+def test_a_servers_deepdiff_leaves_pydantic_out_unless_it_is_loaded_and_diffs_the_same(
+    tmp_path: Path, first: str
+) -> None:
+    """``localui serve`` imports DeepDiff before it starts a thread; where nothing has
+    loaded pydantic (a viewer with no agents) DeepDiff comes without it, 3.7 MB less
+    resident, and finds the same changes as with it."""
+    from localui.diff import diff_section
+
+    done = subprocess.run(
+        [sys.executable, "-c", DEEPDIFF_PROBE, first, json.dumps(NESTED_A), json.dumps(NESTED_B)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    if first == "nothing first":
+        assert not seen["pydantic_loaded"] and seen["stand_in"]
+    else:
+        assert seen["pydantic_loaded"] and not seen["stand_in"]
+    # This process has pydantic (the SDK imports it): its DeepDiff is the usual one.
+    here = repr(diff_section("state_snapshot", NESTED_A, NESTED_B).changes)
+    assert "qty" in here and "A-2" in here
+    assert seen["changes"] == here
+    assert seen["importable"]
