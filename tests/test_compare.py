@@ -414,6 +414,38 @@ def test_the_page_diffs_the_pair_it_opens_and_the_others_when_opened(chains: Cha
     assert bad.status_code == 400 and "pair" in bad.text
 
 
+def test_the_page_reads_each_row_once(chains: Chains, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The open pair's rows are read for its diff only where the rows read to tell the
+    pairs apart did not hold them: a fork's origin is told apart by its payloads, so
+    the first read has both rows and they are not read again."""
+    app: Any = chains.client.app
+    store = app.state.localui.store
+    asked: list[str] = []
+    get_rows = store.get_rows
+
+    def recording(ids: list[str]) -> Any:
+        asked.extend(ids)
+        return get_rows(ids)
+
+    monkeypatch.setattr(store, "get_rows", recording)
+    for a, b in (
+        (chains.paused, chains.fork),
+        (chains.paused, chains.crashed),
+        (chains.id("completed"), chains.id("fork-failed")),
+    ):
+        asked.clear()
+        page = chains.client.get("/compare", params={"a": a, "b": b})
+        assert page.status_code == 200, page.text
+        assert len(asked) == len(set(asked)), (a, b, asked)
+        body = compared(chains.client, a, b)
+        first = body["pairs"][body["first_difference"]]
+        opened = rf'<details class="compare-pair differs" id="pair-{first["index"]}" open>'
+        assert re.search(opened, page.text)
+        if first["a"] and first["b"]:
+            # The open pair was diffed from rows read for the page.
+            assert {first["a"]["checkpoint_id"], first["b"]["checkpoint_id"]} <= set(asked)
+
+
 def test_long_comparisons_come_a_window_at_a_time(
     chains: Chains, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -395,9 +395,18 @@ def build_compare_page(
     diffed: set[int] = set(in_window)
     if not diff_all:
         diffed = {first} if first is not None and first in in_window else set()
-        # The open pair's rows, where only their headers said they differ.
-        opened = [aligned[i] for i in diffed if i not in same]
-        details = {**details, **_details(store, (), to_diff=opened)}
+        # The open pair's rows, where only their headers said they differ (so they
+        # were not read to tell): read here, unless the first read had them.
+        opened = [
+            aligned[i]
+            for i in diffed
+            if any(
+                r is not None and r.checkpoint_id not in details
+                for r in (aligned[i].a, aligned[i].b)
+            )
+        ]
+        if opened:
+            details = {**details, **_details(store, (), to_diff=opened)}
     # The steps of two conversations repeat their earlier messages: each pair of
     # messages is diffed once for the page.
     memo = DiffMemo()
