@@ -25,7 +25,7 @@ from localui.backends.base import DecisionLog, NoteLog, Store
 from localui.backends.notes import TABLE as NOTES_TABLE
 from localui.backends.sqlite.connect import connect
 from localui.backends.traces import SpanIndex
-from localui.errors import LocalUIError, NotFound
+from localui.errors import LocalUIError, NotFound, no_such_run
 from localui.records import IDEMPOTENT_ENVELOPE
 
 #: The bundle format this localui writes; it reads this one and older.
@@ -80,7 +80,7 @@ def run_record(
     """One run as a bundle holds it."""
     headers = store.list_rows(execution_id)
     if not headers:
-        raise NotFound(f"no run with execution id {execution_id!r} in this store")
+        raise no_such_run(execution_id, listed=store.listed(execution_id))
     pending = store.get_pending(execution_id)
     attempts = traces.attempts(execution_id) if traces is not None else None
     spans = []

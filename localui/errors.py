@@ -30,6 +30,21 @@ class NotFound(LocalUIError):
     title = "Not found"
 
 
+def no_such_run(execution_id: str, *, listed: bool = False, param: str = "") -> NotFound:
+    """A run the store has no rows of. ``listed``: the runs index still lists it, so it
+    was there and its rows were deleted since (a prune, another program); the index
+    drops it once it has caught up, which after a prune of a large store is a rebuild
+    of a minute or more, with the runs list read from the old index meanwhile."""
+    prefix = f"{param}: " if param else ""
+    if listed:
+        return NotFound(
+            f"{prefix}run {execution_id!r} is no longer in this store: its rows were deleted"
+            " (a prune, or another program) after the runs list was read. The list drops"
+            " it once it has caught up with the store."
+        )
+    return NotFound(f"{prefix}no run with execution id {execution_id!r} in this store")
+
+
 class ReadOnly(LocalUIError):
     status_code = 403
     title = "Read-only"

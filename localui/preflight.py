@@ -19,7 +19,7 @@ from localui import delegation, forks, runs
 from localui.auth import Person
 from localui.backends.base import Store, UserDirectory
 from localui.backends.users import Everyone
-from localui.errors import NotFound, ReadOnly, Refused
+from localui.errors import NotFound, ReadOnly, Refused, no_such_run
 from localui.policy import Rule
 from localui.records import Pending, RowDetail, RowHeader, User
 from localui.registry import Registry, registry_kind, run_tools
@@ -291,7 +291,7 @@ class Preflight:
         reads its rows, its cache and the tool rows either choice names one time."""
         rows = self.store.list_rows(execution_id)
         if not rows:
-            raise NotFound(f"no run with execution id {execution_id!r} in this store")
+            raise no_such_run(execution_id, listed=self.store.listed(execution_id))
         if checkpoint_id:
             header = next((r for r in rows if r.checkpoint_id == checkpoint_id), None)
             if header is None:

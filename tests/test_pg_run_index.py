@@ -4,6 +4,7 @@ text, two processes catching up at once, a prune."""
 from __future__ import annotations
 
 import contextvars
+import html
 import itertools
 import subprocess
 import sys
@@ -587,6 +588,22 @@ def test_a_prune_after_a_build_in_chunks_leaves_the_index_right(pg_store: Any) -
         plain.close()
 
 
+def holding_the_walk(sync: Any, walked: threading.Event, go: threading.Event) -> Any:
+    """The index walk's own step, wrapped to wait between two chunks (no real part can
+    hold a thread between two of its transactions and not the looks beside it):
+    ``walked`` is set once it waits, ``go`` lets it on."""
+    step = sync._build_step
+
+    def held_between_chunks(conn: Any, cur: Any) -> bool:
+        done = step(conn, cur)
+        if not done and not go.is_set():
+            walked.set()
+            go.wait(60)
+        return done
+
+    return held_between_chunks
+
+
 def test_a_run_written_while_a_prune_is_folded_in_is_listed_at_once(
     pg_store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -600,14 +617,7 @@ def test_a_run_written_while_a_prune_is_folded_in_is_listed_at_once(
     assert store.runs_index is not None
     sync = store.runs_index._sync
     walked, go = threading.Event(), threading.Event()
-    step = sync._build_step
-
-    def held_between_chunks(conn: Any, cur: Any) -> bool:
-        done = step(conn, cur)
-        if not done and not go.is_set():
-            walked.set()
-            go.wait(60)
-        return done
+    held_between_chunks = holding_the_walk(sync, walked, go)
 
     try:
         store.runs_index.complete()
@@ -633,6 +643,81 @@ def test_a_run_written_while_a_prune_is_folded_in_is_listed_at_once(
     finally:
         go.set()
         store.close()
+        plain.close()
+
+
+def test_a_run_pruned_while_the_index_is_walked_again_says_it_was_deleted(
+    pg_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the index is walked again after a prune, the runs list answers from the
+    index as it was, pruned runs included: such a run's page, its compare and its bundle
+    say the run's rows were deleted since the list was read, not that no such run
+    exists (which an unknown id still gets). The walk is held between two chunks as
+    in the test above."""
+    from conftest import BASE_URL
+    from helpers import LOOPBACK_CLIENT
+    from starlette.testclient import TestClient
+
+    from localui.app import create_app
+    from localui.backends.postgres import PostgresBackend
+
+    store = open_store(pg_store, index_background_from_rows=0, index_chunk_rows=1)
+    plain = open_store(pg_store, runs_index=False)
+    assert store.runs_index is not None
+    sync = store.runs_index._sync
+    walked, go = threading.Event(), threading.Event()
+    held_between_chunks = holding_the_walk(sync, walked, go)
+
+    backend = PostgresBackend(
+        pg_store.dsn, schema=pg_store.schema, app_schema=pg_store.app_schema, store=store
+    )
+    app = create_app(pg_store.settings(), backend=backend)
+    try:
+        with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+            store.runs_index.complete()
+            listed = {r.execution_id for r in store.list_runs(RunQuery(limit=1000)).runs}
+            monkeypatch.setattr(sync, "_build_step", held_between_chunks)
+            assert PostgresPrune(pg_store.dsn, schema=pg_store.schema).prune(timedelta(0)) > 0
+            kept = {r.execution_id for r in plain.list_runs(RunQuery(limit=1000)).runs}
+            deadline = time.monotonic() + 15
+            while not walked.is_set():
+                store.list_runs(RunQuery(limit=4))
+                assert time.monotonic() < deadline, "the prune was never noticed"
+                time.sleep(0.05)
+            pruned = sorted(listed - kept)
+            assert pruned and kept
+            gone = pruned[0]
+            # Still listed: the walk has not swept it out.
+            assert store.listed(gone) and store.get_run(gone) is None
+            said = "is no longer in this store: its rows were deleted"
+            for url in (
+                f"/runs/{gone}",
+                f"/runs/{gone}.json",
+                f"/runs/{gone}/bundle",
+                f"/runs/{gone}/fork.json",
+            ):
+                answer = client.get(url)
+                assert answer.status_code == 404, (url, answer.text)
+                assert said in html.unescape(answer.text), (url, answer.text)
+            other = sorted(kept)[0]
+            compared = client.get("/compare.json", params={"a": other, "b": gone})
+            assert compared.status_code == 404
+            assert f"b: run {gone!r} {said}" in compared.json()["error"]["message"]
+            unknown = client.get("/runs/no-such-run")
+            assert unknown.status_code == 404
+            assert "no run with execution id 'no-such-run'" in html.unescape(unknown.text)
+            assert said not in html.unescape(unknown.text)
+            go.set()
+            deadline = time.monotonic() + 30
+            while store.listed(gone):
+                store.runs_index.complete()
+                assert time.monotonic() < deadline, "the walk never swept the pruned run out"
+                time.sleep(0.1)
+            # Swept out: now it is an unknown id like any other.
+            after = client.get(f"/runs/{gone}")
+            assert after.status_code == 404 and said not in html.unescape(after.text)
+    finally:
+        go.set()
         plain.close()
 
 

@@ -130,6 +130,64 @@ def test_an_approved_run_whose_rows_were_pruned_is_not_called_never_continued(
     assert "prune deleted the others" in verdict["resume"]
 
 
+def test_a_run_pruned_while_the_index_is_built_again_says_it_was_deleted(
+    store_copy: Path, tmp_path: Path, seeded: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a store indexed in the background (a large one), a prune sets off a build
+    anew; until it commits, the index as it was lists the pruned runs. Such a run's page
+    says its rows were deleted since the list was read; once the build is done it is an
+    unknown id like any other. The build is held before it starts (its own step
+    wrapped to wait: no real part can hold a thread at that point)."""
+    import html
+    import threading
+
+    from conftest import BASE_URL
+    from starlette.testclient import TestClient
+
+    from localui.app import create_app
+    from localui.backends.sqlite import SQLiteBackend
+    from localui.settings import Settings
+
+    store = SQLiteStore(store_copy, index_dir=tmp_path / "index", background_index_from_rows=0)
+    sync = store._index._sync
+    sync.complete()
+    gone = seeded.id("completed")
+    assert store.listed(gone)
+    started, go = threading.Event(), threading.Event()
+    build_on = sync._build_on
+
+    def held(conn: Any, columns: Any, identity: str) -> None:
+        started.set()
+        go.wait(60)
+        build_on(conn, columns, identity)
+
+    monkeypatch.setattr(sync, "_build_on", held)
+    app = create_app(
+        Settings(store=str(store_copy), sign_in=NO_SIGN_IN),
+        backend=SQLiteBackend(store_copy, store=store),
+    )
+    said = "is no longer in this store: its rows were deleted"
+    try:
+        with TestClient(app, base_url=BASE_URL, client=LOOPBACK_CLIENT) as client:
+            sdk = SQLiteCheckpointer(str(store_copy))
+            assert sdk.prune(timedelta(seconds=0)) > 0
+            sdk.close()
+            answer = client.get(f"/runs/{gone}")
+            assert started.wait(30) and not go.is_set()
+            assert answer.status_code == 404
+            assert said in html.unescape(answer.text)
+            assert store.listed(gone) and store.get_run(gone) is None
+            go.set()
+            sync.complete()
+            assert not store.listed(gone)
+            after = client.get(f"/runs/{gone}")
+            assert after.status_code == 404
+            text = html.unescape(after.text)
+            assert f"no run with execution id {gone!r}" in text and said not in text
+    finally:
+        go.set()
+
+
 def test_an_index_of_another_version_is_rebuilt(
     copy_store: Callable[[], Path], tmp_path: Path
 ) -> None:

@@ -70,6 +70,13 @@ class Store(Protocol):
 
     def get_run(self, execution_id: str) -> RunFacts | None: ...
 
+    def listed(self, execution_id: str) -> bool:
+        """Whether the runs index lists the run, as it is now: it lags the store while it
+        catches up, and after a prune it lists the pruned runs until it has walked the
+        store again (a minute or more at a million runs). Read only to explain why a
+        run the list showed has no rows."""
+        ...
+
     def run_reads(
         self, execution_id: str
     ) -> tuple[RunFacts | None, tuple[RowHeader, ...], tuple[CacheEntry, ...]]:

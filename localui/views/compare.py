@@ -23,7 +23,7 @@ from localui import compare, runs
 from localui.backends.base import Store
 from localui.backends.traces import SpanIndex
 from localui.diff import DiffMemo, SectionDiff, diff_rows
-from localui.errors import BadRequest, NotFound
+from localui.errors import BadRequest, NotFound, no_such_run
 from localui.offloop import off_loop
 from localui.records import ForkLink, RowDetail, RowHeader, RunFacts
 from localui.shortids import shortest_unique
@@ -163,12 +163,13 @@ def _run_sides(
             raise NotFound(f"{param}: no run with execution id {execution_id!r} in this store")
     reads = store.compare_reads([a_id, b_id])
     return (
-        _run_side(traces, a_id, "a", urls, reads[a_id]),
-        _run_side(traces, b_id, "b", urls, reads[b_id]),
+        _run_side(store, traces, a_id, "a", urls, reads[a_id]),
+        _run_side(store, traces, b_id, "b", urls, reads[b_id]),
     )
 
 
 def _run_side(
+    store: Store,
     traces: SpanIndex | None,
     execution_id: str,
     param: str,
@@ -177,7 +178,8 @@ def _run_side(
 ) -> tuple[RunSide, tuple[RowHeader, ...], dict[str, tuple[str, ...]]]:
     facts, headers, origin = reads
     if facts is None or not headers:
-        raise NotFound(f"{param}: no run with execution id {execution_id!r} in this store")
+        listed = facts is not None or store.listed(execution_id)
+        raise no_such_run(execution_id, listed=listed, param=param)
     trace = trace_section(traces, execution_id, headers)
     durations = [t.duration_ms for t in trace.attempts if t.duration_ms is not None]
     tokens = [t.tokens for t in trace.attempts if t.tokens is not None]

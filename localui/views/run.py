@@ -19,7 +19,7 @@ from localui.actions import RECENT_SECONDS, ActionService
 from localui.auth import OPEN, Person, person_of
 from localui.backends.base import Store
 from localui.backends.traces import SpanIndex
-from localui.errors import BadRequest, NotFound
+from localui.errors import BadRequest, no_such_run
 from localui.offloop import off_loop, read_ahead
 from localui.records import (
     EDIT,
@@ -134,7 +134,7 @@ def build_run_page(
     """The run page; ``person`` is who looks (a pause's rule may leave its card read-only)."""
     facts, headers, cache = store.run_reads(execution_id)
     if facts is None or not headers:
-        raise NotFound(f"no run with execution id {execution_id!r} in this store")
+        raise no_such_run(execution_id, listed=facts is not None or store.listed(execution_id))
     # What the page shows beside the rows, read meanwhile (four round trips on PostgreSQL).
     family = read_ahead(store.fork_family, execution_id)
     recorded = read_ahead(actions.decisions.list_for_run, execution_id)

@@ -37,11 +37,17 @@ class PostgresBackend:
         schema: str = "fastaiagent",
         app_schema: str = "localui",
         runs_index: bool = True,
+        store: PostgresStore | None = None,
     ):
         """``runs_index``: keep the runs index in ``app_schema`` (a read-only app
-        creates nothing there and reads the SDK's tables directly)."""
+        creates nothing there and reads the SDK's tables directly). ``store``: one
+        opened already over the same schemas, as :class:`SQLiteBackend` takes one."""
         self.dsn = dsn
-        self.store = PostgresStore(dsn, schema=schema, app_schema=app_schema, runs_index=runs_index)
+        self.store = (
+            store
+            if store is not None
+            else PostgresStore(dsn, schema=schema, app_schema=app_schema, runs_index=runs_index)
+        )
         self.schema = self.store.schema
         self.app_schema = self.store.app_schema
         self.label = f"{redact(dsn)} (schema {self.schema})"

@@ -421,6 +421,10 @@ class PostgresStore:
             has_synced="synced" in s.checkpoint_columns,
         )
 
+    def listed(self, execution_id: str) -> bool:
+        index = self._index
+        return index.listed(execution_id) if index is not None else False
+
     def list_runs(self, query: RunQuery) -> RunFactsPage:
         index = self._index
         if index is None:

@@ -321,6 +321,10 @@ class SQLiteStore:
         with self._index_errors():
             return self._index.get_run(execution_id)
 
+    def listed(self, execution_id: str) -> bool:
+        with self._index_errors():
+            return self._index.listed(execution_id)
+
     def list_attention(self, query: AttentionQuery) -> AttentionPage:
         with self._index_errors():
             return self._index.list_attention(query)

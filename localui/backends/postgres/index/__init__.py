@@ -19,6 +19,7 @@ waits for it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from localui.backends.postgres.index import query
 from localui.backends.postgres.index.schema import Tables
@@ -78,6 +79,17 @@ class PgRunIndex:
 
     def progress(self) -> IndexProgress | None:
         return self._sync.progress()
+
+    def listed(self, execution_id: str) -> bool:
+        """Whether the index lists the run, without bringing it up to date first."""
+
+        def work(cur: Any) -> bool:
+            cur.execute(
+                f"SELECT 1 FROM {self.tables.runs} WHERE execution_id = %s", (execution_id,)
+            )
+            return cur.fetchone() is not None
+
+        return self._sync.read(work)
 
     def list_runs(self, runs_query: RunQuery) -> RunFactsPage:
         """A page from the index, which must be complete (see :meth:`refresh`)."""

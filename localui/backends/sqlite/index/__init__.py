@@ -84,6 +84,12 @@ class RunIndex:
         with sync.lock:
             return query.get_run(sync.conn, execution_id)
 
+    def listed(self, execution_id: str) -> bool:
+        """Whether the index lists the run, without bringing it up to date first (a
+        background build's transaction is not seen until it commits)."""
+        with self._sync.lock:
+            return query.get_run(self._sync.conn, execution_id) is not None
+
     def list_runs(self, runs_query: RunQuery) -> RunFactsPage:
         sync = self._sync
         if not sync.refresh():
