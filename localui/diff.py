@@ -19,7 +19,9 @@ import json
 import math
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
@@ -406,37 +408,56 @@ def _findings(a: Any, b: Any) -> tuple[Finding, ...]:
     return flat if flat is not None else _deepdiff_findings(a, b)
 
 
+class _KeptOutOfThread:
+    """An import finder that answers "not installed" for one top-level module, to one
+    thread only: the others import it as ever. Written here because no library does
+    this, and the import system's own spelling of "not installed" (a ``None`` in
+    ``sys.modules``) holds for every thread at once."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+        self.thread = threading.get_ident()
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == self.module and threading.get_ident() == self.thread:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+@contextmanager
+def _kept_out_of_this_thread(module: str) -> Iterator[None]:
+    finder = _KeptOutOfThread(module)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
 def load_deepdiff() -> None:
-    """Import DeepDiff now, for a server about to start, without pydantic where nothing
-    has imported it yet.
+    """Import DeepDiff, without pydantic where nothing has imported it yet.
 
     DeepDiff imports pydantic only to tell pydantic models apart from other objects
     (``deepdiff.helper`` has a stand-in class for when it is missing); what is diffed
     here is parsed JSON, never a model. A viewer serving no agents has no other use for
     pydantic: kept out, DeepDiff costs 2.4 MB resident instead of 6.1 (measured in
     ``localui serve`` at its first diff), which is what takes a PostgreSQL viewer's
-    memory over its budget. Done by a ``None`` in ``sys.modules`` (how the import system
-    spells "not installed"), so it must run while no other thread imports: an
-    ``import pydantic`` elsewhere meanwhile would fail. ``localui serve`` calls it
-    before it opens the store or starts a thread; any later import of pydantic (an
-    agent's, say) goes on as usual. Where pydantic is already loaded (agents were), it
-    is DeepDiff's as ever."""
+    memory over its budget. Kept out of this thread's import only, so it can be loaded
+    while other threads import what they like (pydantic too, for an agent's models);
+    where pydantic is loaded already, it is DeepDiff's as ever. ``localui serve`` loads
+    it at start, in its main thread (30-40 ms on 2 slow cores); elsewhere the first diff
+    that needs it does."""
     if "deepdiff" in sys.modules:
         return
-    keep_out = "pydantic" not in sys.modules
-    if keep_out:
-        sys.modules["pydantic"] = None  # type: ignore[assignment]
-    try:
+    with _kept_out_of_this_thread("pydantic"):
         import deepdiff  # noqa: F401
-    finally:
-        if keep_out and "pydantic" in sys.modules and sys.modules["pydantic"] is None:
-            del sys.modules["pydantic"]
 
 
 def _deepdiff_findings(a: Any, b: Any) -> tuple[Finding, ...]:
     """:func:`_findings` as DeepDiff finds them."""
     # Imported here: deepdiff (and what it pulls in) is start-up time every page pays
     # for otherwise, and only a diff needs it.
+    load_deepdiff()
     from deepdiff import DeepDiff
 
     tree = DeepDiff(

@@ -137,20 +137,47 @@ print(json.dumps({"agents": [a.name for a in agents], "from_sdk": from_sdk}))
 
 
 DEEPDIFF_PROBE = """
-import json, sys
+import json, sys, threading
 if sys.argv[1] == "pydantic first":
     import pydantic
-from localui.diff import diff_section, load_deepdiff
-load_deepdiff()
+from localui.diff import diff_section
+assert "deepdiff" not in sys.modules  # loaded by the first diff that needs it
+a, b = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+found = {}
+# The first diff in a thread of its own, as a server's first diff page makes it.
+worker = threading.Thread(
+    target=lambda: found.update(changes=repr(diff_section("state_snapshot", a, b).changes))
+)
+worker.start()
+worker.join()
 import deepdiff.helper
 seen = {
     "pydantic_loaded": "pydantic" in sys.modules and sys.modules["pydantic"] is not None,
     "stand_in": deepdiff.helper.PydanticBaseModel.__module__ == "deepdiff.helper",
+    "changes": found["changes"],
 }
-a, b = json.loads(sys.argv[2]), json.loads(sys.argv[3])
-seen["changes"] = repr(diff_section("state_snapshot", a, b).changes)
 import pydantic  # kept out of DeepDiff only: the process can still import it
 seen["importable"] = pydantic.BaseModel.__name__ == "BaseModel"
+print(json.dumps(seen))
+"""
+
+KEPT_OUT_PROBE = """
+import json, sys, threading
+from localui.diff import _kept_out_of_this_thread
+assert "pydantic" not in sys.modules
+seen = {}
+with _kept_out_of_this_thread("pydantic"):
+    try:
+        import pydantic
+        seen["here"] = "imported"
+    except ImportError as exc:
+        seen["here"] = str(exc)
+    elsewhere = threading.Thread(
+        target=lambda: seen.update(elsewhere=__import__("pydantic").BaseModel.__name__)
+    )
+    elsewhere.start()
+    elsewhere.join()
+seen["finders_left"] = sum(type(f).__name__ == "_KeptOutOfThread" for f in sys.meta_path)
 print(json.dumps(seen))
 """
 
@@ -163,9 +190,9 @@ NESTED_B = {"orders": [{"id": "A-1", "lines": [{"sku": 1, "qty": 3}]}], "n": 1, 
 def test_a_servers_deepdiff_leaves_pydantic_out_unless_it_is_loaded_and_diffs_the_same(
     tmp_path: Path, first: str
 ) -> None:
-    """``localui serve`` imports DeepDiff before it starts a thread; where nothing has
-    loaded pydantic (a viewer with no agents) DeepDiff comes without it, 3.7 MB less
-    resident, and finds the same changes as with it."""
+    """DeepDiff is imported by the first diff that needs it (``localui serve`` loads it
+    at start, the same way); where nothing has loaded pydantic (a viewer with no agents)
+    it comes without it, 3.7 MB less resident, and finds the same changes as with it."""
     from localui.diff import diff_section
 
     done = subprocess.run(
@@ -186,3 +213,23 @@ def test_a_servers_deepdiff_leaves_pydantic_out_unless_it_is_loaded_and_diffs_th
     assert "qty" in here and "A-2" in here
     assert seen["changes"] == here
     assert seen["importable"]
+
+
+def test_pydantic_is_kept_out_of_the_thread_that_loads_deepdiff_only(tmp_path: Path) -> None:
+    """While a first diff loads DeepDiff without pydantic, another thread (an agent's
+    models, a request of its own) imports pydantic as ever: a ``None`` in
+    ``sys.modules`` would have refused it too."""
+    done = subprocess.run(
+        [sys.executable, "-c", KEPT_OUT_PROBE],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "here": "No module named 'pydantic'",
+        "elsewhere": "BaseModel",
+        "finders_left": 0,
+    }
