@@ -11,6 +11,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import LOOPBACK_CLIENT, NO_SIGN_IN
@@ -121,19 +122,24 @@ print(json.dumps({"agents": [a.name for a in agents], "from_sdk": from_sdk}))
         "FASTAIAGENT_LOCAL_DB": str(tmp_path / "local.db"),
         "FASTAIAGENT_TRACE_ENABLED": "false",
     }
+    seen = probe(tmp_path, script, env=env)
+    assert seen["agents"] == ["refund-bot"]
+    # The SDK imports its pytest plugin where pytest is installed, and localui lets it.
+    assert seen["from_sdk"]
+
+
+def probe(cwd: Path, script: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    """What ``script`` printed as JSON on its last line, run in a fresh process."""
     done = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", script, *args],
         env=env,
-        cwd=tmp_path,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
     )
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["agents"] == ["refund-bot"]
-    # The SDK imports its pytest plugin where pytest is installed, and localui lets it.
-    assert seen["from_sdk"]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 DEEPDIFF_PROBE = """
@@ -195,15 +201,7 @@ def test_a_servers_deepdiff_leaves_pydantic_out_unless_it_is_loaded_and_diffs_th
     it comes without it, 3.7 MB less resident, and finds the same changes as with it."""
     from localui.diff import diff_section
 
-    done = subprocess.run(
-        [sys.executable, "-c", DEEPDIFF_PROBE, first, json.dumps(NESTED_A), json.dumps(NESTED_B)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = probe(tmp_path, DEEPDIFF_PROBE, first, json.dumps(NESTED_A), json.dumps(NESTED_B))
     if first == "nothing first":
         assert not seen["pydantic_loaded"] and seen["stand_in"]
     else:
@@ -219,15 +217,7 @@ def test_pydantic_is_kept_out_of_the_thread_that_loads_deepdiff_only(tmp_path: P
     """While a first diff loads DeepDiff without pydantic, another thread (an agent's
     models, a request of its own) imports pydantic as ever: a ``None`` in
     ``sys.modules`` would have refused it too."""
-    done = subprocess.run(
-        [sys.executable, "-c", KEPT_OUT_PROBE],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = probe(tmp_path, KEPT_OUT_PROBE)
     assert seen == {
         "here": "No module named 'pydantic'",
         "elsewhere": "BaseModel",
